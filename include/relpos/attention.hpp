@@ -1,0 +1,135 @@
+// The attention API: one params struct for forward, extended by backward.
+//
+// Semantics (DESIGN.md section 1), per batch b and head h:
+//   r(i, j)     = (k_offset + j) - (q_offset + i)        key minus query
+//   logits(i,j) = scale * (q_i . k_j + score terms) + bias terms, masked to -inf
+//   out_i       = sum_j softmax_j(logits)(i, j) * (v_j + value terms)
+//   lse_i       = log sum_j exp(logits(i, j))             (-inf for a fully masked row)
+// A fully masked row outputs zeros and receives zero gradients.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "relpos/position.hpp"
+#include "relpos/tensor.hpp"
+
+namespace relpos {
+
+enum class Scheme { none, shaw, t5, alibi, rope, xl };
+enum class Algorithm { automatic, reference };
+
+const char* to_string(Scheme s);
+const char* to_string(Algorithm a);
+Scheme parse_scheme(const std::string& name);        // throws std::invalid_argument
+Algorithm parse_algorithm(const std::string& name);  // throws std::invalid_argument
+
+// Shaw et al.: score q_i . wk[c(r)], value wv[c(r)]. Tables are (Ht, 2k+1, d)
+// and (Ht, 2k+1, dv) with Ht = 1 (shared by heads) or H (one per head). Either
+// table may be empty: K-only or V-only.
+template <class T>
+struct ShawParams {
+  int64_t k = 0;
+  Beyond beyond = Beyond::clip;
+  View3<const T> wk, wv;
+};
+
+// T5: bias table[h, bucket(r)], table (H, num_buckets).
+template <class T>
+struct T5Params {
+  bool bidirectional = true;
+  int64_t max_distance = 128;
+  View2<const T> table;  // num_buckets = table.shape[1]
+};
+
+// ALiBi: bias -m_h * |r|, slopes (H); empty = the paper's slopes for H heads.
+template <class T>
+struct AlibiParams {
+  View1<const T> slopes;
+};
+
+// RoPE: q rotated by its absolute position q_offset + i, k by k_offset + j.
+struct RopeParams {
+  double base = 10000.0;
+  int64_t rotary_dims = 0;  // 0 = the whole head dimension
+  RopeStyle style = RopeStyle::half_split;
+};
+
+// Transformer-XL: score (q_i + u) . k_j + (q_i + v) . W_R R(xl_distance(r)),
+// u, v (H, d), W_R (H, d, pos_dim), R the sinusoid of size pos_dim (even).
+// Memory is expressed by offsets: keys = [memory; current], k_offset = 0,
+// q_offset = mem_len.
+template <class T>
+struct XLParams {
+  View2<const T> u, v;
+  View3<const T> w_r;
+  int64_t clamp_len = 0;  // 0 = unclamped
+};
+
+template <class T>
+struct PositionParams {
+  Scheme scheme = Scheme::none;
+  ShawParams<T> shaw;
+  T5Params<T> t5;
+  AlibiParams<T> alibi;
+  RopeParams rope;
+  XLParams<T> xl;
+};
+
+// Gradients of the learnable positional parameters, same shapes as the
+// parameters. Backward adds into them; an empty view means "not wanted".
+template <class T>
+struct PositionGrads {
+  View3<T> shaw_wk, shaw_wv;
+  View2<T> t5_table;
+  View1<T> alibi_slopes;  // needs explicit slopes in PositionParams
+  View2<T> xl_u, xl_v;
+  View3<T> xl_w_r;
+};
+
+template <class T>
+struct AttentionForward {
+  View4<const T> q;  // (B, H, Lq, d)
+  View4<const T> k;  // (B, H, Lk, d)
+  View4<const T> v;  // (B, H, Lk, dv)
+  View4<T> out;      // (B, H, Lq, dv)    written by forward, read by backward
+  View3<T> lse;      // (B, H, Lq)        written by forward, read by backward
+
+  bool causal = false;                // mask keys with r > 0
+  View2<const uint8_t> key_padding;   // (B, Lk), nonzero = padded key; empty = none
+  int64_t q_offset = 0, k_offset = 0; // absolute positions of q row 0 and k row 0
+  std::optional<double> scale;        // default 1 / sqrt(d)
+  PositionParams<T> pos;
+  Algorithm algorithm = Algorithm::automatic;
+};
+
+template <class T>
+struct AttentionBackward : AttentionForward<T> {
+  View4<const T> dout;  // (B, H, Lq, dv)
+  View4<T> dq, dk, dv;  // added into; an empty view means "not wanted"
+  PositionGrads<T> dpos;
+};
+
+// Validate, then run the selected algorithm. Throw std::invalid_argument
+// naming the offending argument; never abort.
+template <class T>
+void attention_forward(const AttentionForward<T>& p);
+template <class T>
+void attention_backward(const AttentionBackward<T>& p);
+
+// The checks behind the two calls above, exposed for frontends that want to
+// fail before allocating outputs.
+template <class T>
+void validate_forward(const AttentionForward<T>& p);
+template <class T>
+void validate_backward(const AttentionBackward<T>& p);
+
+// Effective softmax scale of a call.
+template <class T>
+double effective_scale(const AttentionForward<T>& p) {
+  return p.scale ? *p.scale : 1.0 / std::sqrt(static_cast<double>(p.q.shape[3]));
+}
+
+}  // namespace relpos

@@ -1,0 +1,72 @@
+// Position math shared by every algorithm: the small, exact functions that
+// turn a relative distance r = key_pos - query_pos (or an absolute position)
+// into a table index, a bias, a rotation or a sinusoid. DESIGN.md section 1.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace relpos {
+
+// ---- Shaw et al. 2018 / Music Transformer -------------------------------
+
+// What a distance beyond +-k sees: the edge embedding (Shaw) or a zero
+// embedding (tensor2tensor's Music Transformer).
+enum class Beyond { clip, zero };
+
+// Table row c(r) = clip(r, -k, k) + k, in [0, 2k]. With Beyond::zero a
+// distance |r| > k has no row and the function returns -1.
+int64_t shaw_index(int64_t r, int64_t k, Beyond beyond);
+
+// ---- T5 -------------------------------------------------------------------
+
+// HF transformers' T5Attention._relative_position_bucket for one distance,
+// bit for bit: the large-distance branch uses float32 arithmetic as PyTorch
+// does. `r` is memory_position - query_position.
+int64_t t5_bucket(int64_t r, bool bidirectional, int64_t num_buckets, int64_t max_distance);
+
+// ---- ALiBi ----------------------------------------------------------------
+
+// Head slopes m_h of Press et al.: the geometric sequence 2^(-8/n)... for a
+// power-of-two n, and for any other n the slopes of the next lower power of two
+// followed by every other slope of twice that power.
+std::vector<double> alibi_slopes(int64_t num_heads);
+
+// ---- RoPE -----------------------------------------------------------------
+
+// half_split pairs feature i with i + dims/2 (GPT-NeoX, Llama);
+// interleaved pairs 2i with 2i + 1 (GPT-J, the RoFormer paper).
+enum class RopeStyle { half_split, interleaved };
+
+// Inverse frequencies theta_i = base^(-2i / dims), i < dims / 2.
+std::vector<double> rope_inv_freq(int64_t rotary_dims, double base);
+
+// The two features rotated by frequency i.
+inline std::pair<int64_t, int64_t> rope_pair(int64_t i, int64_t rotary_dims, RopeStyle style) {
+  return style == RopeStyle::half_split ? std::pair{i, i + rotary_dims / 2}
+                                        : std::pair{2 * i, 2 * i + 1};
+}
+
+// Rotates x (dims entries at stride `stride`) in place by the angles pos*theta_i.
+// direction = -1 applies the inverse (transposed) rotation, used by backward.
+template <class T>
+void rope_rotate(T* x, int64_t stride, double pos, const std::vector<double>& inv_freq,
+                 RopeStyle style, int direction = 1);
+
+// ---- Transformer-XL sinusoid --------------------------------------------
+
+// Transformer-XL's positional embedding R(p) of even size dim, in its
+// [sin(p f_0), ..., sin(p f_{dim/2-1}), cos(p f_0), ...] order, f_i = 10000^(-2i/dim).
+template <class T>
+void sinusoid(double p, int64_t dim, T* out);
+
+// The distance fed to R for a pair at relative distance r: -r (how far the key
+// lies in the past), limited to [-clamp_len, clamp_len] when clamp_len > 0.
+inline int64_t xl_distance(int64_t r, int64_t clamp_len) {
+  int64_t p = -r;
+  if (clamp_len > 0) p = p > clamp_len ? clamp_len : (p < -clamp_len ? -clamp_len : p);
+  return p;
+}
+
+}  // namespace relpos

@@ -1,0 +1,276 @@
+// The reference algorithm: the formulas of DESIGN.md section 1 written out
+// literally, one (batch, head) at a time, materialising every relative term
+// as an (Lq, Lk, ...) tensor. It is the oracle every other algorithm is tested
+// against, so it favours obviousness over speed and is kept forever.
+//
+// All schemes are one formula here:
+//   logits(i,j) = scale * (qc_i . k_j + qp_i . rk(i,j)) + bias(i,j)
+//   out_i       = sum_j P(i,j) * (v_j + rv(i,j))
+// with qc = q + u and qp = q + v for Transformer-XL (qc = qp = q otherwise),
+// rk = Shaw A^K or Transformer-XL's W_R R(-r), rv = Shaw A^V, bias = T5 / ALiBi,
+// and q, k rotated first for RoPE.
+#include "reference.hpp"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace relpos::reference {
+namespace {
+
+template <class T>
+struct HeadTerms {
+  int64_t lq = 0, lk = 0, d = 0, dv = 0;
+  std::vector<T> qc, qp, k, v;  // (Lq, d), (Lq, d), (Lk, d), (Lk, dv)
+  std::vector<T> rk;            // (Lq, Lk, d), empty when no relative score term
+  std::vector<T> rv;            // (Lq, Lk, dv), empty when no relative value term
+  std::vector<T> bias;          // (Lq, Lk)
+  std::vector<uint8_t> masked;  // (Lq, Lk)
+  std::vector<double> inv_freq; // RoPE frequencies
+};
+
+
+template <class T>
+int64_t rel(const AttentionForward<T>& p, int64_t i, int64_t j) {
+  return (p.k_offset + j) - (p.q_offset + i);
+}
+
+// The Shaw table slice of head h (a shared table has one slice).
+template <class T>
+int64_t table_head(const View3<const T>& table, int64_t h) {
+  return table.shape[0] == 1 ? 0 : h;
+}
+
+template <class T>
+T dot(const T* a, const T* b, int64_t n) {
+  T s = 0;
+  for (int64_t x = 0; x < n; ++x) s += a[x] * b[x];
+  return s;
+}
+
+template <class T>
+HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
+  HeadTerms<T> t;
+  t.lq = p.q.shape[2];
+  t.lk = p.k.shape[2];
+  t.d = p.q.shape[3];
+  t.dv = p.v.shape[3];
+  const PositionParams<T>& pos = p.pos;
+  t.qc.resize(t.lq * t.d);
+  t.k.resize(t.lk * t.d);
+  t.v.resize(t.lk * t.dv);
+  for (int64_t i = 0; i < t.lq; ++i)
+    for (int64_t x = 0; x < t.d; ++x) t.qc[i * t.d + x] = p.q(b, h, i, x);
+  for (int64_t j = 0; j < t.lk; ++j) {
+    for (int64_t x = 0; x < t.d; ++x) t.k[j * t.d + x] = p.k(b, h, j, x);
+    for (int64_t x = 0; x < t.dv; ++x) t.v[j * t.dv + x] = p.v(b, h, j, x);
+  }
+  if (pos.scheme == Scheme::rope) {
+    const int64_t dims = pos.rope.rotary_dims ? pos.rope.rotary_dims : t.d;
+    t.inv_freq = rope_inv_freq(dims, pos.rope.base);
+    for (int64_t i = 0; i < t.lq; ++i)
+      rope_rotate(&t.qc[i * t.d], 1, double(p.q_offset + i), t.inv_freq, pos.rope.style);
+    for (int64_t j = 0; j < t.lk; ++j)
+      rope_rotate(&t.k[j * t.d], 1, double(p.k_offset + j), t.inv_freq, pos.rope.style);
+  }
+  t.qp = t.qc;
+  if (pos.scheme == Scheme::xl) {
+    for (int64_t i = 0; i < t.lq; ++i)
+      for (int64_t x = 0; x < t.d; ++x) {
+        t.qc[i * t.d + x] += pos.xl.u(h, x);
+        t.qp[i * t.d + x] += pos.xl.v(h, x);
+      }
+  }
+
+  t.masked.assign(t.lq * t.lk, 0);
+  t.bias.assign(t.lq * t.lk, T(0));
+  const bool shaw_k = pos.scheme == Scheme::shaw && !pos.shaw.wk.empty();
+  const bool shaw_v = pos.scheme == Scheme::shaw && !pos.shaw.wv.empty();
+  const bool xl = pos.scheme == Scheme::xl;
+  if (shaw_k || xl) t.rk.assign(t.lq * t.lk * t.d, T(0));
+  if (shaw_v) t.rv.assign(t.lq * t.lk * t.dv, T(0));
+  const std::vector<double> alibi =
+      pos.scheme == Scheme::alibi && pos.alibi.slopes.empty() ? alibi_slopes(p.q.shape[1]) : std::vector<double>{};
+  const int64_t pos_dim = xl ? pos.xl.w_r.shape[2] : 0;
+  std::vector<T> r_emb(pos_dim);
+
+  for (int64_t i = 0; i < t.lq; ++i) {
+    for (int64_t j = 0; j < t.lk; ++j) {
+      const int64_t r = rel(p, i, j);
+      const int64_t ij = i * t.lk + j;
+      t.masked[ij] = (p.causal && r > 0) || (!p.key_padding.empty() && p.key_padding(b, j) != 0);
+      if (shaw_k || shaw_v) {
+        const int64_t c = shaw_index(r, pos.shaw.k, pos.shaw.beyond);
+        if (c >= 0 && shaw_k) {
+          const int64_t ht = table_head(pos.shaw.wk, h);
+          for (int64_t x = 0; x < t.d; ++x) t.rk[ij * t.d + x] = pos.shaw.wk(ht, c, x);
+        }
+        if (c >= 0 && shaw_v) {
+          const int64_t ht = table_head(pos.shaw.wv, h);
+          for (int64_t x = 0; x < t.dv; ++x) t.rv[ij * t.dv + x] = pos.shaw.wv(ht, c, x);
+        }
+      }
+      if (xl) {
+        sinusoid(double(xl_distance(r, pos.xl.clamp_len)), pos_dim, r_emb.data());
+        for (int64_t x = 0; x < t.d; ++x) {
+          T s = 0;
+          for (int64_t e = 0; e < pos_dim; ++e) s += pos.xl.w_r(h, x, e) * r_emb[e];
+          t.rk[ij * t.d + x] = s;
+        }
+      }
+      if (pos.scheme == Scheme::t5)
+        t.bias[ij] = pos.t5.table(h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance));
+      if (pos.scheme == Scheme::alibi) {
+        const T slope = alibi.empty() ? pos.alibi.slopes(h) : T(alibi[h]);
+        t.bias[ij] = -slope * T(r < 0 ? -r : r);
+      }
+    }
+  }
+  return t;
+}
+
+// logits(i, j); only meaningful where not masked.
+template <class T>
+T logit(const HeadTerms<T>& t, T scale, int64_t i, int64_t j) {
+  const int64_t ij = i * t.lk + j;
+  T s = dot(&t.qc[i * t.d], &t.k[j * t.d], t.d);
+  if (!t.rk.empty()) s += dot(&t.qp[i * t.d], &t.rk[ij * t.d], t.d);
+  return scale * s + t.bias[ij];
+}
+
+}  // namespace
+
+template <class T>
+void forward(const AttentionForward<T>& p) {
+  const T scale = T(effective_scale(p));
+  const int64_t B = p.q.shape[0], H = p.q.shape[1];
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const HeadTerms<T> t = build_terms(p, b, h);
+      std::vector<T> row(t.lk);
+      for (int64_t i = 0; i < t.lq; ++i) {
+        T m = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < t.lk; ++j) {
+          row[j] = t.masked[i * t.lk + j] ? -std::numeric_limits<T>::infinity() : logit(t, scale, i, j);
+          if (row[j] > m) m = row[j];
+        }
+        for (int64_t x = 0; x < t.dv; ++x) p.out(b, h, i, x) = T(0);
+        if (m == -std::numeric_limits<T>::infinity()) {  // fully masked row
+          p.lse(b, h, i) = m;
+          continue;
+        }
+        T sum = 0;
+        for (int64_t j = 0; j < t.lk; ++j) sum += std::exp(row[j] - m);
+        const T lse = m + std::log(sum);
+        p.lse(b, h, i) = lse;
+        for (int64_t j = 0; j < t.lk; ++j) {
+          if (t.masked[i * t.lk + j]) continue;
+          const T pij = std::exp(row[j] - lse);
+          for (int64_t x = 0; x < t.dv; ++x) {
+            T val = t.v[j * t.dv + x];
+            if (!t.rv.empty()) val += t.rv[(i * t.lk + j) * t.dv + x];
+            p.out(b, h, i, x) += pij * val;
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void backward(const AttentionBackward<T>& p) {
+  const T scale = T(effective_scale(p));
+  const int64_t B = p.q.shape[0], H = p.q.shape[1];
+  const PositionParams<T>& pos = p.pos;
+  const PositionGrads<T>& g = p.dpos;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      const HeadTerms<T> t = build_terms(p, b, h);
+      const int64_t d = t.d, dv = t.dv;
+      // Gradients with respect to the rotated q and k, un-rotated at the end.
+      std::vector<T> dq(t.lq * d, T(0)), dk(t.lk * d, T(0));
+      std::vector<T> P(t.lk), dS(t.lk), r_emb(pos.scheme == Scheme::xl ? pos.xl.w_r.shape[2] : 0);
+      for (int64_t i = 0; i < t.lq; ++i) {
+        const T lse = p.lse(b, h, i);
+        if (lse == -std::numeric_limits<T>::infinity()) continue;  // fully masked: zero gradients
+        // D_i = sum_j P_ij dP_ij = dout_i . out_i
+        T D = 0;
+        for (int64_t x = 0; x < dv; ++x) D += p.dout(b, h, i, x) * p.out(b, h, i, x);
+        for (int64_t j = 0; j < t.lk; ++j) {
+          const int64_t ij = i * t.lk + j;
+          if (t.masked[ij]) {
+            P[j] = dS[j] = 0;
+            continue;
+          }
+          P[j] = std::exp(logit(t, scale, i, j) - lse);
+          T dP = 0;  // dout_i . (v_j + rv_ij)
+          for (int64_t x = 0; x < dv; ++x) {
+            T val = t.v[j * dv + x];
+            if (!t.rv.empty()) val += t.rv[ij * dv + x];
+            dP += p.dout(b, h, i, x) * val;
+          }
+          dS[j] = P[j] * (dP - D);
+        }
+        const int64_t r0 = rel(p, i, 0);
+        for (int64_t j = 0; j < t.lk; ++j) {
+          if (t.masked[i * t.lk + j]) continue;
+          const int64_t ij = i * t.lk + j, r = r0 + j;
+          const T ds = scale * dS[j];
+          for (int64_t x = 0; x < d; ++x) {
+            dq[i * d + x] += ds * t.k[j * d + x];
+            dk[j * d + x] += ds * t.qc[i * d + x];
+            if (!g.xl_u.empty()) g.xl_u(h, x) += ds * t.k[j * d + x];
+          }
+          if (!p.dv.empty())
+            for (int64_t x = 0; x < dv; ++x) p.dv(b, h, j, x) += P[j] * p.dout(b, h, i, x);
+          if (!t.rk.empty()) {
+            for (int64_t x = 0; x < d; ++x) {
+              dq[i * d + x] += ds * t.rk[ij * d + x];
+              if (!g.xl_v.empty()) g.xl_v(h, x) += ds * t.rk[ij * d + x];
+            }
+          }
+          if (pos.scheme == Scheme::shaw) {
+            const int64_t c = shaw_index(r, pos.shaw.k, pos.shaw.beyond);
+            if (c >= 0 && !g.shaw_wk.empty()) {
+              const int64_t ht = table_head(pos.shaw.wk, h);
+              for (int64_t x = 0; x < d; ++x) g.shaw_wk(ht, c, x) += ds * t.qp[i * d + x];
+            }
+            if (c >= 0 && !g.shaw_wv.empty()) {
+              const int64_t ht = table_head(pos.shaw.wv, h);
+              for (int64_t x = 0; x < dv; ++x) g.shaw_wv(ht, c, x) += P[j] * p.dout(b, h, i, x);
+            }
+          }
+          if (pos.scheme == Scheme::xl && !g.xl_w_r.empty()) {
+            const int64_t pos_dim = static_cast<int64_t>(r_emb.size());
+            sinusoid(double(xl_distance(r, pos.xl.clamp_len)), pos_dim, r_emb.data());
+            for (int64_t x = 0; x < d; ++x)
+              for (int64_t e = 0; e < pos_dim; ++e) g.xl_w_r(h, x, e) += ds * t.qp[i * d + x] * r_emb[e];
+          }
+          if (pos.scheme == Scheme::t5 && !g.t5_table.empty())
+            g.t5_table(h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance)) += dS[j];
+          if (pos.scheme == Scheme::alibi && !g.alibi_slopes.empty())
+            g.alibi_slopes(h) -= dS[j] * T(r < 0 ? -r : r);
+        }
+      }
+      if (pos.scheme == Scheme::rope) {
+        for (int64_t i = 0; i < t.lq; ++i)
+          rope_rotate(&dq[i * d], 1, double(p.q_offset + i), t.inv_freq, pos.rope.style, -1);
+        for (int64_t j = 0; j < t.lk; ++j)
+          rope_rotate(&dk[j * d], 1, double(p.k_offset + j), t.inv_freq, pos.rope.style, -1);
+      }
+      if (!p.dq.empty())
+        for (int64_t i = 0; i < t.lq; ++i)
+          for (int64_t x = 0; x < d; ++x) p.dq(b, h, i, x) += dq[i * d + x];
+      if (!p.dk.empty())
+        for (int64_t j = 0; j < t.lk; ++j)
+          for (int64_t x = 0; x < d; ++x) p.dk(b, h, j, x) += dk[j * d + x];
+    }
+  }
+}
+
+template void forward<float>(const AttentionForward<float>&);
+template void forward<double>(const AttentionForward<double>&);
+template void backward<float>(const AttentionBackward<float>&);
+template void backward<double>(const AttentionBackward<double>&);
+
+}  // namespace relpos::reference

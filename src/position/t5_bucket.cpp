@@ -1,0 +1,30 @@
+#include <cmath>
+
+#include "relpos/position.hpp"
+
+namespace relpos {
+
+int64_t t5_bucket(int64_t r, bool bidirectional, int64_t num_buckets, int64_t max_distance) {
+  int64_t bucket = 0;
+  int64_t n = r;  // becomes the non-negative distance
+  if (bidirectional) {
+    num_buckets /= 2;
+    if (r > 0) bucket += num_buckets;
+    n = r < 0 ? -r : r;
+  } else {
+    n = r < 0 ? -r : 0;  // future keys share bucket 0
+  }
+  const int64_t max_exact = num_buckets / 2;
+  if (n < max_exact) return bucket + n;
+  // PyTorch evaluates this in float32: the int tensor is cast to float, the
+  // Python scalars (max_exact, the double log ratio, the bucket span) are cast
+  // to float, and .to(long) truncates. Matching it keeps bucket edges identical.
+  const float log_ratio = static_cast<float>(std::log(static_cast<double>(max_distance) / max_exact));
+  const float scaled = std::log(static_cast<float>(n) / static_cast<float>(max_exact)) / log_ratio *
+                       static_cast<float>(num_buckets - max_exact);
+  int64_t large = max_exact + static_cast<int64_t>(scaled);
+  if (large > num_buckets - 1) large = num_buckets - 1;
+  return bucket + large;
+}
+
+}  // namespace relpos
