@@ -1,0 +1,152 @@
+"""relpos: attention with relative position representations, forward and backward.
+
+    import numpy as np, relpos
+    q = k = v = np.random.randn(2, 4, 128, 64).astype(np.float32)   # (B, H, L, d)
+    scheme = relpos.Shaw(k=16, wk=np.random.randn(33, 64).astype(np.float32))
+    out, lse = relpos.forward(q, k, v, scheme, causal=True)
+    grads = relpos.backward(q, k, v, out, lse, np.ones_like(out), scheme, causal=True)
+    grads["q"], grads["shaw_wk"]
+
+Arrays are NumPy arrays of float32 or float64 (all the same dtype), any
+strides; q is ``(B, H, Lq, d)``, k ``(B, H, Lk, d)``, v ``(B, H, Lk, dv)``.
+Bad input raises ``ValueError`` naming the argument.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _relpos
+from .schemes import ALiBi, NoPosition, RoPE, Shaw, T5, TransformerXL
+
+__all__ = [
+    "forward",
+    "backward",
+    "NoPosition",
+    "Shaw",
+    "T5",
+    "ALiBi",
+    "RoPE",
+    "TransformerXL",
+    "t5_bucket",
+    "alibi_slopes",
+    "ALGORITHMS",
+]
+
+ALGORITHMS = ("auto", "reference")
+
+t5_bucket = _relpos.t5_bucket
+alibi_slopes = _relpos.alibi_slopes
+
+
+def _array(x: Any, name: str) -> np.ndarray:
+    try:
+        a = np.asarray(x)
+    except Exception as e:  # e.g. a torch tensor that requires grad
+        raise ValueError(f"relpos: {name}: cannot be read as an array ({e})") from None
+    if a.dtype not in (np.float32, np.float64):
+        raise ValueError(f"relpos: {name}: dtype must be float32 or float64, got {a.dtype}")
+    return a
+
+
+def _as_core_param(name: str, a: np.ndarray) -> np.ndarray:
+    # A Shaw table shared by heads may be given as (2k+1, d); the core wants (1, 2k+1, d).
+    return a[None] if name.startswith("shaw_") and a.ndim == 2 else a
+
+
+def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm) -> dict:
+    scheme = NoPosition() if scheme is None else scheme
+    if not hasattr(scheme, "_args"):
+        raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"relpos: algorithm: unknown '{algorithm}' (known: {', '.join(ALGORITHMS)})")
+    args: dict[str, Any] = {"q": _array(q, "q"), "k": _array(k, "k"), "v": _array(v, "v")}
+    args.update(scheme=scheme.name, causal=bool(causal), q_offset=int(q_offset), k_offset=int(k_offset))
+    args["algorithm"] = algorithm
+    if scale is not None:
+        args["scale"] = float(scale)
+    if key_padding is not None:
+        kp = np.asarray(key_padding)
+        if kp.dtype not in (np.bool_, np.uint8):
+            raise ValueError(f"relpos: key_padding: dtype must be bool or uint8, got {kp.dtype}")
+        args["key_padding"] = kp
+    args.update(scheme._args())
+    for name, p in scheme._params().items():
+        args[name] = _as_core_param(name, _array(p, name))
+    for name in ("q", "k", "v"):
+        if args[name].ndim != 4:
+            raise ValueError(f"relpos: {name}: expected 4 dimensions (B, H, L, d), got shape {args[name].shape}")
+    return args
+
+
+def forward(
+    q,
+    k,
+    v,
+    scheme=None,
+    *,
+    causal: bool = False,
+    key_padding=None,
+    q_offset: int = 0,
+    k_offset: int = 0,
+    scale: Optional[float] = None,
+    algorithm: str = "auto",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Attention with a relative position scheme.
+
+    Returns ``(out, lse)``: ``out`` of shape ``(B, H, Lq, dv)`` and the row
+    logsumexp ``lse`` of shape ``(B, H, Lq)`` that ``backward`` needs
+    (``-inf`` for a row whose keys are all masked; its output is zero).
+
+    ``causal`` masks keys in the future (``r > 0``); ``key_padding`` is a bool
+    or uint8 ``(B, Lk)`` array, true for padded keys. Query row ``i`` sits at
+    absolute position ``q_offset + i`` and key row ``j`` at ``k_offset + j``.
+    ``scale`` defaults to ``1/sqrt(d)``.
+    """
+    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm)
+    qa, va = args["q"], args["v"]
+    args["out"] = np.empty(qa.shape[:3] + va.shape[3:], dtype=qa.dtype)
+    args["lse"] = np.empty(qa.shape[:3], dtype=qa.dtype)
+    _relpos.forward(args)
+    return args["out"], args["lse"]
+
+
+def backward(
+    q,
+    k,
+    v,
+    out,
+    lse,
+    dout,
+    scheme=None,
+    *,
+    causal: bool = False,
+    key_padding=None,
+    q_offset: int = 0,
+    k_offset: int = 0,
+    scale: Optional[float] = None,
+    algorithm: str = "auto",
+) -> dict[str, np.ndarray]:
+    """Gradients of ``sum(dout * out)`` given ``forward``'s ``out`` and ``lse``.
+
+    Returns a dict with ``"q"``, ``"k"``, ``"v"`` and one entry per learnable
+    parameter of the scheme: ``"shaw_wk"``, ``"shaw_wv"``, ``"t5_table"``,
+    ``"alibi_slopes"`` (explicit slopes only), ``"xl_u"``, ``"xl_v"``,
+    ``"xl_w_r"``; each gradient has its parameter's shape.
+    """
+    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm)
+    # The core reads out and lse through the same (writable) views forward filled.
+    args["out"] = np.require(_array(out, "out"), requirements="W")
+    args["lse"] = np.require(_array(lse, "lse"), requirements="W")
+    args["dout"] = _array(dout, "dout")
+    grads: dict[str, np.ndarray] = {}
+    for name in ("q", "k", "v"):
+        grads[name] = args["d" + name] = np.zeros(args[name].shape, dtype=args[name].dtype)
+    scheme = NoPosition() if scheme is None else scheme
+    for name, p in scheme._params().items():
+        g = np.zeros(np.shape(p), dtype=args[name].dtype)
+        grads[name] = g
+        args["d_" + name] = _as_core_param(name, g)
+    _relpos.backward(args)
+    return grads

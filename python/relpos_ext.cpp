@@ -1,0 +1,170 @@
+// nanobind bridge between relpos/__init__.py and the C++ attention API.
+//
+// The Python layer allocates every output and passes one dict of named
+// arrays and options; this file only turns those into strided views (no copy)
+// and calls attention_forward / attention_backward with the GIL released.
+// C++ std::invalid_argument surfaces in Python as ValueError.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "relpos/attention.hpp"
+
+namespace nb = nanobind;
+using namespace relpos;
+
+namespace {
+
+using InArray = nb::ndarray<nb::ro, nb::device::cpu>;
+using OutArray = nb::ndarray<nb::device::cpu>;
+
+[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument("relpos: " + msg); }
+
+bool has(const nb::dict& a, const char* key) { return a.contains(key) && !a[key].is_none(); }
+
+template <class V, class Array>
+V make_view(const Array& arr, const char* key, void* data) {
+  constexpr size_t N = std::tuple_size_v<decltype(V::shape)>;
+  if (arr.ndim() != N)
+    fail(std::string(key) + ": expected " + std::to_string(N) + " dimensions, got " + std::to_string(arr.ndim()));
+  V v;
+  v.data = static_cast<decltype(v.data)>(data);
+  for (size_t a = 0; a < N; ++a) {
+    v.shape[a] = static_cast<int64_t>(arr.shape(a));
+    v.stride[a] = arr.stride(a);
+  }
+  return v;
+}
+
+template <class E>
+void check_dtype(const nb::dlpack::dtype& got, const char* key) {
+  if (got != nb::dtype<E>())
+    fail(std::string(key) + ": dtype must match q (" + (sizeof(E) == 4 ? "float32" : "float64") +
+         "); convert it first");
+}
+
+// A read-only view of dict entry `key`, or an empty view when absent.
+template <class T, size_t N>
+View<const T, N> input(const nb::dict& a, const char* key) {
+  if (!has(a, key)) return {};
+  InArray arr = nb::cast<InArray>(a[key]);
+  check_dtype<T>(arr.dtype(), key);
+  return make_view<View<const T, N>>(arr, key, const_cast<void*>(arr.data()));
+}
+
+template <class T, size_t N>
+View<T, N> output(const nb::dict& a, const char* key) {
+  if (!has(a, key)) return {};
+  OutArray arr = nb::cast<OutArray>(a[key]);
+  check_dtype<T>(arr.dtype(), key);
+  return make_view<View<T, N>>(arr, key, arr.data());
+}
+
+template <class X>
+X option(const nb::dict& a, const char* key, X fallback) {
+  return has(a, key) ? nb::cast<X>(a[key]) : fallback;
+}
+
+template <class T>
+void fill_forward(const nb::dict& a, AttentionForward<T>& p) {
+  p.q = input<T, 4>(a, "q");
+  p.k = input<T, 4>(a, "k");
+  p.v = input<T, 4>(a, "v");
+  p.out = output<T, 4>(a, "out");
+  p.lse = output<T, 3>(a, "lse");
+  p.causal = option<bool>(a, "causal", false);
+  if (has(a, "key_padding")) {
+    InArray kp = nb::cast<InArray>(a["key_padding"]);
+    if (kp.dtype() != nb::dtype<uint8_t>() && kp.dtype() != nb::dtype<bool>())
+      fail("key_padding: dtype must be bool or uint8");
+    p.key_padding = make_view<View2<const uint8_t>>(kp, "key_padding", const_cast<void*>(kp.data()));
+  }
+  p.q_offset = option<int64_t>(a, "q_offset", 0);
+  p.k_offset = option<int64_t>(a, "k_offset", 0);
+  if (has(a, "scale")) p.scale = nb::cast<double>(a["scale"]);
+  p.algorithm = parse_algorithm(option<std::string>(a, "algorithm", "auto"));
+
+  PositionParams<T>& pos = p.pos;
+  pos.scheme = parse_scheme(option<std::string>(a, "scheme", "none"));
+  pos.shaw.k = option<int64_t>(a, "shaw_k", 0);
+  const std::string beyond = option<std::string>(a, "shaw_beyond", "clip");
+  if (beyond != "clip" && beyond != "zero") fail("shaw beyond: must be 'clip' or 'zero', got '" + beyond + "'");
+  pos.shaw.beyond = beyond == "zero" ? Beyond::zero : Beyond::clip;
+  pos.shaw.wk = input<T, 3>(a, "shaw_wk");
+  pos.shaw.wv = input<T, 3>(a, "shaw_wv");
+  pos.t5.table = input<T, 2>(a, "t5_table");
+  pos.t5.bidirectional = option<bool>(a, "t5_bidirectional", true);
+  pos.t5.max_distance = option<int64_t>(a, "t5_max_distance", 128);
+  pos.alibi.slopes = input<T, 1>(a, "alibi_slopes");
+  pos.rope.base = option<double>(a, "rope_base", 10000.0);
+  pos.rope.rotary_dims = option<int64_t>(a, "rope_dims", 0);
+  const std::string style = option<std::string>(a, "rope_style", "half_split");
+  if (style != "half_split" && style != "interleaved")
+    fail("rope style: must be 'half_split' or 'interleaved', got '" + style + "'");
+  pos.rope.style = style == "interleaved" ? RopeStyle::interleaved : RopeStyle::half_split;
+  pos.xl.u = input<T, 2>(a, "xl_u");
+  pos.xl.v = input<T, 2>(a, "xl_v");
+  pos.xl.w_r = input<T, 3>(a, "xl_w_r");
+  pos.xl.clamp_len = option<int64_t>(a, "xl_clamp_len", 0);
+}
+
+template <class T>
+void run_forward(const nb::dict& a) {
+  AttentionForward<T> p;
+  fill_forward(a, p);
+  nb::gil_scoped_release release;
+  attention_forward(p);
+}
+
+template <class T>
+void run_backward(const nb::dict& a) {
+  AttentionBackward<T> p;
+  fill_forward(a, p);
+  p.dout = input<T, 4>(a, "dout");
+  p.dq = output<T, 4>(a, "dq");
+  p.dk = output<T, 4>(a, "dk");
+  p.dv = output<T, 4>(a, "dv");
+  p.dpos.shaw_wk = output<T, 3>(a, "d_shaw_wk");
+  p.dpos.shaw_wv = output<T, 3>(a, "d_shaw_wv");
+  p.dpos.t5_table = output<T, 2>(a, "d_t5_table");
+  p.dpos.alibi_slopes = output<T, 1>(a, "d_alibi_slopes");
+  p.dpos.xl_u = output<T, 2>(a, "d_xl_u");
+  p.dpos.xl_v = output<T, 2>(a, "d_xl_v");
+  p.dpos.xl_w_r = output<T, 3>(a, "d_xl_w_r");
+  nb::gil_scoped_release release;
+  attention_backward(p);
+}
+
+// Dispatch on q's dtype: float32 or float64.
+template <template <class> class Run>
+void by_dtype(const nb::dict& a) {
+  if (!has(a, "q")) fail("q: missing");
+  const nb::dlpack::dtype dt = nb::cast<InArray>(a["q"]).dtype();
+  if (dt == nb::dtype<float>()) return Run<float>{}(a);
+  if (dt == nb::dtype<double>()) return Run<double>{}(a);
+  fail("q: dtype must be float32 or float64");
+}
+
+template <class T>
+struct Forward {
+  void operator()(const nb::dict& a) const { run_forward<T>(a); }
+};
+template <class T>
+struct Backward {
+  void operator()(const nb::dict& a) const { run_backward<T>(a); }
+};
+
+}  // namespace
+
+NB_MODULE(_relpos, m) {
+  m.doc() = "relpos C++ core: use the relpos package, not this module directly";
+  m.def("forward", &by_dtype<Forward>, nb::arg("args"), "Fill args['out'] and args['lse'].");
+  m.def("backward", &by_dtype<Backward>, nb::arg("args"), "Add gradients into args['d*'] arrays.");
+  m.def("t5_bucket", &t5_bucket, nb::arg("r"), nb::arg("bidirectional"), nb::arg("num_buckets"),
+        nb::arg("max_distance"));
+  m.def("alibi_slopes", &alibi_slopes, nb::arg("num_heads"));
+}
