@@ -1,1 +1,59 @@
-int main() { return 0; }
+// relpos command-line tool: dispatches to a subcommand and turns every error
+// into a message and a non-zero exit status (never an abort).
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "commands.hpp"
+#include "options.hpp"
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(int, char**, int);
+  const char* summary;
+};
+
+constexpr Command kCommands[] = {
+    {"demo", relpos::cli::run_demo, "every position scheme on a small problem, float32 checked against float64"},
+};
+
+void print_usage(std::FILE* to) {
+  std::fprintf(to,
+               "usage: relpos <command> [options]\n\n"
+               "relpos: attention with relative position representations (Shaw, T5, ALiBi, RoPE,\n"
+               "Transformer-XL), forward and backward.\n\ncommands:\n");
+  for (const Command& c : kCommands) std::fprintf(to, "  %-10s %s\n", c.name, c.summary);
+  std::fprintf(to, "\n'relpos <command> --help' describes a command's options.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
+    print_usage(argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const Command& c : kCommands) {
+    if (std::strcmp(argv[1], c.name) != 0) continue;
+    try {
+      return c.run(argc, argv, 2);
+    } catch (const relpos::cli::UsageError& e) {
+      std::fprintf(stderr, "relpos %s: %s\n(see 'relpos %s --help')\n", c.name, e.message.c_str(), c.name);
+      return 2;
+    } catch (const std::bad_alloc&) {
+      std::fprintf(stderr, "relpos %s: out of memory (try a smaller problem)\n", c.name);
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "relpos %s: %s\n", c.name, e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "relpos: unknown command '%s'\n\n", argv[1]);
+  print_usage(stderr);
+  return 2;
+}

@@ -1,0 +1,8 @@
+// The relpos subcommands; each parses its own options from argv[first..).
+#pragma once
+
+namespace relpos::cli {
+
+int run_demo(int argc, char** argv, int first);
+
+}  // namespace relpos::cli

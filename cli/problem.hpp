@@ -1,0 +1,55 @@
+// Random attention problems that own their buffers: the demo (and later the
+// benchmarks) build one per scheme, in float and in double with identical
+// input values, and hand its AttentionBackward params to the library.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "relpos/attention.hpp"
+
+namespace relpos::cli {
+
+struct ProblemShape {
+  int64_t batch = 2, heads = 4, length = 128, dim = 64;
+  bool causal = true;
+};
+
+// One row of the demo: a scheme and its options.
+struct SchemeCase {
+  std::string label;
+  Scheme scheme = Scheme::none;
+  int64_t shaw_k = 16;
+  Beyond beyond = Beyond::clip;
+  bool t5_bidirectional = false;
+  RopeStyle rope_style = RopeStyle::half_split;
+  int64_t mem_len = 0;  // Transformer-XL memory prepended to the keys
+};
+
+// The schemes `relpos demo` runs by default.
+std::vector<SchemeCase> demo_cases();
+
+template <class T>
+struct Problem {
+  // Inputs and parameters (values are float-representable, so the float and
+  // double problems built from one seed hold exactly the same numbers).
+  std::vector<T> q, k, v, dout, wk, wv, t5_table, u, xv, w_r;
+  // Outputs and gradients.
+  std::vector<T> out, lse, dq, dk, dv, dwk, dwv, dt5_table, du, dxv, dw_r;
+  AttentionBackward<T> params;  // views into the buffers above
+
+  Problem() = default;
+  Problem(const Problem&) = delete;  // a copy's views would point into the original
+  Problem(Problem&&) = default;      // moving keeps each vector's storage in place
+
+  // Zeroes every gradient buffer (backward adds into them).
+  void clear_grads();
+  // The gradient buffers, for error measurement.
+  std::vector<const std::vector<T>*> grads() const;
+};
+
+template <class T>
+Problem<T> make_problem(const ProblemShape& shape, const SchemeCase& c, uint64_t seed);
+
+}  // namespace relpos::cli
