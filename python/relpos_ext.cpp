@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <stdexcept>
+#include <typeinfo>
 #include <string>
 
 #include "relpos/attention.hpp"
@@ -66,7 +67,12 @@ View<T, N> output(const nb::dict& a, const char* key) {
 
 template <class X>
 X option(const nb::dict& a, const char* key, X fallback) {
-  return has(a, key) ? nb::cast<X>(a[key]) : fallback;
+  if (!has(a, key)) return fallback;
+  try {
+    return nb::cast<X>(a[key]);
+  } catch (const std::bad_cast&) {
+    fail(std::string(key) + ": wrong type or out of range");
+  }
 }
 
 template <class T>
@@ -164,7 +170,13 @@ NB_MODULE(_relpos, m) {
   m.doc() = "relpos C++ core: use the relpos package, not this module directly";
   m.def("forward", &by_dtype<Forward>, nb::arg("args"), "Fill args['out'] and args['lse'].");
   m.def("backward", &by_dtype<Backward>, nb::arg("args"), "Add gradients into args['d*'] arrays.");
-  m.def("t5_bucket", &t5_bucket, nb::arg("r"), nb::arg("bidirectional"), nb::arg("num_buckets"),
-        nb::arg("max_distance"));
-  m.def("alibi_slopes", &alibi_slopes, nb::arg("num_heads"));
+  m.def(
+      "t5_bucket",
+      [](int64_t r, bool bidirectional, int64_t num_buckets, int64_t max_distance) {
+        check_t5_config(bidirectional, num_buckets, max_distance);
+        return t5_bucket(r, bidirectional, num_buckets, max_distance);
+      },
+      nb::arg("r"), nb::arg("bidirectional"), nb::arg("num_buckets"), nb::arg("max_distance"),
+      "HF T5 bucket of relative distance r = key_pos - query_pos.");
+  m.def("alibi_slopes", &alibi_slopes, nb::arg("num_heads"), "ALiBi head slopes of the paper, any head count.");
 }

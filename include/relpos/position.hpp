@@ -9,6 +9,10 @@
 
 namespace relpos {
 
+// Largest absolute position, distance or window relpos accepts: positions and
+// distances then stay exact in double and far from int64 overflow.
+constexpr int64_t kMaxPosition = int64_t(1) << 40;
+
 // ---- Shaw et al. 2018 / Music Transformer -------------------------------
 
 // What a distance beyond +-k sees: the edge embedding (Shaw) or a zero
@@ -24,13 +28,20 @@ int64_t shaw_index(int64_t r, int64_t k, Beyond beyond);
 // HF transformers' T5Attention._relative_position_bucket for one distance,
 // bit for bit: the large-distance branch uses float32 arithmetic as PyTorch
 // does. `r` is memory_position - query_position.
+// Call only with a configuration that check_t5_config accepts.
 int64_t t5_bucket(int64_t r, bool bidirectional, int64_t num_buckets, int64_t max_distance);
+
+// Throws std::invalid_argument naming t5.num_buckets or t5.max_distance unless
+// the configuration defines buckets (an exact range of at least one distance
+// and a max_distance beyond it).
+void check_t5_config(bool bidirectional, int64_t num_buckets, int64_t max_distance);
 
 // ---- ALiBi ----------------------------------------------------------------
 
 // Head slopes m_h of Press et al.: the geometric sequence 2^(-8/n)... for a
 // power-of-two n, and for any other n the slopes of the next lower power of two
-// followed by every other slope of twice that power.
+// followed by every other slope of twice that power. num_heads in [1, 65536],
+// else std::invalid_argument.
 std::vector<double> alibi_slopes(int64_t num_heads);
 
 // ---- RoPE -----------------------------------------------------------------

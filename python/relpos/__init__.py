@@ -18,7 +18,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _relpos
-from .schemes import ALiBi, NoPosition, RoPE, Shaw, T5, TransformerXL
+from .schemes import ALiBi, NoPosition, RoPE, Shaw, T5, TransformerXL, choice, integer, number
 
 __all__ = [
     "forward",
@@ -59,13 +59,11 @@ def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, 
     scheme = NoPosition() if scheme is None else scheme
     if not hasattr(scheme, "_args"):
         raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"relpos: algorithm: unknown '{algorithm}' (known: {', '.join(ALGORITHMS)})")
     args: dict[str, Any] = {"q": _array(q, "q"), "k": _array(k, "k"), "v": _array(v, "v")}
-    args.update(scheme=scheme.name, causal=bool(causal), q_offset=int(q_offset), k_offset=int(k_offset))
-    args["algorithm"] = algorithm
+    args.update(scheme=scheme.name, causal=bool(causal), algorithm=choice(algorithm, "algorithm", ALGORITHMS))
+    args.update(q_offset=integer(q_offset, "q_offset"), k_offset=integer(k_offset, "k_offset"))
     if scale is not None:
-        args["scale"] = float(scale)
+        args["scale"] = number(scale, "scale")
     if key_padding is not None:
         kp = np.asarray(key_padding)
         if kp.dtype not in (np.bool_, np.uint8):

@@ -14,6 +14,31 @@ import numpy as np
 __all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL"]
 
 
+def integer(x: Any, name: str) -> int:
+    """``x`` as a Python int, or a ValueError naming ``name`` (1.5, "3", True are rejected)."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+        raise ValueError(f"relpos: {name}: expected an integer, got {x!r}")
+    if not -(2**63) <= int(x) < 2**63:
+        raise ValueError(f"relpos: {name}: {x} does not fit in 64 bits")
+    return int(x)
+
+
+def number(x: Any, name: str) -> float:
+    """``x`` as a Python float, or a ValueError naming ``name``."""
+    if isinstance(x, (bool, np.bool_, str, bytes)):
+        raise ValueError(f"relpos: {name}: expected a number, got {x!r}")
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        raise ValueError(f"relpos: {name}: expected a number, got {x!r}") from None
+
+
+def choice(x: Any, name: str, allowed: tuple[str, ...]) -> str:
+    if x not in allowed:
+        raise ValueError(f"relpos: {name}: must be one of {', '.join(allowed)}; got {x!r}")
+    return x
+
+
 @dataclass
 class NoPosition:
     """Plain attention: no relative term (absolute embeddings, if any, live in the model)."""
@@ -45,7 +70,7 @@ class Shaw:
     name = "shaw"
 
     def _args(self) -> dict[str, Any]:
-        return {"shaw_k": int(self.k), "shaw_beyond": self.beyond}
+        return {"shaw_k": integer(self.k, "shaw.k"), "shaw_beyond": choice(self.beyond, "shaw.beyond", ("clip", "zero"))}
 
     def _params(self) -> dict[str, np.ndarray]:
         return {n: t for n, t in (("shaw_wk", self.wk), ("shaw_wv", self.wv)) if t is not None}
@@ -66,7 +91,10 @@ class T5:
     name = "t5"
 
     def _args(self) -> dict[str, Any]:
-        return {"t5_bidirectional": bool(self.bidirectional), "t5_max_distance": int(self.max_distance)}
+        return {
+            "t5_bidirectional": bool(self.bidirectional),
+            "t5_max_distance": integer(self.max_distance, "t5.max_distance"),
+        }
 
     def _params(self) -> dict[str, np.ndarray]:
         return {"t5_table": self.table}
@@ -101,7 +129,11 @@ class RoPE:
     name = "rope"
 
     def _args(self) -> dict[str, Any]:
-        return {"rope_base": float(self.base), "rope_dims": int(self.dims or 0), "rope_style": self.style}
+        return {
+            "rope_base": number(self.base, "rope.base"),
+            "rope_dims": 0 if self.dims is None else integer(self.dims, "rope.dims"),
+            "rope_style": choice(self.style, "rope.style", ("half_split", "interleaved")),
+        }
 
     def _params(self) -> dict[str, np.ndarray]:
         return {}
@@ -124,7 +156,7 @@ class TransformerXL:
     name = "xl"
 
     def _args(self) -> dict[str, Any]:
-        return {"xl_clamp_len": int(self.clamp_len)}
+        return {"xl_clamp_len": integer(self.clamp_len, "xl.clamp_len")}
 
     def _params(self) -> dict[str, np.ndarray]:
         return {"xl_u": self.u, "xl_v": self.v, "xl_w_r": self.w_r}

@@ -76,7 +76,8 @@ void check_position(const AttentionForward<T>& p) {
       break;
     case Scheme::shaw: {
       const ShawParams<T>& s = pos.shaw;
-      if (s.k < 0) fail("shaw.k: the clipping distance must be >= 0, got " + std::to_string(s.k));
+      if (s.k < 0 || s.k > kMaxPosition)
+        fail("shaw.k: the clipping distance must be in [0, 2^40], got " + std::to_string(s.k));
       if (s.wk.empty() && s.wv.empty()) fail("shaw: give wk, wv or both (K-only, V-only, K+V)");
       const int64_t rows = 2 * s.k + 1;
       struct Table {
@@ -99,13 +100,7 @@ void check_position(const AttentionForward<T>& p) {
     case Scheme::t5: {
       const T5Params<T>& t = pos.t5;
       check_shape("t5.table", t.table, {H, -1}, "(" + dims("H", H) + ", num_buckets)");
-      const int64_t nb = t.table.shape[1];
-      const int64_t max_exact = (t.bidirectional ? nb / 2 : nb) / 2;
-      if (nb < 2 || max_exact < 1)
-        fail("t5.num_buckets: need >= 2 (causal) or >= 4 (bidirectional), got " + std::to_string(nb));
-      if (t.max_distance <= max_exact)
-        fail("t5.max_distance: must exceed the exact range " + std::to_string(max_exact) + ", got " +
-             std::to_string(t.max_distance));
+      check_t5_config(t.bidirectional, t.table.shape[1], t.max_distance);
       break;
     }
     case Scheme::alibi:
@@ -118,7 +113,7 @@ void check_position(const AttentionForward<T>& p) {
     case Scheme::rope: {
       const RopeParams& r = pos.rope;
       const int64_t rd = r.rotary_dims ? r.rotary_dims : d;
-      if (rd < 2 || rd % 2 != 0 || rd > d)
+      if (r.rotary_dims < 0 || rd < 2 || rd % 2 != 0 || rd > d)
         fail("rope.rotary_dims: must be even, >= 2 and <= d=" + std::to_string(d) + ", got " + std::to_string(rd) +
              (r.rotary_dims ? "" : " (0 means d)"));
       if (!(std::isfinite(r.base) && r.base > 1.0)) fail("rope.base: must be finite and > 1");
@@ -131,7 +126,7 @@ void check_position(const AttentionForward<T>& p) {
       check_shape("xl.v", x.v, {H, d}, hd);
       check_shape("xl.w_r", x.w_r, {H, d, -1}, "(" + dims("H", H) + ", " + dims("d", d) + ", pos_dim)");
       if (x.w_r.shape[2] % 2 != 0) fail("xl.w_r: pos_dim (last dimension) must be even for [sin, cos]");
-      if (x.clamp_len < 0) fail("xl.clamp_len: must be >= 0 (0 = unclamped)");
+      if (x.clamp_len < 0 || x.clamp_len > kMaxPosition) fail("xl.clamp_len: must be in [0, 2^40] (0 = unclamped)");
       break;
     }
   }
@@ -154,9 +149,8 @@ void validate_forward(const AttentionForward<T>& p) {
     check_shape("key_padding", p.key_padding, {B, Lk}, "(" + dims("B", B) + ", " + dims("Lk", Lk) + ")");
   // Offsets are absolute positions: non-negative, and small enough that
   // positions and distances stay exact in double and int64.
-  constexpr int64_t max_pos = int64_t(1) << 40;
-  if (p.q_offset < 0 || p.q_offset > max_pos) fail("q_offset: must be in [0, 2^40], got " + std::to_string(p.q_offset));
-  if (p.k_offset < 0 || p.k_offset > max_pos) fail("k_offset: must be in [0, 2^40], got " + std::to_string(p.k_offset));
+  if (p.q_offset < 0 || p.q_offset > kMaxPosition) fail("q_offset: must be in [0, 2^40], got " + std::to_string(p.q_offset));
+  if (p.k_offset < 0 || p.k_offset > kMaxPosition) fail("k_offset: must be in [0, 2^40], got " + std::to_string(p.k_offset));
   if (p.scale && !(std::isfinite(*p.scale) && *p.scale > 0)) fail("scale: must be finite and > 0");
   check_position(p);
 }

@@ -1,4 +1,6 @@
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 #include "relpos/position.hpp"
 
@@ -15,6 +17,8 @@ std::vector<double> power_of_two_slopes(int64_t n) {
 }  // namespace
 
 std::vector<double> alibi_slopes(int64_t num_heads) {
+  if (num_heads < 1 || num_heads > 65536)
+    throw std::invalid_argument("relpos: alibi num_heads: must be in [1, 65536], got " + std::to_string(num_heads));
   int64_t pow2 = 1;
   while (pow2 * 2 <= num_heads) pow2 *= 2;
   std::vector<double> slopes = power_of_two_slopes(pow2);

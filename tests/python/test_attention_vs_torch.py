@@ -1,0 +1,152 @@
+"""relpos.forward / relpos.backward against the independent torch oracle (float64 autograd).
+
+Every case compares out, lse and the gradients of q, k, v and every learnable
+parameter of the scheme, in float64 (to ~1e-10) and float32 (against the float64
+oracle, see harness.RTOL32), for every algorithm relpos offers.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import relpos
+from harness import Case, assert_close, assert_matches_oracle, ids, make_problem, run_oracle, run_relpos
+
+DTYPES = [pytest.param(np.float64, id="f64"), pytest.param(np.float32, id="f32")]
+
+C = Case
+CASES = [
+    # --- no position term -------------------------------------------------
+    C("none-L1", "none", Lq=1, Lk=1),
+    C("none-L7-d59-dv5", "none", B=3, H=1, d=59, dv=5),
+    C("none-L97-d64-causal", "none", B=1, Lq=97, Lk=97, d=64, causal=True),
+    C("none-cross5x13-pad", "none", Lq=5, Lk=13, padding="random"),
+    C("none-scale0.3-uint8pad", "none", Lq=7, Lk=9, scale=0.3, padding="uint8"),
+    # --- Shaw ---------------------------------------------------------------
+    C("shaw-K-shared-k3-L7", "shaw", opts=dict(k=3, tables="k")),
+    C("shaw-V-shared-k3-L7-dv5", "shaw", dv=5, opts=dict(k=3, tables="v")),
+    C("shaw-KV-perhead-k16-L97-d64-causal", "shaw", B=1, Lq=97, Lk=97, d=64, causal=True,
+      opts=dict(k=16, tables="kv", per_head=True)),
+    C("shaw-KV-perhead-zero-k8-L97-d59", "shaw", B=1, Lq=97, Lk=97, d=59,
+      opts=dict(k=8, beyond="zero", tables="kv", per_head=True)),
+    C("shaw-KV-shared-zero-k4-cross5x13-endaligned-causal", "shaw", Lq=5, Lk=13, q_offset=8, causal=True,
+      opts=dict(k=4, beyond="zero", tables="kv")),
+    C("shaw-KV-shared-k0", "shaw", H=3, opts=dict(k=0, tables="kv")),
+    C("shaw-KV-perhead-k2-L1-offsets", "shaw", Lq=1, Lk=1, q_offset=4, k_offset=1,
+      opts=dict(k=2, tables="kv", per_head=True)),
+    C("shaw-KV-perhead-k200-cross9x20-pad", "shaw", Lq=9, Lk=20, d=59, dv=7, k_offset=3, padding="random",
+      opts=dict(k=200, tables="kv", per_head=True)),
+    C("shaw-K-perhead-zero-k5-offsets-scale", "shaw", H=3, Lq=11, Lk=11, q_offset=2, k_offset=9, scale=0.7,
+      opts=dict(k=5, beyond="zero", tables="k", per_head=True)),
+    # --- T5 -------------------------------------------------------------------
+    C("t5-bidir-nb32-md128-L97-d64", "t5", B=1, Lq=97, Lk=97, d=64, scale=1.0,
+      opts=dict(bidirectional=True)),
+    C("t5-causal-nb32-md128-L97-causal", "t5", B=1, Lq=97, Lk=97, d=59, scale=1.0, causal=True,
+      opts=dict(bidirectional=False)),
+    C("t5-bidir-nb8-md20-cross7x40-qoff300", "t5", H=3, Lq=7, Lk=40, q_offset=300, scale=1.0,
+      opts=dict(bidirectional=True, num_buckets=8, max_distance=20)),
+    C("t5-causalbuckets-nomask-nb16-md40-koff150", "t5", Lq=9, Lk=30, k_offset=150,
+      opts=dict(bidirectional=False, num_buckets=16, max_distance=40)),
+    C("t5-bidir-nb6-md9-pad", "t5", Lq=13, Lk=13, padding="random",
+      opts=dict(bidirectional=True, num_buckets=6, max_distance=9)),
+    C("t5-bidir-nb18-md128-float32-edges-L70", "t5", B=1, Lq=70, Lk=70, d=16, scale=1.0,
+      opts=dict(bidirectional=True, num_buckets=18, max_distance=128)),
+    C("t5-L1", "t5", Lq=1, Lk=1, opts=dict(bidirectional=True)),
+    # --- ALiBi ---------------------------------------------------------------
+    C("alibi-H3-paper-L97-d64-causal", "alibi", B=1, H=3, Lq=97, Lk=97, d=64, causal=True),
+    C("alibi-H8-paper-L7", "alibi", B=1, H=8),
+    C("alibi-H5-learned-cross5x13-pad", "alibi", H=5, Lq=5, Lk=13, padding="random", opts=dict(learn=True)),
+    C("alibi-H6-learned-L97-d59-offsets", "alibi", B=1, H=6, Lq=97, Lk=97, d=59, q_offset=3, k_offset=40,
+      opts=dict(learn=True)),
+    C("alibi-H1-paper-L1", "alibi", H=1, Lq=1, Lk=1),
+    # --- RoPE -----------------------------------------------------------------
+    C("rope-half-L97-d64-causal", "rope", B=1, Lq=97, Lk=97, d=64, causal=True, opts=dict(style="half_split")),
+    C("rope-interleaved-L7-d16", "rope", opts=dict(style="interleaved")),
+    C("rope-half-dims16-d59-base500", "rope", Lq=11, Lk=11, d=59,
+      opts=dict(style="half_split", dims=16, base=500.0)),
+    C("rope-interleaved-dims32-d64-kvcache1x97", "rope", B=1, H=3, Lq=1, Lk=97, d=64, q_offset=96, causal=True,
+      opts=dict(style="interleaved", dims=32)),
+    C("rope-half-cross5x13-offsets1000", "rope", Lq=5, Lk=13, q_offset=1000, k_offset=990, d=16,
+      opts=dict(style="half_split")),
+    C("rope-interleaved-d2", "rope", d=2, dv=3, opts=dict(style="interleaved")),
+    # --- Transformer-XL ----------------------------------------------------
+    C("xl-L7-d16-pos16", "xl", opts=dict(pos_dim=16)),
+    C("xl-mem5-L7-d59-pos32-causal", "xl", Lq=7, Lk=12, d=59, q_offset=5, k_offset=0, causal=True,
+      opts=dict(pos_dim=32)),
+    C("xl-clamp4-L97-d64-causal", "xl", B=1, Lq=97, Lk=97, d=64, causal=True, opts=dict(pos_dim=64, clamp_len=4)),
+    C("xl-clamp6-cross5x13-both-signs-pad", "xl", Lq=5, Lk=13, q_offset=3, k_offset=0, padding="random",
+      opts=dict(pos_dim=8, clamp_len=6)),
+    C("xl-L1-pos2", "xl", Lq=1, Lk=1, opts=dict(pos_dim=2)),
+]
+
+# Each scheme again with rows that are fully masked: causal with keys that all lie
+# in the future of the first query rows, plus one batch entry entirely padded.
+SCHEME_OPTS = {
+    "none": {}, "shaw": dict(k=3, tables="kv"), "t5": dict(bidirectional=False, num_buckets=8, max_distance=16),
+    "alibi": dict(learn=True), "rope": dict(dims=8), "xl": dict(pos_dim=8, clamp_len=0),
+}
+MASKED_CASES = [C(f"{s}-fully-masked-rows", s, Lq=6, Lk=8, k_offset=3, causal=True, padding="batch", opts=o)
+                for s, o in SCHEME_OPTS.items()]
+
+
+@pytest.mark.parametrize("algorithm", relpos.ALGORITHMS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES + MASKED_CASES, ids=ids(CASES + MASKED_CASES))
+def test_matches_torch_oracle(case, dtype, algorithm):
+    pb = make_problem(case)
+    res = run_relpos(pb, dtype, algorithm)
+    ref = run_oracle(pb, dtype)
+    for name in ("out", "lse"):
+        assert res[name].dtype == dtype, f"{name} has dtype {res[name].dtype}"
+    assert_matches_oracle(res, ref, dtype)
+
+
+@pytest.mark.parametrize("case", MASKED_CASES, ids=ids(MASKED_CASES))
+def test_fully_masked_rows_are_zero(case):
+    """Rows with no visible key: out exactly 0, lse -inf, no gradient into q, and no NaN anywhere."""
+    pb = make_problem(case)
+    res = run_relpos(pb, np.float64)
+    ref = run_oracle(pb)
+    dead = np.isneginf(ref["lse"])  # (B, H, Lq) rows the oracle sees as fully masked
+    assert dead.any() and not dead.all()
+    assert np.array_equal(np.isneginf(res["lse"]), dead)
+    assert np.all(res["out"][dead] == 0.0)
+    assert np.all(res["dq"][dead] == 0.0)
+    for name, g in res.items():
+        assert not np.isnan(g).any(), f"NaN in {name}"
+    # keys that no live row sees get no gradient either (the padded batch entry)
+    assert np.all(res["dk"][-1] == 0.0) and np.all(res["dv"][-1] == 0.0)
+    assert_matches_oracle(res, ref, np.float64)
+
+
+def test_scale_default_is_inverse_sqrt_d():
+    """scale=None is 1/sqrt(d): equal to passing it, and different from scale=1 (per the oracle)."""
+    case = Case("scale-default", "t5", Lq=9, Lk=9, d=59, opts=dict(bidirectional=True))
+    pb = make_problem(case)
+    res = run_relpos(pb, np.float64)
+    explicit = run_relpos(make_problem(case.replace(scale=1 / np.sqrt(59))), np.float64)
+    one = make_problem(case.replace(scale=1.0))
+    for name in res:
+        np.testing.assert_allclose(res[name], explicit[name], rtol=1e-13, atol=1e-13)
+    assert_matches_oracle(run_relpos(one, np.float64), run_oracle(one), np.float64)
+    assert not np.allclose(run_oracle(one)["out"], res["out"], atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_xl_memory_segment_equals_full_sequence_rows(dtype):
+    """Transformer-XL with memory (keys = [memory; current], q_offset = mem_len, k_offset = 0)
+    equals the last Lq rows of the causal attention over the whole sequence, and the oracle."""
+    mem, lq = 6, 7
+    full = make_problem(Case("xl-full-seq", "xl", Lq=mem + lq, Lk=mem + lq, d=16, causal=True,
+                             opts=dict(pos_dim=16)))
+    full.dout[:, :, :mem] = 0.0  # only the current segment's rows carry a loss
+    seg = make_problem(full.case.replace(id="xl-segment", Lq=lq, q_offset=mem))
+    seg.q, seg.k, seg.v, seg.dout, seg.params = full.q[:, :, mem:], full.k, full.v, full.dout[:, :, mem:], full.params
+    r_seg = run_relpos(seg, dtype)
+    assert_matches_oracle(r_seg, run_oracle(seg, dtype), dtype)
+    ref_full = run_oracle(full, dtype)
+    assert_close("out", r_seg["out"], ref_full["out"][:, :, mem:], dtype)
+    assert_close("lse", r_seg["lse"], ref_full["lse"][:, :, mem:], dtype)
+    for name in ("dk", "dv", "dxl_u", "dxl_v", "dxl_w_r"):
+        assert_close(name, r_seg[name], ref_full[name], dtype)
+    assert_close("dq", r_seg["dq"], ref_full["dq"][:, :, mem:], dtype)

@@ -1,0 +1,233 @@
+"""An independent PyTorch implementation of relpos attention (DESIGN.md section 1).
+
+Written from the published formulas, not from the C++ code: every relative
+term is materialised as a tensor with vectorised torch ops, the whole (Lq, Lk)
+logit matrix is built at once, and gradients come from torch autograd. It is
+meant to run in float64 and serve as the oracle of the Python tests.
+
+    r(i, j)      = (k_offset + j) - (q_offset + i)
+    logits(i, j) = scale * (q_i . k_j + score terms) + bias terms   (masked: -inf)
+    out_i        = sum_j softmax_j(logits)(i, j) * (v_j + value terms)
+    lse_i        = log sum_j exp(logits(i, j))                      (-inf if all masked)
+
+A row whose keys are all masked outputs 0 and passes back zero gradient.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+# ---------------------------------------------------------------------------
+# Position math, as the upstream projects write it.
+# ---------------------------------------------------------------------------
+
+
+def hf_relative_position_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
+    """HF transformers' T5Attention._relative_position_bucket, verbatim.
+
+    relative_position = memory_position - query_position (an int64 tensor).
+    """
+    relative_buckets = 0
+    if bidirectional:
+        num_buckets //= 2
+        relative_buckets += (relative_position > 0).to(torch.long) * num_buckets
+        relative_position = torch.abs(relative_position)
+    else:
+        relative_position = -torch.min(relative_position, torch.zeros_like(relative_position))
+    # now relative_position is in the range [0, inf)
+
+    # half of the buckets are for exact increments in positions
+    max_exact = num_buckets // 2
+    is_small = relative_position < max_exact
+
+    # The other half of the buckets are for logarithmically bigger bins in positions up to max_distance
+    relative_position_if_large = max_exact + (
+        torch.log(relative_position.float() / max_exact)
+        / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).to(torch.long)
+    relative_position_if_large = torch.min(
+        relative_position_if_large, torch.full_like(relative_position_if_large, num_buckets - 1)
+    )
+
+    relative_buckets += torch.where(is_small, relative_position, relative_position_if_large)
+    return relative_buckets
+
+
+def alibi_paper_slopes(n):
+    """get_slopes of the ALiBi paper's repository (ofirpress/attention_with_linear_biases)."""
+
+    def get_slopes_power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        ratio = start
+        return [start * ratio**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return get_slopes_power_of_2(n)
+    # In the paper, only models with 2^a heads were trained; other counts take the
+    # slopes of the closest lower power of two and every other slope of twice it.
+    closest_power_of_2 = 2 ** math.floor(math.log2(n))
+    return (
+        get_slopes_power_of_2(closest_power_of_2)
+        + alibi_paper_slopes(2 * closest_power_of_2)[0::2][: n - closest_power_of_2]
+    )
+
+
+def relative_distance(lq: int, lk: int, q_offset: int, k_offset: int) -> torch.Tensor:
+    """(Lq, Lk) int64 matrix r = key position - query position."""
+    q_pos = q_offset + torch.arange(lq, dtype=torch.long)
+    k_pos = k_offset + torch.arange(lk, dtype=torch.long)
+    return k_pos[None, :] - q_pos[:, None]
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, base: float, dims: Optional[int], style: str) -> torch.Tensor:
+    """Rotary embedding of x (..., L, d) at the given absolute positions (L,).
+
+    half_split: GPT-NeoX / Llama ``x * cos + rotate_half(x) * sin``;
+    interleaved: GPT-J ``x * cos + rotate_every_two(x) * sin``.
+    Only the first ``dims`` features rotate; the rest pass through.
+    """
+    rd = dims or x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+    angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]  # (L, rd/2)
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x_rot, x_pass = x[..., :rd], x[..., rd:]
+    if style == "half_split":
+        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+        x1, x2 = x_rot[..., : rd // 2], x_rot[..., rd // 2 :]
+        rotated = torch.cat([-x2, x1], -1)
+    elif style == "interleaved":
+        cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+        x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
+        rotated = torch.stack([-x2, x1], -1).flatten(-2)
+    else:
+        raise ValueError(style)
+    return torch.cat([x_rot * cos + rotated * sin, x_pass], -1)
+
+
+def xl_sinusoid(p: torch.Tensor, pos_dim: int) -> torch.Tensor:
+    """Transformer-XL's PositionalEmbedding: [sin(p f), cos(p f)], f_i = 10000^(-2i/pos_dim)."""
+    inv_freq = 1.0 / (10000 ** (torch.arange(0.0, pos_dim, 2.0, dtype=torch.float64) / pos_dim))
+    angles = p.to(torch.float64)[..., None] * inv_freq
+    return torch.cat([angles.sin(), angles.cos()], -1)
+
+
+# ---------------------------------------------------------------------------
+# Attention
+# ---------------------------------------------------------------------------
+
+
+def _shaw_relative_table(table: torch.Tensor, r: torch.Tensor, k: int, beyond: str, heads: int) -> torch.Tensor:
+    """A[h, i, j] = table[h, c(r(i, j))] (zero beyond +-k if beyond == 'zero'): (H, Lq, Lk, width)."""
+    table = table[None] if table.dim() == 2 else table
+    index = r.clamp(-k, k) + k
+    a = table[:, index]  # (Ht, Lq, Lk, width)
+    if beyond == "zero":
+        a = a * (r.abs() <= k).to(a.dtype)[..., None]
+    return a.expand(heads, *a.shape[1:])
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scheme: str = "none",
+    opts: Optional[dict] = None,
+    params: Optional[dict] = None,
+    *,
+    causal: bool = False,
+    key_padding: Optional[torch.Tensor] = None,
+    q_offset: int = 0,
+    k_offset: int = 0,
+    scale: Optional[float] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (out (B, H, Lq, dv), lse (B, H, Lq)).
+
+    scheme / opts / params:
+      none
+      shaw   opts k, beyond ('clip'|'zero'); params shaw_wk and/or shaw_wv, (2k+1, w) or (H, 2k+1, w)
+      t5     opts bidirectional, max_distance; params t5_table (H, num_buckets)
+      alibi  params alibi_slopes (H,) optional (default: the paper's slopes)
+      rope   opts base, dims (None = d), style ('half_split'|'interleaved')
+      xl     opts clamp_len; params xl_u (H, d), xl_v (H, d), xl_w_r (H, d, pos_dim)
+    key_padding: bool (B, Lk), True = padded.
+    """
+    opts, params = opts or {}, params or {}
+    B, H, Lq, d = q.shape
+    Lk = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    r = relative_distance(Lq, Lk, q_offset, k_offset)
+
+    bias = torch.zeros((), dtype=q.dtype)
+    value_table = None  # (H, Lq, Lk, dv)
+
+    if scheme == "none":
+        score = q @ k.transpose(-1, -2)
+    elif scheme == "shaw":
+        score = q @ k.transpose(-1, -2)
+        kk, beyond = opts["k"], opts.get("beyond", "clip")
+        if "shaw_wk" in params:
+            a_k = _shaw_relative_table(params["shaw_wk"], r, kk, beyond, H)
+            score = score + torch.einsum("bhid,hijd->bhij", q, a_k)
+        if "shaw_wv" in params:
+            value_table = _shaw_relative_table(params["shaw_wv"], r, kk, beyond, H)
+    elif scheme == "t5":
+        table = params["t5_table"]
+        bucket = hf_relative_position_bucket(
+            r,
+            bidirectional=opts.get("bidirectional", True),
+            num_buckets=table.shape[1],
+            max_distance=opts.get("max_distance", 128),
+        )
+        score = q @ k.transpose(-1, -2)
+        bias = table[:, bucket]  # (H, Lq, Lk)
+    elif scheme == "alibi":
+        slopes = params.get("alibi_slopes")
+        if slopes is None:
+            slopes = torch.tensor(alibi_paper_slopes(H), dtype=q.dtype)
+        score = q @ k.transpose(-1, -2)
+        bias = -slopes[:, None, None] * r.abs().to(q.dtype)
+    elif scheme == "rope":
+        base, dims, style = opts.get("base", 10000.0), opts.get("dims"), opts.get("style", "half_split")
+        qr = rope(q, q_offset + torch.arange(Lq), base, dims, style)
+        kr = rope(k, k_offset + torch.arange(Lk), base, dims, style)
+        score = qr @ kr.transpose(-1, -2)
+    elif scheme == "xl":
+        u, vb, w_r = params["xl_u"], params["xl_v"], params["xl_w_r"]
+        clamp_len = opts.get("clamp_len", 0)
+        p = -r
+        if clamp_len > 0:
+            p = p.clamp(-clamp_len, clamp_len)
+        rel_emb = xl_sinusoid(p, w_r.shape[2]).to(q.dtype)  # (Lq, Lk, pos_dim)
+        content = (q + u[None, :, None, :]) @ k.transpose(-1, -2)
+        qw = torch.einsum("bhid,hdp->bhip", q + vb[None, :, None, :], w_r)  # ((q + v) W_R)
+        score = content + torch.einsum("bhip,ijp->bhij", qw, rel_emb)
+    else:
+        raise ValueError(f"unknown scheme {scheme}")
+
+    logits = scale * score + bias  # (B, H, Lq, Lk)
+
+    mask = torch.zeros(Lq, Lk, dtype=torch.bool)
+    if causal:
+        mask = mask | (r > 0)
+    mask = mask[None, None]
+    if key_padding is not None:
+        mask = mask | key_padding.to(torch.bool)[:, None, None, :]
+    mask = mask.expand_as(logits)
+
+    # Softmax that tolerates fully masked rows: exp(-inf) = 0 gives zero
+    # probabilities and zero gradients, the row sum 0 is replaced by 1.
+    masked_logits = logits.masked_fill(mask, float("-inf"))
+    row_max = masked_logits.detach().amax(-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.exp(masked_logits - row_max)
+    total = e.sum(-1, keepdim=True)
+    probs = e / torch.where(total > 0, total, torch.ones_like(total))
+
+    out = probs @ v
+    if value_table is not None:
+        out = out + torch.einsum("bhij,hijd->bhid", probs, value_table)
+    lse = (total.detach().log() + row_max).squeeze(-1)
+    return out, lse
