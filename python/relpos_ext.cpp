@@ -127,6 +127,13 @@ void run_forward(const nb::dict& a) {
 }
 
 template <class T>
+void run_check(const nb::dict& a) {
+  AttentionForward<T> p;
+  fill_forward(a, p);
+  check_algorithm(p);
+}
+
+template <class T>
 void run_backward(const nb::dict& a) {
   AttentionBackward<T> p;
   fill_forward(a, p);
@@ -160,6 +167,10 @@ struct Forward {
   void operator()(const nb::dict& a) const { run_forward<T>(a); }
 };
 template <class T>
+struct Check {
+  void operator()(const nb::dict& a) const { run_check<T>(a); }
+};
+template <class T>
 struct Backward {
   void operator()(const nb::dict& a) const { run_backward<T>(a); }
 };
@@ -169,6 +180,7 @@ struct Backward {
 NB_MODULE(_relpos, m) {
   m.doc() = "relpos C++ core: use the relpos package, not this module directly";
   m.def("forward", &by_dtype<Forward>, nb::arg("args"), "Fill args['out'] and args['lse'].");
+  m.def("check_algorithm", &by_dtype<Check>, nb::arg("args"), "Raise ValueError if args['algorithm'] cannot serve the call.");
   m.def("backward", &by_dtype<Backward>, nb::arg("args"), "Add gradients into args['d*'] arrays.");
   m.def(
       "t5_bucket",

@@ -19,7 +19,17 @@
 namespace relpos {
 
 enum class Scheme { none, shaw, t5, alibi, rope, xl };
-enum class Algorithm { automatic, reference };
+// How attention is computed (DESIGN.md section 2); every algorithm equals the
+// reference. automatic picks the cheapest one that serves the call.
+//   reference         the formula, O(L^2 d) relative tensors; every scheme
+//   split             Shaw: A^K, A^V materialised once, shared by batch and heads
+//   gather            Shaw by (Lq, 2k+1) gathers and bucket sums; T5 / ALiBi biases
+//                     per distance; plain attention and RoPE
+//   skew              Shaw key/value terms by Music Transformer's pad-reshape-slice
+//                     (causal self-attention, equal offsets)
+//   generalized_skew  Shaw or Transformer-XL by diagonal extraction of Q E, any mask
+//   relshift          Transformer-XL appendix B (causal, queries end-aligned with keys)
+enum class Algorithm { automatic, reference, split, gather, skew, generalized_skew, relshift };
 
 const char* to_string(Scheme s);
 const char* to_string(Algorithm a);
@@ -125,6 +135,16 @@ template <class T>
 void validate_forward(const AttentionForward<T>& p);
 template <class T>
 void validate_backward(const AttentionBackward<T>& p);
+
+// The algorithm a call runs: p.algorithm, or for automatic the cheapest one
+// that serves p's scheme and mask.
+template <class T>
+Algorithm resolve_algorithm(const AttentionForward<T>& p);
+
+// Throws std::invalid_argument (naming 'algorithm') when p's algorithm does
+// not serve its scheme, mask or shape. Part of validate_forward.
+template <class T>
+void check_algorithm(const AttentionForward<T>& p);
 
 // Effective softmax scale of a call.
 template <class T>

@@ -32,9 +32,10 @@ __all__ = [
     "t5_bucket",
     "alibi_slopes",
     "ALGORITHMS",
+    "available_algorithms",
 ]
 
-ALGORITHMS = ("auto", "reference")
+ALGORITHMS = ("auto", "reference", "split", "gather", "skew", "generalized_skew", "relshift")
 
 t5_bucket = _relpos.t5_bucket
 alibi_slopes = _relpos.alibi_slopes
@@ -108,6 +109,33 @@ def forward(
     args["lse"] = np.empty(qa.shape[:3], dtype=qa.dtype)
     _relpos.forward(args)
     return args["out"], args["lse"]
+
+
+def available_algorithms(
+    q,
+    k,
+    v,
+    scheme=None,
+    *,
+    causal: bool = False,
+    key_padding=None,
+    q_offset: int = 0,
+    k_offset: int = 0,
+    scale: Optional[float] = None,
+) -> list[str]:
+    """The algorithms (besides ``"auto"``) that serve this call: every one of
+    them gives the reference's result; they differ in memory and time."""
+    names = []
+    for algorithm in ALGORITHMS[1:]:
+        args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm)
+        try:
+            _relpos.check_algorithm(args)
+        except ValueError as e:
+            if "relpos: algorithm:" not in str(e):
+                raise
+            continue
+        names.append(algorithm)
+    return names
 
 
 def backward(

@@ -2,6 +2,7 @@
 #include <stdexcept>
 
 #include "reference.hpp"
+#include "unfused.hpp"
 #include "relpos/attention.hpp"
 
 namespace relpos {
@@ -11,7 +12,10 @@ constexpr std::pair<Scheme, const char*> kSchemeNames[] = {
     {Scheme::none, "none"}, {Scheme::shaw, "shaw"}, {Scheme::t5, "t5"},
     {Scheme::alibi, "alibi"}, {Scheme::rope, "rope"}, {Scheme::xl, "xl"}};
 constexpr std::pair<Algorithm, const char*> kAlgorithmNames[] = {
-    {Algorithm::automatic, "auto"}, {Algorithm::reference, "reference"}};
+    {Algorithm::automatic, "auto"},     {Algorithm::reference, "reference"},
+    {Algorithm::split, "split"},        {Algorithm::gather, "gather"},
+    {Algorithm::skew, "skew"},          {Algorithm::generalized_skew, "generalized_skew"},
+    {Algorithm::relshift, "relshift"}};
 
 template <class E, size_t N>
 E parse(const std::pair<E, const char*> (&names)[N], const std::string& s, const char* what) {
@@ -37,32 +41,52 @@ Scheme parse_scheme(const std::string& name) { return parse(kSchemeNames, name, 
 Algorithm parse_algorithm(const std::string& name) { return parse(kAlgorithmNames, name, "algorithm"); }
 
 template <class T>
+Algorithm resolve_algorithm(const AttentionForward<T>& p) {
+  if (p.algorithm != Algorithm::automatic) return p.algorithm;
+  if (p.pos.scheme != Scheme::xl) return Algorithm::gather;  // O(L k) Shaw; per-distance T5 / ALiBi bias
+  const bool end_aligned = p.k_offset + p.k.shape[2] == p.q_offset + p.q.shape[2];
+  return p.causal && end_aligned ? Algorithm::relshift : Algorithm::generalized_skew;
+}
+
+template <class T>
+void check_algorithm(const AttentionForward<T>& p) {
+  const Algorithm a = resolve_algorithm(p);
+  if (a != Algorithm::reference) unfused::make_term<T>(a, p, nullptr);  // throws if a does not serve p
+}
+
+namespace {
+// The one switch from algorithm to implementation; P is AttentionForward or
+// AttentionBackward, run_reference / run_unfused the matching entry points.
+template <class P, class Reference, class Unfused>
+void run(const P& p, Reference run_reference, Unfused run_unfused) {
+  P resolved = p;
+  resolved.algorithm = resolve_algorithm(p);
+  if (resolved.algorithm == Algorithm::reference)
+    run_reference(resolved);
+  else
+    run_unfused(resolved);
+}
+}  // namespace
+
+template <class T>
 void attention_forward(const AttentionForward<T>& p) {
   validate_forward(p);
-  switch (p.algorithm) {
-    case Algorithm::automatic:
-    case Algorithm::reference:
-      reference::forward(p);
-      return;
-  }
-  throw std::invalid_argument("relpos: algorithm out of range");
+  run(p, reference::forward<T>, unfused::forward<T>);
 }
 
 template <class T>
 void attention_backward(const AttentionBackward<T>& p) {
   validate_backward(p);
-  switch (p.algorithm) {
-    case Algorithm::automatic:
-    case Algorithm::reference:
-      reference::backward(p);
-      return;
-  }
-  throw std::invalid_argument("relpos: algorithm out of range");
+  run(p, reference::backward<T>, unfused::backward<T>);
 }
 
 template void attention_forward<float>(const AttentionForward<float>&);
 template void attention_forward<double>(const AttentionForward<double>&);
 template void attention_backward<float>(const AttentionBackward<float>&);
 template void attention_backward<double>(const AttentionBackward<double>&);
+template Algorithm resolve_algorithm<float>(const AttentionForward<float>&);
+template Algorithm resolve_algorithm<double>(const AttentionForward<double>&);
+template void check_algorithm<float>(const AttentionForward<float>&);
+template void check_algorithm<double>(const AttentionForward<double>&);
 
 }  // namespace relpos

@@ -15,17 +15,19 @@
 #include <limits>
 #include <vector>
 
+#include "../backend/scratch.hpp"
+
 namespace relpos::reference {
 namespace {
 
 template <class T>
 struct HeadTerms {
   int64_t lq = 0, lk = 0, d = 0, dv = 0;
-  std::vector<T> qc, qp, k, v;  // (Lq, d), (Lq, d), (Lk, d), (Lk, dv)
-  std::vector<T> rk;            // (Lq, Lk, d), empty when no relative score term
-  std::vector<T> rv;            // (Lq, Lk, dv), empty when no relative value term
-  std::vector<T> bias;          // (Lq, Lk)
-  std::vector<uint8_t> masked;  // (Lq, Lk)
+  Scratch<T> qc, qp, k, v;  // (Lq, d), (Lq, d), (Lk, d), (Lk, dv)
+  Scratch<T> rk;            // (Lq, Lk, d), empty when no relative score term
+  Scratch<T> rv;            // (Lq, Lk, dv), empty when no relative value term
+  Scratch<T> bias;          // (Lq, Lk)
+  Scratch<uint8_t> masked;  // (Lq, Lk)
   std::vector<double> inv_freq; // RoPE frequencies
 };
 
@@ -92,7 +94,7 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
   const std::vector<double> alibi =
       pos.scheme == Scheme::alibi && pos.alibi.slopes.empty() ? alibi_slopes(p.q.shape[1]) : std::vector<double>{};
   const int64_t pos_dim = xl ? pos.xl.w_r.shape[2] : 0;
-  std::vector<T> r_emb(pos_dim);
+  Scratch<T> r_emb(pos_dim);
 
   for (int64_t i = 0; i < t.lq; ++i) {
     for (int64_t j = 0; j < t.lk; ++j) {
@@ -147,7 +149,7 @@ void forward(const AttentionForward<T>& p) {
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const HeadTerms<T> t = build_terms(p, b, h);
-      std::vector<T> row(t.lk);
+      Scratch<T> row(t.lk);
       for (int64_t i = 0; i < t.lq; ++i) {
         T m = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j < t.lk; ++j) {
@@ -188,8 +190,8 @@ void backward(const AttentionBackward<T>& p) {
       const HeadTerms<T> t = build_terms(p, b, h);
       const int64_t d = t.d, dv = t.dv;
       // Gradients with respect to the rotated q and k, un-rotated at the end.
-      std::vector<T> dq(t.lq * d, T(0)), dk(t.lk * d, T(0));
-      std::vector<T> P(t.lk), dS(t.lk), r_emb(pos.scheme == Scheme::xl ? pos.xl.w_r.shape[2] : 0);
+      Scratch<T> dq(t.lq * d, T(0)), dk(t.lk * d, T(0));
+      Scratch<T> P(t.lk), dS(t.lk), r_emb(pos.scheme == Scheme::xl ? pos.xl.w_r.shape[2] : 0);
       for (int64_t i = 0; i < t.lq; ++i) {
         const T lse = p.lse(b, h, i);
         if (lse == -std::numeric_limits<T>::infinity()) continue;  // fully masked: zero gradients

@@ -153,6 +153,7 @@ void validate_forward(const AttentionForward<T>& p) {
   if (p.k_offset < 0 || p.k_offset > kMaxPosition) fail("k_offset: must be in [0, 2^40], got " + std::to_string(p.k_offset));
   if (p.scale && !(std::isfinite(*p.scale) && *p.scale > 0)) fail("scale: must be finite and > 0");
   check_position(p);
+  check_algorithm(p);
 }
 
 template <class T>

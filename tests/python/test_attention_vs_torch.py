@@ -77,6 +77,12 @@ CASES = [
     C("xl-clamp6-cross5x13-both-signs-pad", "xl", Lq=5, Lk=13, q_offset=3, k_offset=0, padding="random",
       opts=dict(pos_dim=8, clamp_len=6)),
     C("xl-L1-pos2", "xl", Lq=1, Lk=1, opts=dict(pos_dim=2)),
+    # --- shapes for the index tricks: skew (causal, aligned) and rel-shift (memory) ---
+    C("shaw-KV-perhead-zero-k2-L9-causal-pad-offsets4", "shaw", Lq=9, Lk=9, q_offset=4, k_offset=4, causal=True,
+      padding="random", opts=dict(k=2, beyond="zero", tables="kv", per_head=True)),
+    C("shaw-V-shared-k30-L33-causal", "shaw", B=1, Lq=33, Lk=33, d=16, dv=9, causal=True, opts=dict(k=30, tables="v")),
+    C("xl-mem8-L5-clamp3-causal-pad", "xl", Lq=5, Lk=13, q_offset=8, causal=True, padding="random",
+      opts=dict(pos_dim=8, clamp_len=3)),
 ]
 
 # Each scheme again with rows that are fully masked: causal with keys that all lie
@@ -89,9 +95,50 @@ MASKED_CASES = [C(f"{s}-fully-masked-rows", s, Lq=6, Lk=8, k_offset=3, causal=Tr
                 for s, o in SCHEME_OPTS.items()]
 
 
-@pytest.mark.parametrize("algorithm", relpos.ALGORITHMS)
+def expected_algorithms(case: Case) -> set[str]:
+    """Which algorithms serve a case, stated from the papers (DESIGN.md section 2)."""
+    algos = {"reference"}
+    if case.scheme in ("none", "rope", "t5", "alibi"):
+        algos |= {"gather"}
+    if case.scheme == "shaw":
+        algos |= {"split", "gather", "generalized_skew"}
+        if case.causal and case.Lq == case.Lk and case.q_offset == case.k_offset:
+            algos |= {"skew"}
+    if case.scheme == "xl":
+        algos |= {"generalized_skew"}
+        if case.causal and case.k_offset + case.Lk == case.q_offset + case.Lq:
+            algos |= {"relshift"}
+    return algos
+
+
+ALL_CASES = CASES + MASKED_CASES
+CASE_ALGORITHMS = [pytest.param(c, a, id=f"{c.id}-{a}") for c in ALL_CASES
+                   for a in ["auto"] + sorted(expected_algorithms(c))]
+
+
+def test_index_trick_cases_are_present():
+    """The case list exercises every algorithm, skew and rel-shift included."""
+    covered = set().union(*(expected_algorithms(c) for c in ALL_CASES))
+    assert covered == set(relpos.ALGORITHMS) - {"auto"}
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=ids(ALL_CASES))
+def test_available_algorithms_are_the_papers(case):
+    pb = make_problem(case)
+    got = relpos.available_algorithms(pb.q, pb.k, pb.v, pb.scheme(), **pb.call_kwargs())
+    assert set(got) == expected_algorithms(case)
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=ids(ALL_CASES))
+def test_unserved_algorithms_are_refused(case):
+    pb = make_problem(case)
+    for algorithm in set(relpos.ALGORITHMS) - {"auto"} - expected_algorithms(case):
+        with pytest.raises(ValueError, match=f"algorithm: '{algorithm}'"):
+            run_relpos(pb, np.float64, algorithm)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", CASES + MASKED_CASES, ids=ids(CASES + MASKED_CASES))
+@pytest.mark.parametrize("case, algorithm", CASE_ALGORITHMS)
 def test_matches_torch_oracle(case, dtype, algorithm):
     pb = make_problem(case)
     res = run_relpos(pb, dtype, algorithm)

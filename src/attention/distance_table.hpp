@@ -1,0 +1,95 @@
+// Relative embeddings of one head listed by distance index m = r - rmin
+// (see unfused.hpp), the matrix E that the skew and rel-shift algorithms
+// multiply by the queries:
+//   Shaw            key row  wk[c(r)]   value row wv[c(r)]   (zero when c(r) = -1)
+//   Transformer-XL  key row  W_R R(xl_distance(r))
+// and the way back: a gradient per distance row summed into the parameters.
+#pragma once
+
+#include "../backend/gemm.hpp"
+#include "unfused.hpp"
+
+namespace relpos::unfused {
+
+template <class T>
+class DistanceTable {
+ public:
+  DistanceTable(const PositionParams<T>& pos, const PositionGrads<T>* grads) : pos_(pos), grads_(grads) {}
+
+  bool has_keys() const { return pos_.scheme == Scheme::xl || !pos_.shaw.wk.empty(); }
+  bool has_values() const { return pos_.scheme == Scheme::shaw && !pos_.shaw.wv.empty(); }
+
+  // (count, d) key embeddings of distances m = 0 .. count-1.
+  Scratch<T> keys(const Head<T>& hd, int64_t count) const {
+    Scratch<T> E(count * hd.d);
+    if (pos_.scheme == Scheme::xl) {
+      const Scratch<T> R = sinusoids(hd, count);
+      const int64_t pd = pos_dim();
+      for (int64_t m = 0; m < count; ++m)
+        for (int64_t x = 0; x < hd.d; ++x) {
+          T s = 0;
+          for (int64_t e = 0; e < pd; ++e) s += pos_.xl.w_r(hd.h, x, e) * R[m * pd + e];
+          E[m * hd.d + x] = s;
+        }
+    } else {
+      shaw_rows(hd, pos_.shaw.wk, count, E);
+    }
+    return E;
+  }
+
+  // (count, dv) value embeddings (Shaw only).
+  Scratch<T> values(const Head<T>& hd, int64_t count) const {
+    Scratch<T> E(count * hd.dv);
+    shaw_rows(hd, pos_.shaw.wv, count, E);
+    return E;
+  }
+
+  // Parameter gradients from dE (count, d) of the key embeddings.
+  void add_key_grad(const Head<T>& hd, const Scratch<T>& dE, int64_t count) const {
+    if (!grads_) return;
+    if (pos_.scheme == Scheme::xl) {
+      if (grads_->xl_w_r.empty()) return;
+      const Scratch<T> R = sinusoids(hd, count);
+      const int64_t pd = pos_dim();
+      Scratch<T> dW(hd.d * pd);  // dE^T R
+      gemm<T>(Trans::yes, Trans::no, hd.d, pd, count, T(1), dE.data(), hd.d, R.data(), pd, T(0), dW.data(), pd);
+      for (int64_t x = 0; x < hd.d; ++x)
+        for (int64_t e = 0; e < pd; ++e) grads_->xl_w_r(hd.h, x, e) += dW[x * pd + e];
+    } else if (!grads_->shaw_wk.empty()) {
+      add_shaw_rows(hd, grads_->shaw_wk, dE, count);
+    }
+  }
+
+  void add_value_grad(const Head<T>& hd, const Scratch<T>& dE, int64_t count) const {
+    if (grads_ && !grads_->shaw_wv.empty()) add_shaw_rows(hd, grads_->shaw_wv, dE, count);
+  }
+
+ private:
+  int64_t pos_dim() const { return pos_.xl.w_r.shape[2]; }
+
+  Scratch<T> sinusoids(const Head<T>& hd, int64_t count) const {
+    const int64_t pd = pos_dim();
+    Scratch<T> R(count * pd);
+    for (int64_t m = 0; m < count; ++m) sinusoid(double(xl_distance(hd.rmin + m, pos_.xl.clamp_len)), pd, &R[m * pd]);
+    return R;
+  }
+
+  void shaw_rows(const Head<T>& hd, const View3<const T>& table, int64_t count, Scratch<T>& E) const {
+    const int64_t width = table.shape[2], ht = table.shape[0] == 1 ? 0 : hd.h;
+    for (int64_t m = 0; m < count; ++m)
+      if (const int64_t c = shaw_index(hd.rmin + m, pos_.shaw.k, pos_.shaw.beyond); c >= 0)
+        for (int64_t x = 0; x < width; ++x) E[m * width + x] = table(ht, c, x);
+  }
+
+  void add_shaw_rows(const Head<T>& hd, const View3<T>& grad, const Scratch<T>& dE, int64_t count) const {
+    const int64_t width = grad.shape[2], ht = grad.shape[0] == 1 ? 0 : hd.h;
+    for (int64_t m = 0; m < count; ++m)
+      if (const int64_t c = shaw_index(hd.rmin + m, pos_.shaw.k, pos_.shaw.beyond); c >= 0)
+        for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dE[m * width + x];
+  }
+
+  const PositionParams<T>& pos_;
+  const PositionGrads<T>* grads_;
+};
+
+}  // namespace relpos::unfused

@@ -1,0 +1,100 @@
+// Shaw et al.'s own efficient form (section 3.3): QK^T + Q A^K^T, where the
+// relative embeddings A^K, A^V (Lq, Lk, d) are materialised once and shared
+// by every batch entry (and every head when the tables are shared), and the
+// second product is one (1 x d)(d x Lk) product per query position. Memory
+// O(L^2 d), as in the paper; its saving is the sharing, not the size.
+#include "../backend/gemm.hpp"
+#include "unfused.hpp"
+
+namespace relpos::unfused {
+namespace {
+
+template <class T>
+class ShawSplit final : public RelativeTerm<T> {
+ public:
+  ShawSplit(const ShawParams<T>& shaw, const PositionGrads<T>* grads) : shaw_(shaw), grads_(grads) {}
+
+  void add_scores(const Head<T>& hd, T scale, T* S) override {
+    if (shaw_.wk.empty()) return;
+    const Scratch<T>& AK = materialised(hd, shaw_.wk, ak_, ak_head_);
+    for (int64_t i = 0; i < hd.lq; ++i)  // S_i += scale * qp_i A^K_i^T
+      gemm<T>(Trans::no, Trans::yes, 1, hd.lk, hd.d, scale, hd.qp + i * hd.d, hd.d, &AK[i * hd.lk * hd.d], hd.d,
+              T(1), S + i * hd.lk, hd.lk);
+  }
+
+  void add_values(const Head<T>& hd, const T* P, T* out) override {
+    if (shaw_.wv.empty()) return;
+    const Scratch<T>& AV = materialised(hd, shaw_.wv, av_, av_head_);
+    for (int64_t i = 0; i < hd.lq; ++i)  // out_i += P_i A^V_i
+      gemm<T>(Trans::no, Trans::no, 1, hd.dv, hd.lk, T(1), P + i * hd.lk, hd.lk, &AV[i * hd.lk * hd.dv], hd.dv, T(1),
+              out + i * hd.dv, hd.dv);
+  }
+
+  void backward_values(const Head<T>& hd, const T* P, const T* dout, T* dP) override {
+    if (shaw_.wv.empty()) return;
+    const Scratch<T>& AV = materialised(hd, shaw_.wv, av_, av_head_);
+    for (int64_t i = 0; i < hd.lq; ++i)  // dP_i += dout_i A^V_i^T
+      gemm<T>(Trans::no, Trans::yes, 1, hd.lk, hd.dv, T(1), dout + i * hd.dv, hd.dv, &AV[i * hd.lk * hd.dv], hd.dv,
+              T(1), dP + i * hd.lk, hd.lk);
+    if (grads_ && !grads_->shaw_wv.empty())  // dA^V_ij = P_ij dout_i, summed per table row
+      scatter(hd, grads_->shaw_wv, [&](int64_t i, int64_t j) { return P[i * hd.lk + j]; }, dout, hd.dv);
+  }
+
+  void backward_scores(const Head<T>& hd, T scale, const T* dS, T* dqp) override {
+    if (shaw_.wk.empty()) return;
+    const Scratch<T>& AK = materialised(hd, shaw_.wk, ak_, ak_head_);
+    for (int64_t i = 0; i < hd.lq; ++i)  // dqp_i += scale * dS_i A^K_i
+      gemm<T>(Trans::no, Trans::no, 1, hd.d, hd.lk, scale, dS + i * hd.lk, hd.lk, &AK[i * hd.lk * hd.d], hd.d, T(1),
+              dqp + i * hd.d, hd.d);
+    if (grads_ && !grads_->shaw_wk.empty())  // dA^K_ij = scale dS_ij qp_i
+      scatter(hd, grads_->shaw_wk, [&](int64_t i, int64_t j) { return scale * dS[i * hd.lk + j]; }, hd.qp, hd.d);
+  }
+
+ private:
+  // A (Lq, Lk, width) for head h; rebuilt only when the table slice changes
+  // (a shared table is built once per call).
+  const Scratch<T>& materialised(const Head<T>& hd, const View3<const T>& table, Scratch<T>& A, int64_t& built_for) {
+    const int64_t ht = table.shape[0] == 1 ? 0 : hd.h;
+    if (built_for == ht) return A;
+    const int64_t width = table.shape[2];
+    A.assign(hd.lq * hd.lk * width, T(0));
+    for (int64_t i = 0; i < hd.lq; ++i)
+      for (int64_t j = 0; j < hd.lk; ++j)
+        if (const int64_t c = shaw_index(hd.r(i, j), shaw_.k, shaw_.beyond); c >= 0)
+          for (int64_t x = 0; x < width; ++x) A[(i * hd.lk + j) * width + x] = table(ht, c, x);
+    built_for = ht;
+    return A;
+  }
+
+  // grad[c(r_ij)] += weight(i, j) * rows_i for every pair.
+  template <class Weight>
+  void scatter(const Head<T>& hd, const View3<T>& grad, Weight weight, const T* rows, int64_t width) {
+    const int64_t ht = grad.shape[0] == 1 ? 0 : hd.h;
+    for (int64_t i = 0; i < hd.lq; ++i)
+      for (int64_t j = 0; j < hd.lk; ++j)
+        if (const int64_t c = shaw_index(hd.r(i, j), shaw_.k, shaw_.beyond); c >= 0) {
+          const T w = weight(i, j);
+          for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += w * rows[i * width + x];
+        }
+  }
+
+  const ShawParams<T>& shaw_;
+  const PositionGrads<T>* grads_;
+  Scratch<T> ak_, av_;
+  int64_t ak_head_ = -1, av_head_ = -1;
+};
+
+}  // namespace
+
+template <class T>
+std::unique_ptr<RelativeTerm<T>> make_shaw_split(const AttentionForward<T>& p, const PositionGrads<T>* grads) {
+  if (p.pos.scheme != Scheme::shaw) throw std::invalid_argument("relpos: algorithm: 'split' serves Shaw only");
+  return std::make_unique<ShawSplit<T>>(p.pos.shaw, grads);
+}
+
+template std::unique_ptr<RelativeTerm<float>> make_shaw_split(const AttentionForward<float>&,
+                                                              const PositionGrads<float>*);
+template std::unique_ptr<RelativeTerm<double>> make_shaw_split(const AttentionForward<double>&,
+                                                               const PositionGrads<double>*);
+
+}  // namespace relpos::unfused

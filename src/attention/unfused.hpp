@@ -1,0 +1,104 @@
+// The unfused algorithms of the papers (split, gather/bucket, skew,
+// generalized skew, rel-shift) share one pipeline per (batch, head):
+//
+//   S   = scale * qc k^T  (+ term.add_scores)  + bias[distance]    masked, softmax -> P, lse
+//   out = P v             (+ term.add_values)
+//
+// and its exact backward. They differ only in how the relative embedding
+// term is computed: that is a RelativeTerm. Biases (T5, ALiBi) are one value
+// per distance, O(Lq + Lk) for every algorithm; their gradients are summed
+// per distance, then per bucket.
+//
+// Distances: r(i, j) = rmin + (lq - 1 - i) + j, where rmin is r(lq - 1, 0);
+// the diagonal index m = j - i + lq - 1 in [0, lq + lk - 1) numbers them.
+#pragma once
+
+#include <memory>
+
+#include "../backend/scratch.hpp"
+#include "relpos/attention.hpp"
+
+namespace relpos::unfused {
+
+// One head, dense and row-major, after RoPE rotation.
+template <class T>
+struct Head {
+  int64_t b = 0, h = 0, lq = 0, lk = 0, d = 0, dv = 0;
+  int64_t rmin = 0;
+  const T* qp = nullptr;  // (lq, d) query of the relative score term: q, or q + v for Transformer-XL
+
+  int64_t distances() const { return lq + lk - 1; }
+  int64_t diagonal(int64_t i, int64_t j) const { return j - i + lq - 1; }
+  int64_t r(int64_t i, int64_t j) const { return rmin + diagonal(i, j); }
+};
+
+// The relative embedding term of one algorithm. All matrices are dense
+// row-major: S, P, dS, dP are (lq, lk), out and dout (lq, dv), dqp (lq, d).
+template <class T>
+class RelativeTerm {
+ public:
+  virtual ~RelativeTerm() = default;
+  // S_ij += scale * qp_i . rk(i, j)
+  virtual void add_scores(const Head<T>& hd, T scale, T* S) { (void)hd, (void)scale, (void)S; }
+  // out_i += sum_j P_ij rv(i, j)
+  virtual void add_values(const Head<T>& hd, const T* P, T* out) { (void)hd, (void)P, (void)out; }
+  // dP_ij += dout_i . rv(i, j); value-table gradients += sum P_ij dout_i
+  virtual void backward_values(const Head<T>& hd, const T* P, const T* dout, T* dP) {
+    (void)hd, (void)P, (void)dout, (void)dP;
+  }
+  // dqp_i += scale * sum_j dS_ij rk(i, j); score-table gradients
+  virtual void backward_scores(const Head<T>& hd, T scale, const T* dS, T* dqp) {
+    (void)hd, (void)scale, (void)dS, (void)dqp;
+  }
+};
+
+// Dense copy of head h's slice of a (1 or H, rows, width) table.
+template <class T>
+Scratch<T> table_slice(const View3<const T>& table, int64_t h) {
+  const int64_t ht = table.shape[0] == 1 ? 0 : h, rows = table.shape[1], width = table.shape[2];
+  Scratch<T> dense(rows * width);
+  for (int64_t c = 0; c < rows; ++c)
+    for (int64_t x = 0; x < width; ++x) dense[c * width + x] = table(ht, c, x);
+  return dense;
+}
+
+// grad(ht(h), c, x) += dense[c * width + x]
+template <class T>
+void add_to_table(const View3<T>& grad, int64_t h, const Scratch<T>& dense) {
+  const int64_t ht = grad.shape[0] == 1 ? 0 : h, rows = grad.shape[1], width = grad.shape[2];
+  for (int64_t c = 0; c < rows; ++c)
+    for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dense[c * width + x];
+}
+
+// Shaw's table row for every distance of the head: c(r) or -1 (zero embedding).
+template <class T>
+Scratch<int64_t> shaw_rows_by_distance(const Head<T>& hd, const ShawParams<T>& shaw) {
+  Scratch<int64_t> rows(hd.distances());
+  for (int64_t m = 0; m < hd.distances(); ++m) rows[m] = shaw_index(hd.rmin + m, shaw.k, shaw.beyond);
+  return rows;
+}
+
+// The term of `algorithm` for p's scheme; grads is null in forward. Throws
+// std::invalid_argument when the algorithm does not serve the scheme or mask.
+template <class T>
+std::unique_ptr<RelativeTerm<T>> make_term(Algorithm algorithm, const AttentionForward<T>& p,
+                                           const PositionGrads<T>* grads);
+
+// Constructors of the terms, one file each.
+template <class T>
+std::unique_ptr<RelativeTerm<T>> make_shaw_gather(const AttentionForward<T>& p, const PositionGrads<T>* grads);
+template <class T>
+std::unique_ptr<RelativeTerm<T>> make_shaw_split(const AttentionForward<T>& p, const PositionGrads<T>* grads);
+template <class T>
+std::unique_ptr<RelativeTerm<T>> make_skew(const AttentionForward<T>& p, const PositionGrads<T>* grads);
+template <class T>
+std::unique_ptr<RelativeTerm<T>> make_generalized_skew(const AttentionForward<T>& p, const PositionGrads<T>* grads);
+template <class T>
+std::unique_ptr<RelativeTerm<T>> make_relshift(const AttentionForward<T>& p, const PositionGrads<T>* grads);
+
+template <class T>
+void forward(const AttentionForward<T>& p);
+template <class T>
+void backward(const AttentionBackward<T>& p);
+
+}  // namespace relpos::unfused
