@@ -19,7 +19,8 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
-    {"demo", relpos::cli::run_demo, "every position scheme on a small problem, float32 checked against float64"},
+    {"demo", relpos::cli::run_demo, "every scheme x algorithm on a small problem, checked against float64"},
+    {"bench", relpos::cli::run_bench, "benchmarks: 'relpos bench memory'"},
 };
 
 void print_usage(std::FILE* to) {

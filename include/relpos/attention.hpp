@@ -113,6 +113,7 @@ struct AttentionForward {
   std::optional<double> scale;        // default 1 / sqrt(d)
   PositionParams<T> pos;
   Algorithm algorithm = Algorithm::automatic;
+  int num_threads = 0;  // OpenMP threads over (batch, head); 0 = omp_get_max_threads()
 };
 
 template <class T>

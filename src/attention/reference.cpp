@@ -29,6 +29,10 @@ struct HeadTerms {
   Scratch<T> bias;          // (Lq, Lk)
   Scratch<uint8_t> masked;  // (Lq, Lk)
   std::vector<double> inv_freq; // RoPE frequencies
+  // Transformer-XL: R and W_R R for each distance r = rmin + m, m < Lq + Lk - 1
+  // (each distance's embedding is computed once, then copied to its pairs).
+  int64_t rmin = 0;
+  Scratch<T> xl_r, xl_e;  // (Lq + Lk - 1, pos_dim), (Lq + Lk - 1, d)
 };
 
 
@@ -93,8 +97,17 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
   if (shaw_v) t.rv.assign(t.lq * t.lk * t.dv, T(0));
   const std::vector<double> alibi =
       pos.scheme == Scheme::alibi && pos.alibi.slopes.empty() ? alibi_slopes(p.q.shape[1]) : std::vector<double>{};
-  const int64_t pos_dim = xl ? pos.xl.w_r.shape[2] : 0;
-  Scratch<T> r_emb(pos_dim);
+  if (xl) {
+    const int64_t pos_dim = pos.xl.w_r.shape[2], n = t.lq + t.lk - 1;
+    t.rmin = rel(p, t.lq - 1, 0);
+    t.xl_r.resize(n * pos_dim);
+    t.xl_e.assign(n * t.d, T(0));
+    for (int64_t m = 0; m < n; ++m) {
+      sinusoid(double(xl_distance(t.rmin + m, pos.xl.clamp_len)), pos_dim, &t.xl_r[m * pos_dim]);
+      for (int64_t x = 0; x < t.d; ++x)
+        for (int64_t e = 0; e < pos_dim; ++e) t.xl_e[m * t.d + x] += pos.xl.w_r(h, x, e) * t.xl_r[m * pos_dim + e];
+    }
+  }
 
   for (int64_t i = 0; i < t.lq; ++i) {
     for (int64_t j = 0; j < t.lk; ++j) {
@@ -112,14 +125,8 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
           for (int64_t x = 0; x < t.dv; ++x) t.rv[ij * t.dv + x] = pos.shaw.wv(ht, c, x);
         }
       }
-      if (xl) {
-        sinusoid(double(xl_distance(r, pos.xl.clamp_len)), pos_dim, r_emb.data());
-        for (int64_t x = 0; x < t.d; ++x) {
-          T s = 0;
-          for (int64_t e = 0; e < pos_dim; ++e) s += pos.xl.w_r(h, x, e) * r_emb[e];
-          t.rk[ij * t.d + x] = s;
-        }
-      }
+      if (xl)
+        for (int64_t x = 0; x < t.d; ++x) t.rk[ij * t.d + x] = t.xl_e[(r - t.rmin) * t.d + x];
       if (pos.scheme == Scheme::t5)
         t.bias[ij] = pos.t5.table(h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance));
       if (pos.scheme == Scheme::alibi) {
@@ -191,7 +198,8 @@ void backward(const AttentionBackward<T>& p) {
       const int64_t d = t.d, dv = t.dv;
       // Gradients with respect to the rotated q and k, un-rotated at the end.
       Scratch<T> dq(t.lq * d, T(0)), dk(t.lk * d, T(0));
-      Scratch<T> P(t.lk), dS(t.lk), r_emb(pos.scheme == Scheme::xl ? pos.xl.w_r.shape[2] : 0);
+      Scratch<T> P(t.lk), dS(t.lk);
+      Scratch<T> dxl_e(t.xl_e.size(), T(0));  // gradient of W_R R per distance
       for (int64_t i = 0; i < t.lq; ++i) {
         const T lse = p.lse(b, h, i);
         if (lse == -std::numeric_limits<T>::infinity()) continue;  // fully masked: zero gradients
@@ -242,17 +250,19 @@ void backward(const AttentionBackward<T>& p) {
               for (int64_t x = 0; x < dv; ++x) g.shaw_wv(ht, c, x) += P[j] * p.dout(b, h, i, x);
             }
           }
-          if (pos.scheme == Scheme::xl && !g.xl_w_r.empty()) {
-            const int64_t pos_dim = static_cast<int64_t>(r_emb.size());
-            sinusoid(double(xl_distance(r, pos.xl.clamp_len)), pos_dim, r_emb.data());
-            for (int64_t x = 0; x < d; ++x)
-              for (int64_t e = 0; e < pos_dim; ++e) g.xl_w_r(h, x, e) += ds * t.qp[i * d + x] * r_emb[e];
-          }
+          if (pos.scheme == Scheme::xl)
+            for (int64_t x = 0; x < d; ++x) dxl_e[(r - t.rmin) * d + x] += ds * t.qp[i * d + x];
           if (pos.scheme == Scheme::t5 && !g.t5_table.empty())
             g.t5_table(h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance)) += dS[j];
           if (pos.scheme == Scheme::alibi && !g.alibi_slopes.empty())
             g.alibi_slopes(h) -= dS[j] * T(r < 0 ? -r : r);
         }
+      }
+      if (pos.scheme == Scheme::xl && !g.xl_w_r.empty()) {  // dW_R = sum over distances of dE_m R_m^T
+        const int64_t pos_dim = pos.xl.w_r.shape[2];
+        for (int64_t m = 0; m < t.lq + t.lk - 1; ++m)
+          for (int64_t x = 0; x < d; ++x)
+            for (int64_t e = 0; e < pos_dim; ++e) g.xl_w_r(h, x, e) += dxl_e[m * d + x] * t.xl_r[m * pos_dim + e];
       }
       if (pos.scheme == Scheme::rope) {
         for (int64_t i = 0; i < t.lq; ++i)

@@ -3,11 +3,30 @@
 // by every batch entry (and every head when the tables are shared), and the
 // second product is one (1 x d)(d x Lk) product per query position. Memory
 // O(L^2 d), as in the paper; its saving is the sharing, not the size.
-#include "../backend/gemm.hpp"
 #include "unfused.hpp"
 
 namespace relpos::unfused {
 namespace {
+
+// y (n) += alpha * A (n, width) x (width): one query row against its A_i.
+template <class T>
+void matvec(int64_t n, int64_t width, T alpha, const T* A, const T* x, T* y) {
+  for (int64_t j = 0; j < n; ++j) {
+    T s = 0;
+    for (int64_t c = 0; c < width; ++c) s += A[j * width + c] * x[c];
+    y[j] += alpha * s;
+  }
+}
+
+// y (width) += alpha * x (n) A (n, width)
+template <class T>
+void vecmat(int64_t n, int64_t width, T alpha, const T* x, const T* A, T* y) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T w = alpha * x[j];
+    if (w == T(0)) continue;
+    for (int64_t c = 0; c < width; ++c) y[c] += w * A[j * width + c];
+  }
+}
 
 template <class T>
 class ShawSplit final : public RelativeTerm<T> {
@@ -17,25 +36,22 @@ class ShawSplit final : public RelativeTerm<T> {
   void add_scores(const Head<T>& hd, T scale, T* S) override {
     if (shaw_.wk.empty()) return;
     const Scratch<T>& AK = materialised(hd, shaw_.wk, ak_, ak_head_);
-    for (int64_t i = 0; i < hd.lq; ++i)  // S_i += scale * qp_i A^K_i^T
-      gemm<T>(Trans::no, Trans::yes, 1, hd.lk, hd.d, scale, hd.qp + i * hd.d, hd.d, &AK[i * hd.lk * hd.d], hd.d,
-              T(1), S + i * hd.lk, hd.lk);
+    for (int64_t i = 0; i < hd.lq; ++i)  // S_i += scale * A^K_i qp_i
+      matvec(hd.lk, hd.d, scale, &AK[i * hd.lk * hd.d], hd.qp + i * hd.d, S + i * hd.lk);
   }
 
   void add_values(const Head<T>& hd, const T* P, T* out) override {
     if (shaw_.wv.empty()) return;
     const Scratch<T>& AV = materialised(hd, shaw_.wv, av_, av_head_);
     for (int64_t i = 0; i < hd.lq; ++i)  // out_i += P_i A^V_i
-      gemm<T>(Trans::no, Trans::no, 1, hd.dv, hd.lk, T(1), P + i * hd.lk, hd.lk, &AV[i * hd.lk * hd.dv], hd.dv, T(1),
-              out + i * hd.dv, hd.dv);
+      vecmat(hd.lk, hd.dv, T(1), P + i * hd.lk, &AV[i * hd.lk * hd.dv], out + i * hd.dv);
   }
 
   void backward_values(const Head<T>& hd, const T* P, const T* dout, T* dP) override {
     if (shaw_.wv.empty()) return;
     const Scratch<T>& AV = materialised(hd, shaw_.wv, av_, av_head_);
-    for (int64_t i = 0; i < hd.lq; ++i)  // dP_i += dout_i A^V_i^T
-      gemm<T>(Trans::no, Trans::yes, 1, hd.lk, hd.dv, T(1), dout + i * hd.dv, hd.dv, &AV[i * hd.lk * hd.dv], hd.dv,
-              T(1), dP + i * hd.lk, hd.lk);
+    for (int64_t i = 0; i < hd.lq; ++i)  // dP_i += A^V_i dout_i
+      matvec(hd.lk, hd.dv, T(1), &AV[i * hd.lk * hd.dv], dout + i * hd.dv, dP + i * hd.lk);
     if (grads_ && !grads_->shaw_wv.empty())  // dA^V_ij = P_ij dout_i, summed per table row
       scatter(hd, grads_->shaw_wv, [&](int64_t i, int64_t j) { return P[i * hd.lk + j]; }, dout, hd.dv);
   }
@@ -44,8 +60,7 @@ class ShawSplit final : public RelativeTerm<T> {
     if (shaw_.wk.empty()) return;
     const Scratch<T>& AK = materialised(hd, shaw_.wk, ak_, ak_head_);
     for (int64_t i = 0; i < hd.lq; ++i)  // dqp_i += scale * dS_i A^K_i
-      gemm<T>(Trans::no, Trans::no, 1, hd.d, hd.lk, scale, dS + i * hd.lk, hd.lk, &AK[i * hd.lk * hd.d], hd.d, T(1),
-              dqp + i * hd.d, hd.d);
+      vecmat(hd.lk, hd.d, scale, dS + i * hd.lk, &AK[i * hd.lk * hd.d], dqp + i * hd.d);
     if (grads_ && !grads_->shaw_wk.empty())  // dA^K_ij = scale dS_ij qp_i
       scatter(hd, grads_->shaw_wk, [&](int64_t i, int64_t j) { return scale * dS[i * hd.lk + j]; }, hd.qp, hd.d);
   }

@@ -1,15 +1,23 @@
-// A portable blocked GEMM: loops ordered so the innermost one runs over
-// contiguous memory and vectorises. It is correct for every shape and
-// transpose; the fused kernel brings its own tuned tile GEMM.
+// GEMM backend. float goes to oneDNN's dnnl_sgemm, which reaches this CPU's
+// AVX-512 rate without configuration (the default OpenBLAS dispatch runs at a
+// fraction of it here unless OPENBLAS_CORETYPE is forced before it loads;
+// DESIGN.md section 5, measured again in bench). double, used by tests and
+// the oracle path, goes to a portable blocked loop.
 #include "gemm.hpp"
 
+#include <oneapi/dnnl/dnnl.h>
+
 #include <algorithm>
+#include <stdexcept>
+
 #include "scratch.hpp"
 
 namespace relpos {
 
+namespace {
+// Loops ordered so the innermost one runs over contiguous memory and vectorises.
 template <class T>
-void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+void portable_gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
           int64_t ldb, T beta, T* c, int64_t ldc) {
   for (int64_t i = 0; i < m; ++i)
     for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
@@ -38,9 +46,22 @@ void gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, T alpha, const T*
   }
 }
 
-template void gemm<float>(Trans, Trans, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
-                          float, float*, int64_t);
-template void gemm<double>(Trans, Trans, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
-                           int64_t, double, double*, int64_t);
+}  // namespace
+
+template <>
+void gemm<float>(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) return portable_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const dnnl_status_t status = dnnl_sgemm(ta == Trans::yes ? 'T' : 'N', tb == Trans::yes ? 'T' : 'N', m, n, k, alpha,
+                                          a, lda, b, ldb, beta, c, ldc);
+  if (status != dnnl_success) throw std::runtime_error("relpos: dnnl_sgemm failed");
+}
+
+template <>
+void gemm<double>(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+                  const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  portable_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 
 }  // namespace relpos

@@ -1,0 +1,140 @@
+// `relpos bench memory`: peak memory and time of every scheme x algorithm
+// over a range of lengths, to show the growth each paper claims: the
+// reference (and Shaw's split form) hold O(L^2 d) relative tensors, the
+// others O(L d) or O(L k) beside the L^2 logits.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "commands.hpp"
+#include "measure.hpp"
+#include "options.hpp"
+#include "problem.hpp"
+
+namespace relpos::cli {
+namespace {
+
+std::vector<SchemeCase> bench_cases() {
+  std::vector<SchemeCase> cases(6);
+  const char* labels[] = {"none", "shaw k=16 K+V", "t5", "alibi", "rope", "transformer-xl"};
+  const Scheme schemes[] = {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl};
+  for (size_t i = 0; i < cases.size(); ++i) cases[i].label = labels[i], cases[i].scheme = schemes[i];
+  return cases;
+}
+
+std::vector<int64_t> parse_lengths(const std::string& text) {
+  std::vector<int64_t> lengths;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != item.size() || v < 1) throw UsageError{"--lengths: expected positive integers, got '" + item + "'"};
+    lengths.push_back(v);
+  }
+  if (lengths.empty()) throw UsageError{"--lengths: empty"};
+  return lengths;
+}
+
+// Scratch an algorithm needs for one head's forward + backward, in floats,
+// from its memory class: what the benchmark then measures exactly. Used to
+// skip runs that would not fit.
+double estimated_bytes(Algorithm a, const ProblemShape& s) {
+  const double l2 = double(s.length) * double(s.length);
+  const bool materialises = a == Algorithm::reference || a == Algorithm::split;
+  return 4.0 * l2 * (materialises ? 2.0 * double(s.dim) + 3.0 : 8.0);
+}
+
+struct Result {
+  std::string scheme, algorithm;
+  int64_t length;
+  Footprint memory;
+  double fwd_ms, bwd_ms;
+};
+
+}  // namespace
+
+int run_bench_memory(int argc, char** argv, int first) {
+  ProblemShape shape;
+  shape.batch = 1, shape.heads = 8, shape.dim = 64;
+  std::string lengths_text = "256,512,1024,2048,4096,8192", json_path = "results/bench_memory.json";
+  double budget_gb = 12;
+  bool no_backward = false;
+  Options opts("relpos bench memory",
+               "Peak memory and time of every position scheme x algorithm, float32, causal, for a range of\n"
+               "lengths. Memory is the library's own peak scratch (counted allocations) and how far the\n"
+               "process's peak RSS rose above its RSS before the run. Prints a table and writes JSON. Runs whose estimated scratch exceeds\n"
+               "--budget-gb are listed as skipped.");
+  opts.add_string("--lengths", &lengths_text, "comma-separated sequence lengths L");
+  opts.add_int("--heads", &shape.heads, "attention heads", 1);
+  opts.add_int("--dim", &shape.dim, "head dimension d (even)", 2);
+  opts.add_int("--batch", &shape.batch, "batch size", 1);
+  opts.add_double("--budget-gb", &budget_gb, "skip runs estimated to need more scratch than this");
+  opts.add_flag("--no-backward", &no_backward, "measure forward only");
+  opts.add_string("--json", &json_path, "where to write the results (empty: nowhere)");
+  if (!opts.parse(argc, argv, first)) return 0;
+  if (shape.dim % 2) throw UsageError{"--dim: must be even (RoPE rotates pairs)"};
+  const std::vector<int64_t> lengths = parse_lengths(lengths_text);
+
+  std::printf("relpos bench memory: B=%lld H=%lld d=%lld, causal, float32, %s\n", (long long)shape.batch,
+              (long long)shape.heads, (long long)shape.dim, no_backward ? "forward" : "forward + backward");
+  std::printf("scratch: the library's peak temporary bytes; /L^2: scratch per (query, key) pair of one head\n\n");
+  std::printf("%-16s %-18s %6s %10s %8s %11s %10s %10s\n", "scheme", "algorithm", "L", "scratch", "/L^2", "RSS growth",
+              "fwd ms", "bwd ms");
+  std::vector<Result> results;
+  for (const SchemeCase& c : bench_cases()) {
+    for (int64_t L : lengths) {
+      shape.length = L;
+      Problem<float> pb = make_problem<float>(shape, c, 1);
+      for (Algorithm a : serving_algorithms<float>(pb.params)) {
+        const char* name = to_string(a);
+        if (estimated_bytes(a, shape) > budget_gb * 1e9) {
+          std::printf("%-16s %-18s %6lld   skipped: needs ~%s > --budget-gb\n", c.label.c_str(), name, (long long)L,
+                      human_bytes(estimated_bytes(a, shape)).c_str());
+          continue;
+        }
+        pb.params.algorithm = a;
+        Result r{c.label, name, L, {}, 0, 0};
+        r.memory = measure_footprint([&] {
+          r.fwd_ms = best_ms([&] { attention_forward<float>(pb.params); }, 1);
+          if (!no_backward) r.bwd_ms = best_ms([&] { attention_backward<float>(pb.params); }, 1);
+        });
+        std::printf("%-16s %-18s %6lld %10s %8.1f %11s %10.1f %10.1f\n", r.scheme.c_str(), name, (long long)L,
+                    human_bytes(double(r.memory.scratch_peak)).c_str(), double(r.memory.scratch_peak) / double(L * L),
+                    r.memory.rss_growth < 0 ? "n/a" : human_bytes(double(r.memory.rss_growth)).c_str(), r.fwd_ms,
+                    r.bwd_ms);
+        std::fflush(stdout);
+        results.push_back(r);
+      }
+    }
+  }
+
+  if (!json_path.empty()) {
+    if (const auto dir = std::filesystem::path(json_path).parent_path(); !dir.empty())
+      std::filesystem::create_directories(dir);
+    std::ofstream js(json_path);
+    if (!js) throw std::runtime_error("cannot write " + json_path + " (does its folder exist?)");
+    js << "{\"batch\": " << shape.batch << ", \"heads\": " << shape.heads << ", \"dim\": " << shape.dim
+       << ", \"causal\": true, \"dtype\": \"float32\", \"backward\": " << (no_backward ? "false" : "true")
+       << ", \"rows\": [";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      js << (i ? ",\n  " : "\n  ") << "{\"scheme\": \"" << r.scheme << "\", \"algorithm\": \"" << r.algorithm
+         << "\", \"length\": " << r.length << ", \"scratch_peak_bytes\": " << r.memory.scratch_peak
+         << ", \"rss_growth_bytes\": " << r.memory.rss_growth << ", \"fwd_ms\": " << r.fwd_ms
+         << ", \"bwd_ms\": " << r.bwd_ms << "}";
+    }
+    js << "\n]}\n";
+    if (!js.flush()) throw std::runtime_error("error writing " + json_path);
+    std::printf("\nwrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace relpos::cli
