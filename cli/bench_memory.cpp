@@ -2,6 +2,9 @@
 // over a range of lengths, to show the growth each paper claims: the
 // reference (and Shaw's split form) hold O(L^2 d) relative tensors, the
 // others O(L d) or O(L k) beside the L^2 logits.
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -42,13 +45,17 @@ std::vector<int64_t> parse_lengths(const std::string& text) {
   return lengths;
 }
 
-// Scratch an algorithm needs for one head's forward + backward, in floats,
-// from its memory class: what the benchmark then measures exactly. Used to
-// skip runs that would not fit.
-double estimated_bytes(Algorithm a, const ProblemShape& s) {
+// Scratch an algorithm needs for forward + backward, from its memory class:
+// per head, reference and split hold one (L, L, d) tensor per relative term
+// (Shaw: key and value, Transformer-XL: key), every algorithm a few (L, L)
+// matrices; times the heads in flight at once (the unfused algorithms run one
+// head per thread). Used to skip runs that would not fit.
+double estimated_bytes(Algorithm a, Scheme scheme, const ProblemShape& s) {
   const double l2 = double(s.length) * double(s.length);
   const bool materialises = a == Algorithm::reference || a == Algorithm::split;
-  return 4.0 * l2 * (materialises ? 2.0 * double(s.dim) + 3.0 : 8.0);
+  const double tensors = !materialises ? 0.0 : scheme == Scheme::shaw ? 2.0 : scheme == Scheme::xl ? 1.0 : 0.0;
+  const int64_t threads = a == Algorithm::reference ? 1 : std::min<int64_t>(omp_get_max_threads(), s.heads * s.batch);
+  return 4.0 * l2 * (tensors * double(s.dim) + 8.0) * double(threads);
 }
 
 struct Result {
@@ -94,9 +101,9 @@ int run_bench_memory(int argc, char** argv, int first) {
       Problem<float> pb = make_problem<float>(shape, c, 1);
       for (Algorithm a : serving_algorithms<float>(pb.params)) {
         const char* name = to_string(a);
-        if (estimated_bytes(a, shape) > budget_gb * 1e9) {
+        if (estimated_bytes(a, c.scheme, shape) > budget_gb * 1e9) {
           std::printf("%-16s %-18s %6lld   skipped: needs ~%s > --budget-gb\n", c.label.c_str(), name, (long long)L,
-                      human_bytes(estimated_bytes(a, shape)).c_str());
+                      human_bytes(estimated_bytes(a, c.scheme, shape)).c_str());
           continue;
         }
         pb.params.algorithm = a;

@@ -93,6 +93,7 @@ void fill_forward(const nb::dict& a, AttentionForward<T>& p) {
   p.k_offset = option<int64_t>(a, "k_offset", 0);
   if (has(a, "scale")) p.scale = nb::cast<double>(a["scale"]);
   p.algorithm = parse_algorithm(option<std::string>(a, "algorithm", "auto"));
+  p.num_threads = option<int>(a, "threads", 0);
 
   PositionParams<T>& pos = p.pos;
   pos.scheme = parse_scheme(option<std::string>(a, "scheme", "none"));

@@ -56,7 +56,7 @@ def _as_core_param(name: str, a: np.ndarray) -> np.ndarray:
     return a[None] if name.startswith("shaw_") and a.ndim == 2 else a
 
 
-def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm) -> dict:
+def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads=None) -> dict:
     scheme = NoPosition() if scheme is None else scheme
     if not hasattr(scheme, "_args"):
         raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
@@ -65,6 +65,10 @@ def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, 
     args.update(q_offset=integer(q_offset, "q_offset"), k_offset=integer(k_offset, "k_offset"))
     if scale is not None:
         args["scale"] = number(scale, "scale")
+    if threads is not None:
+        args["threads"] = integer(threads, "threads")
+        if not 1 <= args["threads"] <= 4096:
+            raise ValueError(f"relpos: threads: must be in [1, 4096], got {threads}")
     if key_padding is not None:
         kp = np.asarray(key_padding)
         if kp.dtype not in (np.bool_, np.uint8):
@@ -91,6 +95,7 @@ def forward(
     k_offset: int = 0,
     scale: Optional[float] = None,
     algorithm: str = "auto",
+    threads: Optional[int] = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attention with a relative position scheme.
 
@@ -101,9 +106,12 @@ def forward(
     ``causal`` masks keys in the future (``r > 0``); ``key_padding`` is a bool
     or uint8 ``(B, Lk)`` array, true for padded keys. Query row ``i`` sits at
     absolute position ``q_offset + i`` and key row ``j`` at ``k_offset + j``.
-    ``scale`` defaults to ``1/sqrt(d)``.
+    ``scale`` defaults to ``1/sqrt(d)``. ``algorithm`` is one of ``ALGORITHMS``
+    (see ``available_algorithms``); ``threads`` (default: OpenMP's maximum)
+    splits batch x heads over threads; results do not depend on it except for
+    the summation order of shared parameter gradients.
     """
-    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm)
+    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads)
     qa, va = args["q"], args["v"]
     args["out"] = np.empty(qa.shape[:3] + va.shape[3:], dtype=qa.dtype)
     args["lse"] = np.empty(qa.shape[:3], dtype=qa.dtype)
@@ -153,6 +161,7 @@ def backward(
     k_offset: int = 0,
     scale: Optional[float] = None,
     algorithm: str = "auto",
+    threads: Optional[int] = None,
 ) -> dict[str, np.ndarray]:
     """Gradients of ``sum(dout * out)`` given ``forward``'s ``out`` and ``lse``.
 

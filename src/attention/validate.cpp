@@ -152,6 +152,8 @@ void validate_forward(const AttentionForward<T>& p) {
   if (p.q_offset < 0 || p.q_offset > kMaxPosition) fail("q_offset: must be in [0, 2^40], got " + std::to_string(p.q_offset));
   if (p.k_offset < 0 || p.k_offset > kMaxPosition) fail("k_offset: must be in [0, 2^40], got " + std::to_string(p.k_offset));
   if (p.scale && !(std::isfinite(*p.scale) && *p.scale > 0)) fail("scale: must be finite and > 0");
+  if (p.num_threads < 0 || p.num_threads > 4096)
+    fail("num_threads: must be in [0, 4096] (0 = OpenMP's maximum), got " + std::to_string(p.num_threads));
   check_position(p);
   check_algorithm(p);
 }
