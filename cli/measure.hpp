@@ -54,7 +54,7 @@ template <class T>
 std::vector<Algorithm> serving_algorithms(AttentionForward<T> p) {
   std::vector<Algorithm> out;
   for (Algorithm a : {Algorithm::reference, Algorithm::split, Algorithm::gather, Algorithm::skew,
-                      Algorithm::generalized_skew, Algorithm::relshift}) {
+                      Algorithm::generalized_skew, Algorithm::relshift, Algorithm::fused}) {
     p.algorithm = a;
     try {
       check_algorithm(p);

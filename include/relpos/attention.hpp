@@ -29,7 +29,8 @@ enum class Scheme { none, shaw, t5, alibi, rope, xl };
 //                     (causal self-attention, equal offsets)
 //   generalized_skew  Shaw or Transformer-XL by diagonal extraction of Q E, any mask
 //   relshift          Transformer-XL appendix B (causal, queries end-aligned with keys)
-enum class Algorithm { automatic, reference, split, gather, skew, generalized_skew, relshift };
+//   fused             streaming tiles with an online softmax, no (L, L) buffer; every scheme
+enum class Algorithm { automatic, reference, split, gather, skew, generalized_skew, relshift, fused };
 
 const char* to_string(Scheme s);
 const char* to_string(Algorithm a);

@@ -35,7 +35,7 @@ __all__ = [
     "available_algorithms",
 ]
 
-ALGORITHMS = ("auto", "reference", "split", "gather", "skew", "generalized_skew", "relshift")
+ALGORITHMS = ("auto", "reference", "split", "gather", "skew", "generalized_skew", "relshift", "fused")
 
 t5_bucket = _relpos.t5_bucket
 alibi_slopes = _relpos.alibi_slopes

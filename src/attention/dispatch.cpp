@@ -1,6 +1,7 @@
 // The one place where a call is validated and routed to an algorithm.
 #include <stdexcept>
 
+#include "fused.hpp"
 #include "reference.hpp"
 #include "unfused.hpp"
 #include "relpos/attention.hpp"
@@ -15,7 +16,7 @@ constexpr std::pair<Algorithm, const char*> kAlgorithmNames[] = {
     {Algorithm::automatic, "auto"},     {Algorithm::reference, "reference"},
     {Algorithm::split, "split"},        {Algorithm::gather, "gather"},
     {Algorithm::skew, "skew"},          {Algorithm::generalized_skew, "generalized_skew"},
-    {Algorithm::relshift, "relshift"}};
+    {Algorithm::relshift, "relshift"},  {Algorithm::fused, "fused"}};
 
 template <class E, size_t N>
 E parse(const std::pair<E, const char*> (&names)[N], const std::string& s, const char* what) {
@@ -51,18 +52,21 @@ Algorithm resolve_algorithm(const AttentionForward<T>& p) {
 template <class T>
 void check_algorithm(const AttentionForward<T>& p) {
   const Algorithm a = resolve_algorithm(p);
-  if (a != Algorithm::reference) unfused::make_term<T>(a, p, nullptr);  // throws if a does not serve p
+  if (a != Algorithm::reference && a != Algorithm::fused)  // those two serve every call
+    unfused::make_term<T>(a, p, nullptr);                  // throws if a does not serve p
 }
 
 namespace {
 // The one switch from algorithm to implementation; P is AttentionForward or
 // AttentionBackward, run_reference / run_unfused the matching entry points.
-template <class P, class Reference, class Unfused>
-void run(const P& p, Reference run_reference, Unfused run_unfused) {
+template <class P, class Reference, class Fused, class Unfused>
+void run(const P& p, Reference run_reference, Fused run_fused, Unfused run_unfused) {
   P resolved = p;
   resolved.algorithm = resolve_algorithm(p);
   if (resolved.algorithm == Algorithm::reference)
     run_reference(resolved);
+  else if (resolved.algorithm == Algorithm::fused)
+    run_fused(resolved);
   else
     run_unfused(resolved);
 }
@@ -71,13 +75,13 @@ void run(const P& p, Reference run_reference, Unfused run_unfused) {
 template <class T>
 void attention_forward(const AttentionForward<T>& p) {
   validate_forward(p);
-  run(p, reference::forward<T>, unfused::forward<T>);
+  run(p, reference::forward<T>, fused::forward<T>, unfused::forward<T>);
 }
 
 template <class T>
 void attention_backward(const AttentionBackward<T>& p) {
   validate_backward(p);
-  run(p, reference::backward<T>, unfused::backward<T>);
+  run(p, reference::backward<T>, fused::backward<T>, unfused::backward<T>);
 }
 
 template void attention_forward<float>(const AttentionForward<float>&);

@@ -1,8 +1,6 @@
 // The shared pipeline of the unfused algorithms (see unfused.hpp).
 #include "unfused.hpp"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <exception>
@@ -10,74 +8,11 @@
 #include <stdexcept>
 
 #include "../backend/gemm.hpp"
+#include "../backend/parallel.hpp"
 #include "grad_partials.hpp"
 
 namespace relpos::unfused {
 namespace {
-
-template <class T>
-constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-
-// One head's dense inputs and the per-distance bias.
-template <class T>
-struct HeadData {
-  Head<T> hd;
-  Scratch<T> qc, qp, k, v;    // qp is filled only for Transformer-XL (q + v)
-  Scratch<T> bias;            // (distances), T5 / ALiBi; empty otherwise
-  std::vector<double> inv_freq;  // RoPE
-};
-
-template <class T>
-void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadData<T>& x) {
-  Head<T>& hd = x.hd;
-  hd.b = b, hd.h = h, hd.lq = p.q.shape[2], hd.lk = p.k.shape[2], hd.d = p.q.shape[3], hd.dv = p.v.shape[3];
-  hd.rmin = p.k_offset - (p.q_offset + hd.lq - 1);
-  const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv;
-  x.qc.resize(lq * d), x.k.resize(lk * d), x.v.resize(lk * dv);
-  for (int64_t i = 0; i < lq; ++i)
-    for (int64_t c = 0; c < d; ++c) x.qc[i * d + c] = p.q(b, h, i, c);
-  for (int64_t j = 0; j < lk; ++j) {
-    for (int64_t c = 0; c < d; ++c) x.k[j * d + c] = p.k(b, h, j, c);
-    for (int64_t c = 0; c < dv; ++c) x.v[j * dv + c] = p.v(b, h, j, c);
-  }
-  const PositionParams<T>& pos = p.pos;
-  if (pos.scheme == Scheme::rope) {
-    x.inv_freq = rope_inv_freq(pos.rope.rotary_dims ? pos.rope.rotary_dims : d, pos.rope.base);
-    for (int64_t i = 0; i < lq; ++i) rope_rotate(&x.qc[i * d], 1, double(p.q_offset + i), x.inv_freq, pos.rope.style);
-    for (int64_t j = 0; j < lk; ++j) rope_rotate(&x.k[j * d], 1, double(p.k_offset + j), x.inv_freq, pos.rope.style);
-  }
-  hd.qp = x.qc.data();
-  if (pos.scheme == Scheme::xl) {
-    x.qp.resize(lq * d);
-    for (int64_t i = 0; i < lq; ++i)
-      for (int64_t c = 0; c < d; ++c) {
-        x.qp[i * d + c] = x.qc[i * d + c] + pos.xl.v(h, c);
-        x.qc[i * d + c] += pos.xl.u(h, c);
-      }
-    hd.qp = x.qp.data();
-  }
-  x.bias.clear();
-  if (pos.scheme == Scheme::t5 || pos.scheme == Scheme::alibi) {
-    x.bias.resize(hd.distances());
-    const std::vector<double> slopes = pos.scheme == Scheme::alibi && pos.alibi.slopes.empty()
-                                           ? alibi_slopes(p.q.shape[1])
-                                           : std::vector<double>{};
-    for (int64_t m = 0; m < hd.distances(); ++m) {
-      const int64_t r = hd.rmin + m;
-      if (pos.scheme == Scheme::t5) {
-        x.bias[m] = pos.t5.table(h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance));
-      } else {
-        const T slope = slopes.empty() ? pos.alibi.slopes(h) : T(slopes[h]);
-        x.bias[m] = -slope * T(r < 0 ? -r : r);
-      }
-    }
-  }
-}
-
-template <class T>
-bool masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t i, int64_t j) {
-  return (p.causal && hd.r(i, j) > 0) || (!p.key_padding.empty() && p.key_padding(hd.b, j) != 0);
-}
 
 // S = scale * qc k^T + relative scores + bias, masked entries -inf.
 template <class T>
@@ -166,12 +101,8 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
   dS.resize(lq * lk);
   gemm<T>(Trans::no, Trans::yes, lq, lk, dvd, T(1), dout.data(), dvd, x.v.data(), dvd, T(0), dS.data(), lk);
   term.backward_values(hd, P.data(), dout.data(), dS.data());
-  if (!p.dv.empty()) {
-    dv.resize(lk * dvd);
-    gemm<T>(Trans::yes, Trans::no, lk, dvd, lq, T(1), P.data(), lk, dout.data(), dvd, T(0), dv.data(), dvd);
-    for (int64_t j = 0; j < lk; ++j)
-      for (int64_t c = 0; c < dvd; ++c) p.dv(b, h, j, c) += dv[j * dvd + c];
-  }
+  dv.resize(lk * dvd);
+  gemm<T>(Trans::yes, Trans::no, lk, dvd, lq, T(1), P.data(), lk, dout.data(), dvd, T(0), dv.data(), dvd);
   for (int64_t i = 0; i < lq; ++i) {
     T D = 0;
     for (int64_t c = 0; c < dvd; ++c) D += dout[i * dvd + c] * p.out(b, h, i, c);
@@ -181,103 +112,45 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
     dbias.assign(hd.distances(), T(0));
     for (int64_t i = 0; i < lq; ++i)
       for (int64_t j = 0; j < lk; ++j) dbias[hd.diagonal(i, j)] += dS[i * lk + j];
-    for (int64_t m = 0; m < hd.distances(); ++m) {
-      const int64_t r = hd.rmin + m;
-      if (pos.scheme == Scheme::t5 && !g.t5_table.empty())
-        g.t5_table(h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance)) += dbias[m];
-      if (pos.scheme == Scheme::alibi && !g.alibi_slopes.empty()) g.alibi_slopes(h) -= dbias[m] * T(r < 0 ? -r : r);
-    }
+    add_bias_grad(pos, g, hd, dbias);
   }
   dqc.resize(lq * d), dk.resize(lk * d);
   gemm<T>(Trans::no, Trans::no, lq, d, lk, scale, dS.data(), lk, x.k.data(), d, T(0), dqc.data(), d);
   gemm<T>(Trans::yes, Trans::no, lk, d, lq, scale, dS.data(), lk, x.qc.data(), d, T(0), dk.data(), d);
   dqp.assign(lq * d, T(0));
   term.backward_scores(hd, scale, dS.data(), dqp.data());
-  for (int64_t i = 0; i < lq; ++i)
-    for (int64_t c = 0; c < d; ++c) {
-      if (!g.xl_u.empty()) g.xl_u(h, c) += dqc[i * d + c];
-      if (!g.xl_v.empty()) g.xl_v(h, c) += dqp[i * d + c];
-      dqc[i * d + c] += dqp[i * d + c];
-    }
-  if (pos.scheme == Scheme::rope) {
-    for (int64_t i = 0; i < lq; ++i)
-      rope_rotate(&dqc[i * d], 1, double(p.q_offset + i), x.inv_freq, pos.rope.style, -1);
-    for (int64_t j = 0; j < lk; ++j)
-      rope_rotate(&dk[j * d], 1, double(p.k_offset + j), x.inv_freq, pos.rope.style, -1);
-  }
-  if (!p.dq.empty())
-    for (int64_t i = 0; i < lq; ++i)
-      for (int64_t c = 0; c < d; ++c) p.dq(b, h, i, c) += dqc[i * d + c];
-  if (!p.dk.empty())
-    for (int64_t j = 0; j < lk; ++j)
-      for (int64_t c = 0; c < d; ++c) p.dk(b, h, j, c) += dk[j * d + c];
-}
-
-// Runs body(thread, b, h) for every (batch, head) on `threads` OpenMP threads
-// (static split: the same heads go to the same thread on every call), after
-// init(thread) built each thread's state. GEMMs inside run on the calling
-// thread only. An exception on any thread is rethrown here, never lost.
-template <class Init, class Body>
-void parallel_over_heads(int64_t batch, int64_t heads, int threads, Init init, Body body) {
-  std::exception_ptr error;
-#pragma omp parallel num_threads(threads)
-  {
-    omp_set_num_threads(1);  // this thread's nested regions (the GEMM library's) stay on it
-    const int t = omp_get_thread_num();
-    bool ready = false;
-    try {
-      init(t);
-      ready = true;
-    } catch (...) {
-#pragma omp critical(relpos_error)
-      if (!error) error = std::current_exception();
-    }
-#pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < batch * heads; ++bh) {
-      if (!ready) continue;
-      try {
-        body(t, bh / heads, bh % heads);
-      } catch (...) {
-#pragma omp critical(relpos_error)
-        if (!error) error = std::current_exception();
-      }
-    }
-  }
-  if (error) std::rethrow_exception(error);
-}
-
-template <class T>
-int thread_count(const AttentionForward<T>& p) {
-  const int64_t work = p.q.shape[0] * p.q.shape[1];
-  const int64_t want = p.num_threads > 0 ? p.num_threads : omp_get_max_threads();
-  return static_cast<int>(std::max<int64_t>(1, std::min(want, work)));
+  write_input_grads(p, x, g, dqc, dqp, dk, dv);
 }
 
 }  // namespace
 
 template <class T>
 void forward(const AttentionForward<T>& p) {
-  const int threads = thread_count(p);
+  const int threads = thread_count(p.num_threads, p.q.shape[0] * p.q.shape[1]);
   std::vector<std::unique_ptr<RelativeTerm<T>>> terms(threads);
   std::vector<ForwardScratch<T>> scratch(threads);
-  parallel_over_heads(
-      p.q.shape[0], p.q.shape[1], threads, [&](int t) { terms[t] = make_term<T>(p.algorithm, p, nullptr); },
-      [&](int t, int64_t b, int64_t h) { forward_head(p, *terms[t], b, h, scratch[t]); });
+  const int64_t heads = p.q.shape[1];
+  parallel_for(
+      p.q.shape[0] * heads, threads, [&](int t) { terms[t] = make_term<T>(p.algorithm, p, nullptr); },
+      [&](int t, int64_t bh) { forward_head(p, *terms[t], bh / heads, bh % heads, scratch[t]); });
 }
 
 template <class T>
 void backward(const AttentionBackward<T>& p) {
-  const int threads = thread_count(p);
+  const int threads = thread_count(p.num_threads, p.q.shape[0] * p.q.shape[1]);
   std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
   std::vector<std::unique_ptr<RelativeTerm<T>>> terms(threads);
   std::vector<BackwardScratch<T>> scratch(threads);
-  parallel_over_heads(
-      p.q.shape[0], p.q.shape[1], threads,
+  const int64_t heads = p.q.shape[1];
+  parallel_for(
+      p.q.shape[0] * heads, threads,
       [&](int t) {
         partials[t] = std::make_unique<GradPartials<T>>(p.dpos);
         terms[t] = make_term<T>(p.algorithm, p, &partials[t]->grads());
       },
-      [&](int t, int64_t b, int64_t h) { backward_head(p, *terms[t], partials[t]->grads(), b, h, scratch[t]); });
+      [&](int t, int64_t bh) {
+        backward_head(p, *terms[t], partials[t]->grads(), bh / heads, bh % heads, scratch[t]);
+      });
   for (const auto& part : partials)  // fixed order: deterministic sums
     if (part) part->add_into(p.dpos);
 }
@@ -305,6 +178,7 @@ std::unique_ptr<RelativeTerm<T>> make_term(Algorithm algorithm, const AttentionF
       return make_relshift(p, grads);
     case Algorithm::automatic:
     case Algorithm::reference:
+    case Algorithm::fused:
       break;
   }
   return unsupported();

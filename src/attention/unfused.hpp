@@ -16,21 +16,10 @@
 #include <memory>
 
 #include "../backend/scratch.hpp"
+#include "head.hpp"
 #include "relpos/attention.hpp"
 
 namespace relpos::unfused {
-
-// One head, dense and row-major, after RoPE rotation.
-template <class T>
-struct Head {
-  int64_t b = 0, h = 0, lq = 0, lk = 0, d = 0, dv = 0;
-  int64_t rmin = 0;
-  const T* qp = nullptr;  // (lq, d) query of the relative score term: q, or q + v for Transformer-XL
-
-  int64_t distances() const { return lq + lk - 1; }
-  int64_t diagonal(int64_t i, int64_t j) const { return j - i + lq - 1; }
-  int64_t r(int64_t i, int64_t j) const { return rmin + diagonal(i, j); }
-};
 
 // The relative embedding term of one algorithm. All matrices are dense
 // row-major: S, P, dS, dP are (lq, lk), out and dout (lq, dv), dqp (lq, d).

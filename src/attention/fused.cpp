@@ -1,0 +1,324 @@
+// The fused streaming kernel: flash-style tiles with an online softmax; no
+// (L, L) buffer anywhere. Per (batch, head) it keeps O((Lq + Lk) d) prepared
+// inputs and, for Shaw, O(Lq (2k+1)) bucket matrices; per tile a (Bq, Bk) block.
+//
+// Relative terms per tile (DESIGN.md section 2):
+//   T5, ALiBi   one bias per distance, precomputed per head
+//   RoPE        q and k rotated once, before the tiles
+//   Shaw key    R = qp wk^T (Bq, 2k+1) per query tile, gathered by c(r)
+//   Shaw value  per-row bucket sums of P, rescaled with the running max like
+//               the output, then one (Bq, 2k+1) x (2k+1, dv) product
+//   XL          (q + v) times the positional keys of the tile's band of
+//               Bq + Bk - 1 distances, skewed inside the tile
+//
+// Backward recomputes P from the saved logsumexp, key tiles outer and query
+// tiles inner; positional gradients go to per-thread partials summed in
+// thread order, so results do not depend on thread timing.
+#include "fused.hpp"
+
+#include <cmath>
+
+#include "../backend/gemm.hpp"
+#include "../backend/parallel.hpp"
+#include "distance_table.hpp"
+#include "grad_partials.hpp"
+#include "head.hpp"
+
+namespace relpos::fused {
+namespace {
+
+constexpr int64_t kBlockQ = 64;  // query rows per tile
+constexpr int64_t kBlockK = 64;  // keys per tile
+
+// One (batch, head), prepared once and shared by its tiles.
+template <class T>
+struct HeadContext {
+  int64_t b = -1, h = -1;
+  HeadData<T> x;
+  int64_t nb = 0;           // Shaw table rows 2k+1
+  Scratch<int64_t> rows;    // Shaw table row per distance, -1 = zero embedding
+  Scratch<T> wk, wv;        // Shaw table slices of this head (nb, d), (nb, dv)
+  Scratch<T> E;             // Transformer-XL W_R R per distance (distances, d)
+
+  bool shaw_k() const { return !wk.empty(); }
+  bool shaw_v() const { return !wv.empty(); }
+  bool xl() const { return !E.empty(); }
+};
+
+template <class T>
+void prepare(const AttentionForward<T>& p, int64_t b, int64_t h, HeadContext<T>& c) {
+  if (c.b == b && c.h == h) return;
+  c.b = b, c.h = h;
+  load_head(p, b, h, c.x);
+  const Head<T>& hd = c.x.hd;
+  const PositionParams<T>& pos = p.pos;
+  c.wk.clear(), c.wv.clear(), c.E.clear();
+  if (pos.scheme == Scheme::shaw) {
+    c.nb = 2 * pos.shaw.k + 1;
+    c.rows = unfused::shaw_rows_by_distance(hd, pos.shaw);
+    if (!pos.shaw.wk.empty()) c.wk = unfused::table_slice(pos.shaw.wk, h);
+    if (!pos.shaw.wv.empty()) c.wv = unfused::table_slice(pos.shaw.wv, h);
+  }
+  if (pos.scheme == Scheme::xl) c.E = unfused::DistanceTable<T>(pos, nullptr).keys(hd, hd.distances());
+}
+
+// A tile: queries [i0, i0 + bq) against keys [j0, j0 + bk).
+struct Tile {
+  int64_t i0, bq, j0, bk;
+};
+
+// True when every pair of the tile is in the future of its query (causal).
+template <class T>
+bool above_diagonal(const AttentionForward<T>& p, const Head<T>& hd, const Tile& t) {
+  return p.causal && hd.r(t.i0 + t.bq - 1, t.j0) > 0;
+}
+
+// S (bq, bk) = the tile's logits, masked pairs -inf. Rq: the Shaw key scores
+// of the tile's queries, (bq, nb). band: scratch for Transformer-XL.
+template <class T>
+void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const T* Rq,
+                 Scratch<T>& band, T* S) {
+  const Head<T>& hd = c.x.hd;
+  const int64_t d = hd.d, bq = t.bq, bk = t.bk;
+  gemm<T>(Trans::no, Trans::yes, bq, bk, d, scale, c.x.qc.data() + t.i0 * d, d, c.x.k.data() + t.j0 * d, d, T(0), S,
+          bk);
+  const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
+  if (c.xl()) {  // band of bq + bk - 1 distances, skewed: pair (ii, jj) is band column jj - ii + bq - 1
+    const int64_t width = bq + bk - 1;
+    band.resize(bq * width);
+    gemm<T>(Trans::no, Trans::yes, bq, width, d, T(1), hd.qp + t.i0 * d, d, c.E.data() + m0 * d, d, T(0),
+            band.data(), width);
+    for (int64_t ii = 0; ii < bq; ++ii) {
+      const T* diagonal = band.data() + ii * width + (bq - 1 - ii);
+      for (int64_t jj = 0; jj < bk; ++jj) S[ii * bk + jj] += scale * diagonal[jj];
+    }
+  }
+  const Scratch<T>& bias = c.x.bias;
+  const bool padding = !p.key_padding.empty();
+  for (int64_t ii = 0; ii < bq; ++ii) {
+    T* row = S + ii * bk;
+    const int64_t mrow = m0 + (bq - 1 - ii);  // distance index of (ii, jj = 0)
+    if (c.shaw_k())
+      for (int64_t jj = 0; jj < bk; ++jj)
+        if (const int64_t r = c.rows[mrow + jj]; r >= 0) row[jj] += scale * Rq[ii * c.nb + r];
+    if (!bias.empty())
+      for (int64_t jj = 0; jj < bk; ++jj) row[jj] += bias[mrow + jj];
+    if (p.causal) {  // keys with r > 0: jj > ii + (the distance index of r = 0) - mrow
+      const int64_t first_future = std::max<int64_t>(0, -(hd.rmin + mrow) + 1);
+      for (int64_t jj = first_future; jj < bk; ++jj) row[jj] = kNegInf<T>;
+    }
+    if (padding)
+      for (int64_t jj = 0; jj < bk; ++jj)
+        if (p.key_padding(hd.b, t.j0 + jj)) row[jj] = kNegInf<T>;
+  }
+}
+
+template <class T>
+struct ForwardScratch {
+  HeadContext<T> head;
+  Scratch<T> S, O, Rq, Pb, band, m, l;
+};
+
+// One query tile of one head: all key tiles, online softmax, out and lse.
+template <class T>
+void forward_tile(const AttentionForward<T>& p, int64_t b, int64_t h, int64_t i0, ForwardScratch<T>& w) {
+  HeadContext<T>& c = w.head;
+  prepare(p, b, h, c);
+  const Head<T>& hd = c.x.hd;
+  const int64_t d = hd.d, dv = hd.dv, bq = std::min(kBlockQ, hd.lq - i0);
+  const T scale = T(effective_scale(p));
+  w.O.assign(bq * dv, T(0));
+  w.m.assign(bq, kNegInf<T>);
+  w.l.assign(bq, T(0));
+  if (c.shaw_k()) {
+    w.Rq.resize(bq * c.nb);
+    gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), c.nb);
+  }
+  if (c.shaw_v()) w.Pb.assign(bq * c.nb, T(0));
+  w.S.resize(bq * kBlockK);
+  for (int64_t j0 = 0; j0 < hd.lk; j0 += kBlockK) {
+    const Tile t{i0, bq, j0, std::min(kBlockK, hd.lk - j0)};
+    if (above_diagonal(p, hd, t)) break;  // later key tiles lie further in the future
+    T* S = w.S.data();
+    tile_logits(p, c, scale, t, w.Rq.data(), w.band, S);
+    for (int64_t ii = 0; ii < bq; ++ii) {  // online softmax: S becomes P, O and Pb rescaled
+      T* row = S + ii * t.bk;
+      T mt = kNegInf<T>;
+      for (int64_t jj = 0; jj < t.bk; ++jj) mt = row[jj] > mt ? row[jj] : mt;
+      const T m_new = std::max(w.m[ii], mt);
+      if (m_new == kNegInf<T>) {  // nothing visible yet in this row
+        for (int64_t jj = 0; jj < t.bk; ++jj) row[jj] = T(0);
+        continue;
+      }
+      const T alpha = std::exp(w.m[ii] - m_new);
+      T sum = 0;
+      for (int64_t jj = 0; jj < t.bk; ++jj) sum += (row[jj] = std::exp(row[jj] - m_new));
+      w.l[ii] = w.l[ii] * alpha + sum;
+      w.m[ii] = m_new;
+      if (alpha != T(1)) {
+        for (int64_t x = 0; x < dv; ++x) w.O[ii * dv + x] *= alpha;
+        if (c.shaw_v())
+          for (int64_t r = 0; r < c.nb; ++r) w.Pb[ii * c.nb + r] *= alpha;
+      }
+      if (c.shaw_v()) {
+        const int64_t mrow = hd.diagonal(i0 + ii, j0);
+        for (int64_t jj = 0; jj < t.bk; ++jj)
+          if (const int64_t r = c.rows[mrow + jj]; r >= 0) w.Pb[ii * c.nb + r] += row[jj];
+      }
+    }
+    gemm<T>(Trans::no, Trans::no, bq, dv, t.bk, T(1), S, t.bk, c.x.v.data() + j0 * dv, dv, T(1), w.O.data(), dv);
+  }
+  if (c.shaw_v())
+    gemm<T>(Trans::no, Trans::no, bq, dv, c.nb, T(1), w.Pb.data(), c.nb, c.wv.data(), dv, T(1), w.O.data(), dv);
+  for (int64_t ii = 0; ii < bq; ++ii) {
+    const bool empty = w.l[ii] == T(0);  // fully masked row: zeros, lse -inf
+    const T inv = empty ? T(0) : T(1) / w.l[ii];
+    for (int64_t x = 0; x < dv; ++x) p.out(b, h, i0 + ii, x) = w.O[ii * dv + x] * inv;
+    p.lse(b, h, i0 + ii) = empty ? kNegInf<T> : w.m[ii] + std::log(w.l[ii]);
+  }
+}
+
+template <class T>
+struct BackwardScratch {
+  HeadContext<T> head;
+  Scratch<T> dout, D, P, dP, dqc, dqp, dk, dv, Rq, G, dR, Pb, dE, dbias, band, dband;
+};
+
+// All gradients of one head.
+template <class T>
+void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int64_t b, int64_t h,
+                   BackwardScratch<T>& w) {
+  HeadContext<T>& c = w.head;
+  prepare(p, b, h, c);
+  const Head<T>& hd = c.x.hd;
+  const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv, nb = c.nb;
+  const T scale = T(effective_scale(p));
+  w.dout.resize(lq * dv), w.D.resize(lq);
+  for (int64_t i = 0; i < lq; ++i) {
+    T D = 0;
+    for (int64_t x = 0; x < dv; ++x) {
+      w.dout[i * dv + x] = p.dout(b, h, i, x);
+      D += w.dout[i * dv + x] * p.out(b, h, i, x);
+    }
+    w.D[i] = D;
+  }
+  w.dqc.assign(lq * d, T(0)), w.dqp.assign(lq * d, T(0)), w.dk.assign(lk * d, T(0)), w.dv.assign(lk * dv, T(0));
+  if (c.shaw_k()) {  // Shaw key scores of all queries and their gradient, (lq, nb)
+    w.Rq.resize(lq * nb);
+    gemm<T>(Trans::no, Trans::yes, lq, nb, d, T(1), hd.qp, d, c.wk.data(), d, T(0), w.Rq.data(), nb);
+    w.dR.assign(lq * nb, T(0));
+  }
+  if (c.shaw_v()) {  // dout wv^T and the bucket sums of P, (lq, nb)
+    w.G.resize(lq * nb);
+    gemm<T>(Trans::no, Trans::yes, lq, nb, dv, T(1), w.dout.data(), dv, c.wv.data(), dv, T(0), w.G.data(), nb);
+    w.Pb.assign(lq * nb, T(0));
+  }
+  if (c.xl()) w.dE.assign(hd.distances() * d, T(0));
+  if (!c.x.bias.empty()) w.dbias.assign(hd.distances(), T(0));
+  w.P.resize(kBlockQ * kBlockK), w.dP.resize(kBlockQ * kBlockK);
+
+  for (int64_t j0 = 0; j0 < lk; j0 += kBlockK) {
+    for (int64_t i0 = 0; i0 < lq; i0 += kBlockQ) {
+      const Tile t{i0, std::min(kBlockQ, lq - i0), j0, std::min(kBlockK, lk - j0)};
+      if (above_diagonal(p, hd, t)) continue;
+      const int64_t bq = t.bq, bk = t.bk;
+      T *P = w.P.data(), *dS = w.dP.data();
+      tile_logits(p, c, scale, t, c.shaw_k() ? w.Rq.data() + i0 * nb : nullptr, w.band, P);
+      for (int64_t ii = 0; ii < bq; ++ii) {
+        const T lse = p.lse(b, h, i0 + ii);
+        for (int64_t jj = 0; jj < bk; ++jj) P[ii * bk + jj] = lse == kNegInf<T> ? T(0) : std::exp(P[ii * bk + jj] - lse);
+      }
+      gemm<T>(Trans::yes, Trans::no, bk, dv, bq, T(1), P, bk, w.dout.data() + i0 * dv, dv, T(1),
+              w.dv.data() + j0 * dv, dv);
+      gemm<T>(Trans::no, Trans::yes, bq, bk, dv, T(1), w.dout.data() + i0 * dv, dv, c.x.v.data() + j0 * dv, dv, T(0),
+              dS, bk);
+      const int64_t m0 = hd.diagonal(i0 + bq - 1, j0);
+      for (int64_t ii = 0; ii < bq; ++ii) {
+        const int64_t i = i0 + ii, mrow = m0 + (bq - 1 - ii);
+        T* prow = P + ii * bk;
+        T* srow = dS + ii * bk;
+        if (c.shaw_v())
+          for (int64_t jj = 0; jj < bk; ++jj)
+            if (const int64_t r = c.rows[mrow + jj]; r >= 0) {
+              srow[jj] += w.G[i * nb + r];
+              w.Pb[i * nb + r] += prow[jj];
+            }
+        for (int64_t jj = 0; jj < bk; ++jj) srow[jj] = prow[jj] * (srow[jj] - w.D[i]);
+        if (!w.dbias.empty())
+          for (int64_t jj = 0; jj < bk; ++jj) w.dbias[mrow + jj] += srow[jj];
+        if (c.shaw_k())
+          for (int64_t jj = 0; jj < bk; ++jj)
+            if (const int64_t r = c.rows[mrow + jj]; r >= 0) w.dR[i * nb + r] += scale * srow[jj];
+      }
+      gemm<T>(Trans::no, Trans::no, bq, d, bk, scale, dS, bk, c.x.k.data() + j0 * d, d, T(1), w.dqc.data() + i0 * d,
+              d);
+      gemm<T>(Trans::yes, Trans::no, bk, d, bq, scale, dS, bk, c.x.qc.data() + i0 * d, d, T(1),
+              w.dk.data() + j0 * d, d);
+      if (c.xl()) {  // un-skew scale * dS onto the band, then the band's products backwards
+        const int64_t width = bq + bk - 1;
+        w.dband.assign(bq * width, T(0));
+        for (int64_t ii = 0; ii < bq; ++ii) {
+          T* diagonal = w.dband.data() + ii * width + (bq - 1 - ii);
+          for (int64_t jj = 0; jj < bk; ++jj) diagonal[jj] = scale * dS[ii * bk + jj];
+        }
+        gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, c.E.data() + m0 * d, d, T(1),
+                w.dqp.data() + i0 * d, d);
+        gemm<T>(Trans::yes, Trans::no, width, d, bq, T(1), w.dband.data(), width, hd.qp + i0 * d, d, T(1),
+                w.dE.data() + m0 * d, d);
+      }
+    }
+  }
+
+  if (c.shaw_k()) {  // dqp += dR wk; dwk += dR^T qp
+    gemm<T>(Trans::no, Trans::no, lq, d, nb, T(1), w.dR.data(), nb, c.wk.data(), d, T(1), w.dqp.data(), d);
+    if (!g.shaw_wk.empty()) {
+      Scratch<T> dwk(nb * d);
+      gemm<T>(Trans::yes, Trans::no, nb, d, lq, T(1), w.dR.data(), nb, hd.qp, d, T(0), dwk.data(), d);
+      unfused::add_to_table(g.shaw_wk, h, dwk);
+    }
+  }
+  if (c.shaw_v() && !g.shaw_wv.empty()) {  // dwv += Pb^T dout
+    Scratch<T> dwv(nb * dv);
+    gemm<T>(Trans::yes, Trans::no, nb, dv, lq, T(1), w.Pb.data(), nb, w.dout.data(), dv, T(0), dwv.data(), dv);
+    unfused::add_to_table(g.shaw_wv, h, dwv);
+  }
+  if (c.xl()) unfused::DistanceTable<T>(p.pos, &g).add_key_grad(hd, w.dE, hd.distances());
+  if (!w.dbias.empty()) add_bias_grad(p.pos, g, hd, w.dbias);
+  write_input_grads(p, c.x, g, w.dqc, w.dqp, w.dk, w.dv);
+}
+
+}  // namespace
+
+template <class T>
+void forward(const AttentionForward<T>& p) {
+  const int64_t heads = p.q.shape[1], tiles = (p.q.shape[2] + kBlockQ - 1) / kBlockQ;
+  const int64_t items = p.q.shape[0] * heads * tiles;
+  const int threads = thread_count(p.num_threads, items);
+  std::vector<ForwardScratch<T>> scratch(threads);
+  parallel_for(
+      items, threads, [](int) {},
+      [&](int t, int64_t item) {
+        const int64_t bh = item / tiles;
+        forward_tile(p, bh / heads, bh % heads, (item % tiles) * kBlockQ, scratch[t]);
+      });
+}
+
+template <class T>
+void backward(const AttentionBackward<T>& p) {
+  const int64_t heads = p.q.shape[1];
+  const int threads = thread_count(p.num_threads, p.q.shape[0] * heads);
+  std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
+  std::vector<BackwardScratch<T>> scratch(threads);
+  parallel_for(
+      p.q.shape[0] * heads, threads, [&](int t) { partials[t] = std::make_unique<GradPartials<T>>(p.dpos); },
+      [&](int t, int64_t bh) { backward_head(p, partials[t]->grads(), bh / heads, bh % heads, scratch[t]); });
+  for (const auto& part : partials)  // fixed order: deterministic sums
+    if (part) part->add_into(p.dpos);
+}
+
+template void forward<float>(const AttentionForward<float>&);
+template void forward<double>(const AttentionForward<double>&);
+template void backward<float>(const AttentionBackward<float>&);
+template void backward<double>(const AttentionBackward<double>&);
+
+}  // namespace relpos::fused

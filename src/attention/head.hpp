@@ -1,0 +1,135 @@
+// One (batch, head) of a call, densely copied and prepared: the inputs every
+// per-head algorithm (unfused pipeline, fused kernel) starts from.
+#pragma once
+
+#include <limits>
+#include <vector>
+
+#include "../backend/scratch.hpp"
+#include "relpos/attention.hpp"
+
+namespace relpos {
+
+// One head, dense and row-major, after RoPE rotation.
+template <class T>
+struct Head {
+  int64_t b = 0, h = 0, lq = 0, lk = 0, d = 0, dv = 0;
+  int64_t rmin = 0;
+  const T* qp = nullptr;  // (lq, d) query of the relative score term: q, or q + v for Transformer-XL
+
+  int64_t distances() const { return lq + lk - 1; }
+  int64_t diagonal(int64_t i, int64_t j) const { return j - i + lq - 1; }
+  int64_t r(int64_t i, int64_t j) const { return rmin + diagonal(i, j); }
+};
+
+template <class T>
+constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+
+// One head's dense inputs (after RoPE; Transformer-XL's u and v added) and
+// its bias per distance (T5, ALiBi).
+template <class T>
+struct HeadData {
+  Head<T> hd;
+  Scratch<T> qc, qp, k, v;    // qp is filled only for Transformer-XL (q + v)
+  Scratch<T> bias;            // (distances), T5 / ALiBi; empty otherwise
+  std::vector<double> inv_freq;  // RoPE
+};
+
+template <class T>
+inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadData<T>& x) {
+  Head<T>& hd = x.hd;
+  hd.b = b, hd.h = h, hd.lq = p.q.shape[2], hd.lk = p.k.shape[2], hd.d = p.q.shape[3], hd.dv = p.v.shape[3];
+  hd.rmin = p.k_offset - (p.q_offset + hd.lq - 1);
+  const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv;
+  x.qc.resize(lq * d), x.k.resize(lk * d), x.v.resize(lk * dv);
+  for (int64_t i = 0; i < lq; ++i)
+    for (int64_t c = 0; c < d; ++c) x.qc[i * d + c] = p.q(b, h, i, c);
+  for (int64_t j = 0; j < lk; ++j) {
+    for (int64_t c = 0; c < d; ++c) x.k[j * d + c] = p.k(b, h, j, c);
+    for (int64_t c = 0; c < dv; ++c) x.v[j * dv + c] = p.v(b, h, j, c);
+  }
+  const PositionParams<T>& pos = p.pos;
+  if (pos.scheme == Scheme::rope) {
+    x.inv_freq = rope_inv_freq(pos.rope.rotary_dims ? pos.rope.rotary_dims : d, pos.rope.base);
+    for (int64_t i = 0; i < lq; ++i) rope_rotate(&x.qc[i * d], 1, double(p.q_offset + i), x.inv_freq, pos.rope.style);
+    for (int64_t j = 0; j < lk; ++j) rope_rotate(&x.k[j * d], 1, double(p.k_offset + j), x.inv_freq, pos.rope.style);
+  }
+  hd.qp = x.qc.data();
+  if (pos.scheme == Scheme::xl) {
+    x.qp.resize(lq * d);
+    for (int64_t i = 0; i < lq; ++i)
+      for (int64_t c = 0; c < d; ++c) {
+        x.qp[i * d + c] = x.qc[i * d + c] + pos.xl.v(h, c);
+        x.qc[i * d + c] += pos.xl.u(h, c);
+      }
+    hd.qp = x.qp.data();
+  }
+  x.bias.clear();
+  if (pos.scheme == Scheme::t5 || pos.scheme == Scheme::alibi) {
+    x.bias.resize(hd.distances());
+    const std::vector<double> slopes = pos.scheme == Scheme::alibi && pos.alibi.slopes.empty()
+                                           ? alibi_slopes(p.q.shape[1])
+                                           : std::vector<double>{};
+    for (int64_t m = 0; m < hd.distances(); ++m) {
+      const int64_t r = hd.rmin + m;
+      if (pos.scheme == Scheme::t5) {
+        x.bias[m] = pos.t5.table(h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance));
+      } else {
+        const T slope = slopes.empty() ? pos.alibi.slopes(h) : T(slopes[h]);
+        x.bias[m] = -slope * T(r < 0 ? -r : r);
+      }
+    }
+  }
+}
+
+template <class T>
+inline bool masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t i, int64_t j) {
+  return (p.causal && hd.r(i, j) > 0) || (!p.key_padding.empty() && p.key_padding(hd.b, j) != 0);
+}
+
+// Bias gradients of T5 (per bucket) and ALiBi (per slope) from the gradient
+// of the bias per distance, dbias (distances).
+template <class T>
+inline void add_bias_grad(const PositionParams<T>& pos, const PositionGrads<T>& g, const Head<T>& hd,
+                          const Scratch<T>& dbias) {
+  for (int64_t m = 0; m < hd.distances(); ++m) {
+    const int64_t r = hd.rmin + m;
+    if (pos.scheme == Scheme::t5 && !g.t5_table.empty())
+      g.t5_table(hd.h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance)) += dbias[m];
+    if (pos.scheme == Scheme::alibi && !g.alibi_slopes.empty()) g.alibi_slopes(hd.h) -= dbias[m] * T(r < 0 ? -r : r);
+  }
+}
+
+// The end of every per-head backward: from the gradients of the content query
+// dqc = dL/d(q + u), the positional query dqp = dL/d(q + v) (zero unless
+// Shaw or Transformer-XL), dk and dv (dense, rotated frame), add u and v's
+// gradients, undo RoPE's rotation, and add into the caller's dq, dk, dv.
+// dqc is overwritten.
+template <class T>
+inline void write_input_grads(const AttentionBackward<T>& p, const HeadData<T>& x, const PositionGrads<T>& g,
+                              Scratch<T>& dqc, const Scratch<T>& dqp, Scratch<T>& dk, const Scratch<T>& dv) {
+  const Head<T>& hd = x.hd;
+  const int64_t b = hd.b, h = hd.h, lq = hd.lq, lk = hd.lk, d = hd.d, dvd = hd.dv;
+  const PositionParams<T>& pos = p.pos;
+  for (int64_t i = 0; i < lq; ++i)
+    for (int64_t c = 0; c < d; ++c) {
+      if (!g.xl_u.empty()) g.xl_u(h, c) += dqc[i * d + c];
+      if (!g.xl_v.empty()) g.xl_v(h, c) += dqp[i * d + c];
+      dqc[i * d + c] += dqp[i * d + c];
+    }
+  if (pos.scheme == Scheme::rope) {
+    for (int64_t i = 0; i < lq; ++i) rope_rotate(&dqc[i * d], 1, double(p.q_offset + i), x.inv_freq, pos.rope.style, -1);
+    for (int64_t j = 0; j < lk; ++j) rope_rotate(&dk[j * d], 1, double(p.k_offset + j), x.inv_freq, pos.rope.style, -1);
+  }
+  if (!p.dq.empty())
+    for (int64_t i = 0; i < lq; ++i)
+      for (int64_t c = 0; c < d; ++c) p.dq(b, h, i, c) += dqc[i * d + c];
+  if (!p.dk.empty())
+    for (int64_t j = 0; j < lk; ++j)
+      for (int64_t c = 0; c < d; ++c) p.dk(b, h, j, c) += dk[j * d + c];
+  if (!p.dv.empty())
+    for (int64_t j = 0; j < lk; ++j)
+      for (int64_t c = 0; c < dvd; ++c) p.dv(b, h, j, c) += dv[j * dvd + c];
+}
+
+}  // namespace relpos
