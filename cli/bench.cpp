@@ -15,6 +15,7 @@ struct Benchmark {
 };
 constexpr Benchmark kBenchmarks[] = {
     {"memory", run_bench_memory, "peak memory and time of every scheme x algorithm over lengths L"},
+    {"attention", run_bench_attention, "fused kernel speed: GFLOP/s vs sgemm, schemes vs plain, vs unfused"},
 };
 }  // namespace
 

@@ -26,24 +26,6 @@ std::vector<SchemeCase> bench_cases() {
   return cases;
 }
 
-std::vector<int64_t> parse_lengths(const std::string& text) {
-  std::vector<int64_t> lengths;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used != item.size() || v < 1) throw UsageError{"--lengths: expected positive integers, got '" + item + "'"};
-    lengths.push_back(v);
-  }
-  if (lengths.empty()) throw UsageError{"--lengths: empty"};
-  return lengths;
-}
 
 // Scratch an algorithm needs for forward + backward, from its memory class:
 // per head, reference and split hold one (L, L, d) tensor per relative term
@@ -87,7 +69,7 @@ int run_bench_memory(int argc, char** argv, int first) {
   opts.add_string("--json", &json_path, "where to write the results (empty: nowhere)");
   if (!opts.parse(argc, argv, first)) return 0;
   if (shape.dim % 2) throw UsageError{"--dim: must be even (RoPE rotates pairs)"};
-  const std::vector<int64_t> lengths = parse_lengths(lengths_text);
+  const std::vector<int64_t> lengths = parse_int_list(lengths_text, "--lengths");
 
   std::printf("relpos bench memory: B=%lld H=%lld d=%lld, causal, float32, %s\n", (long long)shape.batch,
               (long long)shape.heads, (long long)shape.dim, no_backward ? "forward" : "forward + backward");

@@ -6,5 +6,6 @@ namespace relpos::cli {
 int run_demo(int argc, char** argv, int first);
 int run_bench(int argc, char** argv, int first);         // dispatches to the benchmarks below
 int run_bench_memory(int argc, char** argv, int first);
+int run_bench_attention(int argc, char** argv, int first);
 
 }  // namespace relpos::cli

@@ -20,7 +20,7 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"demo", relpos::cli::run_demo, "every scheme x algorithm on a small problem, checked against float64"},
-    {"bench", relpos::cli::run_bench, "benchmarks: 'relpos bench memory'"},
+    {"bench", relpos::cli::run_bench, "benchmarks: 'relpos bench memory', 'relpos bench attention'"},
 };
 
 void print_usage(std::FILE* to) {

@@ -14,6 +14,25 @@ std::string text(const T& v) {
 }
 }  // namespace
 
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option) {
+  std::vector<int64_t> values;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != item.size() || v < 1) throw UsageError{option + ": expected positive integers, got '" + item + "'"};
+    values.push_back(v);
+  }
+  if (values.empty()) throw UsageError{option + ": empty list"};
+  return values;
+}
+
 void Options::add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value) {
   options_.push_back({name, help, text(*target), true, [name, target, min_value](const std::string& s) {
                         size_t used = 0;

@@ -15,6 +15,9 @@ struct UsageError {
   std::string message;
 };
 
+// "256,512,1024" -> {256, 512, 1024}; UsageError naming `option` otherwise.
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option);
+
 class Options {
  public:
   Options(std::string command, std::string summary) : command_(std::move(command)), summary_(std::move(summary)) {}

@@ -6,7 +6,7 @@
 // and the way back: a gradient per distance row summed into the parameters.
 #pragma once
 
-#include "../backend/gemm.hpp"
+#include "relpos/gemm.hpp"
 #include "unfused.hpp"
 
 namespace relpos::unfused {

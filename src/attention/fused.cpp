@@ -16,10 +16,12 @@
 // thread order, so results do not depend on thread timing.
 #include "fused.hpp"
 
+#include <algorithm>
 #include <cmath>
 
-#include "../backend/gemm.hpp"
+#include "relpos/gemm.hpp"
 #include "../backend/parallel.hpp"
+#include "../backend/vexp.hpp"
 #include "distance_table.hpp"
 #include "grad_partials.hpp"
 #include "head.hpp"
@@ -143,17 +145,13 @@ void forward_tile(const AttentionForward<T>& p, int64_t b, int64_t h, int64_t i0
     tile_logits(p, c, scale, t, w.Rq.data(), w.band, S);
     for (int64_t ii = 0; ii < bq; ++ii) {  // online softmax: S becomes P, O and Pb rescaled
       T* row = S + ii * t.bk;
-      T mt = kNegInf<T>;
-      for (int64_t jj = 0; jj < t.bk; ++jj) mt = row[jj] > mt ? row[jj] : mt;
-      const T m_new = std::max(w.m[ii], mt);
+      const T m_new = max_of(row, t.bk, w.m[ii]);
       if (m_new == kNegInf<T>) {  // nothing visible yet in this row
         for (int64_t jj = 0; jj < t.bk; ++jj) row[jj] = T(0);
         continue;
       }
       const T alpha = std::exp(w.m[ii] - m_new);
-      T sum = 0;
-      for (int64_t jj = 0; jj < t.bk; ++jj) sum += (row[jj] = std::exp(row[jj] - m_new));
-      w.l[ii] = w.l[ii] * alpha + sum;
+      w.l[ii] = w.l[ii] * alpha + exp_shifted_sum(row, m_new, row, t.bk);
       w.m[ii] = m_new;
       if (alpha != T(1)) {
         for (int64_t x = 0; x < dv; ++x) w.O[ii * dv + x] *= alpha;
@@ -226,7 +224,11 @@ void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int
       tile_logits(p, c, scale, t, c.shaw_k() ? w.Rq.data() + i0 * nb : nullptr, w.band, P);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const T lse = p.lse(b, h, i0 + ii);
-        for (int64_t jj = 0; jj < bk; ++jj) P[ii * bk + jj] = lse == kNegInf<T> ? T(0) : std::exp(P[ii * bk + jj] - lse);
+        T* row = P + ii * bk;
+        if (lse == kNegInf<T>)
+          std::fill(row, row + bk, T(0));
+        else
+          exp_shifted_sum(row, lse, row, bk);
       }
       gemm<T>(Trans::yes, Trans::no, bk, dv, bq, T(1), P, bk, w.dout.data() + i0 * dv, dv, T(1),
               w.dv.data() + j0 * dv, dv);

@@ -2,7 +2,7 @@
 //   key term    R = qp wk^T (Lq, 2k+1);  S_ij += scale * R[i, c(r_ij)]
 //   value term  Pb[i, c] = sum_{j: c(r_ij) = c} P_ij;  out += Pb wv
 // and the transposes for backward (bucket sums of dS, gathers of dout wv^T).
-#include "../backend/gemm.hpp"
+#include "relpos/gemm.hpp"
 #include "unfused.hpp"
 
 namespace relpos::unfused {

@@ -7,8 +7,9 @@
 #include <limits>
 #include <stdexcept>
 
-#include "../backend/gemm.hpp"
+#include "relpos/gemm.hpp"
 #include "../backend/parallel.hpp"
+#include "../backend/vexp.hpp"
 #include "grad_partials.hpp"
 
 namespace relpos::unfused {
@@ -50,15 +51,13 @@ void forward_head(const AttentionForward<T>& p, RelativeTerm<T>& term, int64_t b
   logits(p, x, term, scale, S);
   for (int64_t i = 0; i < hd.lq; ++i) {  // softmax in place: S becomes P
     T* row = &S[i * hd.lk];
-    T m = kNegInf<T>;
-    for (int64_t j = 0; j < hd.lk; ++j) m = row[j] > m ? row[j] : m;
+    const T m = max_of(row, hd.lk, kNegInf<T>);
     if (m == kNegInf<T>) {  // fully masked row: P = 0, out = 0
       for (int64_t j = 0; j < hd.lk; ++j) row[j] = T(0);
       p.lse(b, h, i) = m;
       continue;
     }
-    T sum = 0;
-    for (int64_t j = 0; j < hd.lk; ++j) sum += (row[j] = std::exp(row[j] - m));
+    const T sum = exp_shifted_sum(row, m, row, hd.lk);
     for (int64_t j = 0; j < hd.lk; ++j) row[j] /= sum;
     p.lse(b, h, i) = m + std::log(sum);
   }
@@ -91,8 +90,10 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
   logits(p, x, term, scale, P);
   for (int64_t i = 0; i < lq; ++i) {  // P from the saved logsumexp
     const T lse = p.lse(b, h, i);
-    for (int64_t j = 0; j < lk; ++j)
-      P[i * lk + j] = lse == kNegInf<T> ? T(0) : std::exp(P[i * lk + j] - lse);
+    if (lse == kNegInf<T>)
+      std::fill(&P[i * lk], &P[i * lk] + lk, T(0));
+    else
+      exp_shifted_sum(&P[i * lk], lse, &P[i * lk], lk);
   }
   dout.resize(lq * dvd);
   for (int64_t i = 0; i < lq; ++i)

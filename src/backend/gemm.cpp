@@ -3,7 +3,7 @@
 // fraction of it here unless OPENBLAS_CORETYPE is forced before it loads;
 // DESIGN.md section 5, measured again in bench). double, used by tests and
 // the oracle path, goes to a portable blocked loop.
-#include "gemm.hpp"
+#include "relpos/gemm.hpp"
 
 #include <oneapi/dnnl/dnnl.h>
 

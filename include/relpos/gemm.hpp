@@ -1,4 +1,5 @@
-// Dense row-major GEMM used by the unfused algorithms:
+// Dense row-major GEMM, the backend of the unfused and fused algorithms
+// (public so benchmarks can measure the rate the kernels build on):
 //   C (m x n) = alpha * op(A) (m x k) * op(B) (k x n) + beta * C
 // op(X) = X or X^T; leading dimensions are row strides in elements.
 #pragma once
