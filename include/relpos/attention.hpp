@@ -20,7 +20,7 @@ namespace relpos {
 
 enum class Scheme { none, shaw, t5, alibi, rope, xl };
 // How attention is computed (DESIGN.md section 2); every algorithm equals the
-// reference. automatic picks the cheapest one that serves the call.
+// reference. automatic picks the fused kernel.
 //   reference         the formula, O(L^2 d) relative tensors; every scheme
 //   split             Shaw: A^K, A^V materialised once, shared by batch and heads
 //   gather            Shaw by (Lq, 2k+1) gathers and bucket sums; T5 / ALiBi biases

@@ -72,6 +72,12 @@ void rope_rotate(T* x, int64_t stride, double pos, const std::vector<double>& in
 template <class T>
 void sinusoid(double p, int64_t dim, T* out);
 
+// The same with the frequencies f_i computed once (sinusoid_inv_freq(dim)),
+// for callers that evaluate R at many distances.
+std::vector<double> sinusoid_inv_freq(int64_t dim);
+template <class T>
+void sinusoid(double p, const std::vector<double>& inv_freq, T* out);
+
 // The distance fed to R for a pair at relative distance r: -r (how far the key
 // lies in the past), limited to [-clamp_len, clamp_len] when clamp_len > 0.
 inline int64_t xl_distance(int64_t r, int64_t clamp_len) {

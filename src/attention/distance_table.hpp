@@ -22,15 +22,13 @@ class DistanceTable {
   // (count, d) key embeddings of distances m = 0 .. count-1.
   Scratch<T> keys(const Head<T>& hd, int64_t count) const {
     Scratch<T> E(count * hd.d);
-    if (pos_.scheme == Scheme::xl) {
+    if (pos_.scheme == Scheme::xl) {  // E = R W_R^T
       const Scratch<T> R = sinusoids(hd, count);
       const int64_t pd = pos_dim();
-      for (int64_t m = 0; m < count; ++m)
-        for (int64_t x = 0; x < hd.d; ++x) {
-          T s = 0;
-          for (int64_t e = 0; e < pd; ++e) s += pos_.xl.w_r(hd.h, x, e) * R[m * pd + e];
-          E[m * hd.d + x] = s;
-        }
+      Scratch<T> w(hd.d * pd);  // this head's W_R, dense
+      for (int64_t x = 0; x < hd.d; ++x)
+        for (int64_t e = 0; e < pd; ++e) w[x * pd + e] = pos_.xl.w_r(hd.h, x, e);
+      gemm<T>(Trans::no, Trans::yes, count, hd.d, pd, T(1), R.data(), pd, w.data(), pd, T(0), E.data(), hd.d);
     } else {
       shaw_rows(hd, pos_.shaw.wk, count, E);
     }
@@ -70,7 +68,9 @@ class DistanceTable {
   Scratch<T> sinusoids(const Head<T>& hd, int64_t count) const {
     const int64_t pd = pos_dim();
     Scratch<T> R(count * pd);
-    for (int64_t m = 0; m < count; ++m) sinusoid(double(xl_distance(hd.rmin + m, pos_.xl.clamp_len)), pd, &R[m * pd]);
+    const std::vector<double> inv_freq = sinusoid_inv_freq(pd);
+    for (int64_t m = 0; m < count; ++m)
+      sinusoid(double(xl_distance(hd.rmin + m, pos_.xl.clamp_len)), inv_freq, &R[m * pd]);
     return R;
   }
 
