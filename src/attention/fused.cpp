@@ -38,7 +38,7 @@ struct HeadContext {
   int64_t b = -1, h = -1;
   HeadData<T> x;
   int64_t nb = 0;           // Shaw table rows 2k+1
-  Scratch<int64_t> rows;    // Shaw table row per distance, -1 = zero embedding
+  bool clip = true;         // Shaw: distances beyond +-k use the edge rows (else a zero embedding)
   Scratch<T> wk, wv;        // Shaw table slices of this head (nb, d), (nb, dv)
   Scratch<T> E;             // Transformer-XL W_R R per distance (distances, d)
 
@@ -57,11 +57,54 @@ void prepare(const AttentionForward<T>& p, int64_t b, int64_t h, HeadContext<T>&
   c.wk.clear(), c.wv.clear(), c.E.clear();
   if (pos.scheme == Scheme::shaw) {
     c.nb = 2 * pos.shaw.k + 1;
-    c.rows = unfused::shaw_rows_by_distance(hd, pos.shaw);
+    c.clip = pos.shaw.beyond == Beyond::clip;
     if (!pos.shaw.wk.empty()) c.wk = unfused::table_slice(pos.shaw.wk, h);
     if (!pos.shaw.wv.empty()) c.wv = unfused::table_slice(pos.shaw.wv, h);
   }
   if (pos.scheme == Scheme::xl) c.E = unfused::DistanceTable<T>(pos, nullptr).keys(hd, hd.distances());
+}
+
+// Shaw's table row of the keys of one row of a tile, whose distances are
+// r0, r0 + 1, ..., r0 + bk - 1: a prefix below -k (row 0, or none with a zero
+// embedding), a window where the row is r + k (consecutive), a suffix above k
+// (row 2k, or none). The two loops below walk the three parts so that every
+// inner loop is contiguous; tiles wholly beyond +-k reduce to one row sum.
+struct ShawRow {
+  int64_t lo, hi;  // window: jj in [lo, hi)
+  int64_t first;   // table row of jj = lo
+};
+
+inline ShawRow shaw_row(int64_t r0, int64_t bk, int64_t k) {
+  const int64_t lo = std::clamp<int64_t>(-k - r0, 0, bk), hi = std::clamp<int64_t>(k - r0 + 1, lo, bk);
+  return {lo, hi, r0 + lo + k};
+}
+
+// row[jj] += alpha * table[c(r0 + jj)] for jj < bk; table holds 2k+1 entries.
+template <class T>
+void add_by_row(T* row, int64_t bk, int64_t r0, int64_t k, bool clip, const T* table, T alpha) {
+  const ShawRow s = shaw_row(r0, bk, k);
+  if (clip) {
+    const T below = alpha * table[0], above = alpha * table[2 * k];
+    for (int64_t jj = 0; jj < s.lo; ++jj) row[jj] += below;
+    for (int64_t jj = s.hi; jj < bk; ++jj) row[jj] += above;
+  }
+  const T* window = table + s.first - s.lo;
+  for (int64_t jj = s.lo; jj < s.hi; ++jj) row[jj] += alpha * window[jj];
+}
+
+// table[c(r0 + jj)] += alpha * row[jj] for jj < bk: bucket sums.
+template <class T>
+void sum_by_row(T* table, int64_t bk, int64_t r0, int64_t k, bool clip, const T* row, T alpha) {
+  const ShawRow s = shaw_row(r0, bk, k);
+  if (clip) {
+    T below = 0, above = 0;
+    for (int64_t jj = 0; jj < s.lo; ++jj) below += row[jj];
+    for (int64_t jj = s.hi; jj < bk; ++jj) above += row[jj];
+    table[0] += alpha * below;
+    table[2 * k] += alpha * above;
+  }
+  T* window = table + s.first - s.lo;
+  for (int64_t jj = s.lo; jj < s.hi; ++jj) window[jj] += alpha * row[jj];
 }
 
 // A tile: queries [i0, i0 + bq) against keys [j0, j0 + bk).
@@ -100,9 +143,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
   for (int64_t ii = 0; ii < bq; ++ii) {
     T* row = S + ii * bk;
     const int64_t mrow = m0 + (bq - 1 - ii);  // distance index of (ii, jj = 0)
-    if (c.shaw_k())
-      for (int64_t jj = 0; jj < bk; ++jj)
-        if (const int64_t r = c.rows[mrow + jj]; r >= 0) row[jj] += scale * Rq[ii * c.nb + r];
+    if (c.shaw_k()) add_by_row(row, bk, hd.rmin + mrow, p.pos.shaw.k, c.clip, Rq + ii * c.nb, scale);
     if (!bias.empty())
       for (int64_t jj = 0; jj < bk; ++jj) row[jj] += bias[mrow + jj];
     if (p.causal) {  // keys with r > 0: jj > ii + (the distance index of r = 0) - mrow
@@ -158,11 +199,7 @@ void forward_tile(const AttentionForward<T>& p, int64_t b, int64_t h, int64_t i0
         if (c.shaw_v())
           for (int64_t r = 0; r < c.nb; ++r) w.Pb[ii * c.nb + r] *= alpha;
       }
-      if (c.shaw_v()) {
-        const int64_t mrow = hd.diagonal(i0 + ii, j0);
-        for (int64_t jj = 0; jj < t.bk; ++jj)
-          if (const int64_t r = c.rows[mrow + jj]; r >= 0) w.Pb[ii * c.nb + r] += row[jj];
-      }
+      if (c.shaw_v()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), p.pos.shaw.k, c.clip, row, T(1));
     }
     gemm<T>(Trans::no, Trans::no, bq, dv, t.bk, T(1), S, t.bk, c.x.v.data() + j0 * dv, dv, T(1), w.O.data(), dv);
   }
@@ -239,18 +276,15 @@ void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int
         const int64_t i = i0 + ii, mrow = m0 + (bq - 1 - ii);
         T* prow = P + ii * bk;
         T* srow = dS + ii * bk;
-        if (c.shaw_v())
-          for (int64_t jj = 0; jj < bk; ++jj)
-            if (const int64_t r = c.rows[mrow + jj]; r >= 0) {
-              srow[jj] += w.G[i * nb + r];
-              w.Pb[i * nb + r] += prow[jj];
-            }
+        const int64_t r0 = hd.rmin + mrow, k = p.pos.shaw.k;
+        if (c.shaw_v()) {
+          add_by_row(srow, bk, r0, k, c.clip, &w.G[i * nb], T(1));
+          sum_by_row(&w.Pb[i * nb], bk, r0, k, c.clip, prow, T(1));
+        }
         for (int64_t jj = 0; jj < bk; ++jj) srow[jj] = prow[jj] * (srow[jj] - w.D[i]);
         if (!w.dbias.empty())
           for (int64_t jj = 0; jj < bk; ++jj) w.dbias[mrow + jj] += srow[jj];
-        if (c.shaw_k())
-          for (int64_t jj = 0; jj < bk; ++jj)
-            if (const int64_t r = c.rows[mrow + jj]; r >= 0) w.dR[i * nb + r] += scale * srow[jj];
+        if (c.shaw_k()) sum_by_row(&w.dR[i * nb], bk, r0, k, c.clip, srow, scale);
       }
       gemm<T>(Trans::no, Trans::no, bq, d, bk, scale, dS, bk, c.x.k.data() + j0 * d, d, T(1), w.dqc.data() + i0 * d,
               d);

@@ -2,6 +2,7 @@
 // per-head algorithm (unfused pipeline, fused kernel) starts from.
 #pragma once
 
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -9,6 +10,39 @@
 #include "relpos/attention.hpp"
 
 namespace relpos {
+
+// cos and sin of RoPE's angles for `count` consecutive positions from `first`,
+// (count, dims/2): the rotation of every head at those positions.
+template <class T>
+struct RopeAngles {
+  int64_t half = 0;
+  Scratch<T> cos, sin;
+
+  void compute(int64_t first, int64_t count, const RopeParams& rope, int64_t d) {
+    const std::vector<double> f = rope_inv_freq(rope.rotary_dims ? rope.rotary_dims : d, rope.base);
+    half = static_cast<int64_t>(f.size());
+    cos.resize(count * half), sin.resize(count * half);
+    for (int64_t i = 0; i < count; ++i)
+      for (int64_t a = 0; a < half; ++a) {
+        const double angle = double(first + i) * f[a];
+        cos[i * half + a] = T(std::cos(angle)), sin[i * half + a] = T(std::sin(angle));
+      }
+  }
+
+  // Rotates row i of x (count rows of d) by its angles; direction -1 undoes it.
+  void rotate(T* x, int64_t count, int64_t d, RopeStyle style, int direction) const {
+    for (int64_t i = 0; i < count; ++i) {
+      T* row = x + i * d;
+      for (int64_t a = 0; a < half; ++a) {
+        const auto [u, w] = rope_pair(a, 2 * half, style);
+        const T c = cos[i * half + a], s = direction * sin[i * half + a];
+        const T x1 = row[u], x2 = row[w];
+        row[u] = x1 * c - x2 * s;
+        row[w] = x2 * c + x1 * s;
+      }
+    }
+  }
+};
 
 // One head, dense and row-major, after RoPE rotation.
 template <class T>
@@ -32,7 +66,7 @@ struct HeadData {
   Head<T> hd;
   Scratch<T> qc, qp, k, v;    // qp is filled only for Transformer-XL (q + v)
   Scratch<T> bias;            // (distances), T5 / ALiBi; empty otherwise
-  std::vector<double> inv_freq;  // RoPE
+  RopeAngles<T> rope_q, rope_k;  // RoPE cos/sin per position, computed once per call and thread
 };
 
 template <class T>
@@ -50,9 +84,12 @@ inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadDa
   }
   const PositionParams<T>& pos = p.pos;
   if (pos.scheme == Scheme::rope) {
-    x.inv_freq = rope_inv_freq(pos.rope.rotary_dims ? pos.rope.rotary_dims : d, pos.rope.base);
-    for (int64_t i = 0; i < lq; ++i) rope_rotate(&x.qc[i * d], 1, double(p.q_offset + i), x.inv_freq, pos.rope.style);
-    for (int64_t j = 0; j < lk; ++j) rope_rotate(&x.k[j * d], 1, double(p.k_offset + j), x.inv_freq, pos.rope.style);
+    if (x.rope_q.cos.empty()) {  // same angles for every head of the call
+      x.rope_q.compute(p.q_offset, lq, pos.rope, d);
+      x.rope_k.compute(p.k_offset, lk, pos.rope, d);
+    }
+    x.rope_q.rotate(x.qc.data(), lq, d, pos.rope.style, 1);
+    x.rope_k.rotate(x.k.data(), lk, d, pos.rope.style, 1);
   }
   hd.qp = x.qc.data();
   if (pos.scheme == Scheme::xl) {
@@ -118,8 +155,8 @@ inline void write_input_grads(const AttentionBackward<T>& p, const HeadData<T>& 
       dqc[i * d + c] += dqp[i * d + c];
     }
   if (pos.scheme == Scheme::rope) {
-    for (int64_t i = 0; i < lq; ++i) rope_rotate(&dqc[i * d], 1, double(p.q_offset + i), x.inv_freq, pos.rope.style, -1);
-    for (int64_t j = 0; j < lk; ++j) rope_rotate(&dk[j * d], 1, double(p.k_offset + j), x.inv_freq, pos.rope.style, -1);
+    x.rope_q.rotate(dqc.data(), lq, d, pos.rope.style, -1);
+    x.rope_k.rotate(dk.data(), lk, d, pos.rope.style, -1);
   }
   if (!p.dq.empty())
     for (int64_t i = 0; i < lq; ++i)
