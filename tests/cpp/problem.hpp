@@ -68,6 +68,10 @@ struct Spec {
   // Transformer-XL
   int64_t xl_pos_dim = 4, xl_clamp_len = 0;
   uint64_t seed = 1;
+  // How the library computes it (every algorithm must give the reference's
+  // result, with any number of threads; 0 = OpenMP's maximum).
+  relpos::Algorithm algorithm = relpos::Algorithm::automatic;
+  int num_threads = 0;
 
   bool causal() const { return mask == MaskKind::causal || mask == MaskKind::causal_padding; }
   bool has_padding() const {
@@ -261,6 +265,8 @@ class Problem {
     pos.alibi.slopes = alibi_slopes.cview();
     pos.rope = spec.rope;
     pos.xl = {xl_u.cview(), xl_v.cview(), xl_w_r.cview(), spec.xl_clamp_len};
+    a.algorithm = spec.algorithm;
+    a.num_threads = spec.num_threads;
     return a;
   }
 

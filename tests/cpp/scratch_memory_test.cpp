@@ -1,0 +1,97 @@
+// Scratch memory of the algorithms (DESIGN.md section 2's "extra memory per
+// head" column), from the library's own counters (relpos/memory.hpp). Shaw
+// K+V, causal self-attention, L = 128, d = dv = 16, k = 4, double, one head
+// on one thread (the peak is then one head's, on any machine):
+//  * reference materialises A^K (L, L, d) and A^V (L, L, dv): at least
+//    L^2 (d + dv) elements, and split (Shaw's own form) the same;
+//  * gather holds O(L (2k+1)) beside the logits and the per-head copies of
+//    q, k, v: a few (L, L) matrices (logits, P, dS in backward) plus O(L d);
+//  * skew and generalized skew hold R = Q E^T, (L, L) resp. (L, 2L - 1),
+//    beside the logits: O(L^2) too, independent of d;
+//  * fused holds no (L, L) buffer at all: O(L d) and tiles.
+// The bounds below count elements from those formulas with a generous
+// constant; d-independence is checked by running at d = 16 and d = 64, and
+// fused's linearity in L by doubling L.
+#include <algorithm>
+
+#include "algorithm_cases.hpp"
+#include "relpos/memory.hpp"
+
+namespace relpos_test {
+namespace {
+
+constexpr int64_t kL = 128, kWindow = 4;
+
+Spec shaw_problem(Algorithm a, int64_t d, int64_t L) {
+  Spec s;
+  s.label = "shaw_L" + std::to_string(L);
+  s.scheme = Scheme::shaw;
+  s.mask = MaskKind::causal;
+  s.B = 1, s.H = 1, s.Lq = s.Lk = L, s.d = s.dv = d, s.shaw_k = kWindow;
+  s.shaw_wk_per_head = true;
+  s.algorithm = a;
+  s.num_threads = 1;  // each thread holds its own scratch: measure one
+  return s;
+}
+
+// Most scratch bytes held at once during forward and during backward.
+int64_t peak_scratch(Algorithm a, int64_t d, int64_t L = kL) {
+  Problem<double> p(shaw_problem(a, d, L));
+  int64_t peak = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int64_t before = relpos::memory_stats().current_bytes;
+    relpos::reset_peak_memory();
+    pass == 0 ? p.forward() : p.backward();
+    peak = std::max(peak, relpos::memory_stats().peak_bytes - before);
+    EXPECT_EQ(relpos::memory_stats().current_bytes, before) << "scratch left allocated after the call";
+  }
+  return peak;
+}
+
+constexpr int64_t kBytes = sizeof(double);
+
+TEST(ScratchMemory, ReferenceAndSplitMaterialiseTheRelativeTensors) {
+  const int64_t d = 16, relative_tensors = kL * kL * (d + d) * kBytes;  // A^K and A^V
+  EXPECT_GE(peak_scratch(Algorithm::reference, d), relative_tensors);
+  EXPECT_GE(peak_scratch(Algorithm::split, d), relative_tensors);
+}
+
+TEST(ScratchMemory, TheOtherAlgorithmsStayFarBelowTheReference) {
+  const int64_t d = 16, L = kL, reference = peak_scratch(Algorithm::reference, d);
+  ASSERT_GE(reference, 8 * d * L * L);
+  // (L, width) buffers: per-head copies of q, k, v, dout, out, dq, dk, dqp, E,
+  // (L, 2k+1) products and sums; 32 of them at once is generous.
+  const auto linear = [L](int64_t d) { return 32 * L * (d + 2 * kWindow + 1) * kBytes; };
+  const struct {
+    Algorithm algorithm;
+    int64_t l_by_l;   // (L, L) buffers held at once, generously: logits, P, dS, R, its copies
+    int64_t divisor;  // peak < reference / divisor
+  } bounds[] = {{Algorithm::gather, 4, 4},
+                {Algorithm::skew, 8, 3},
+                {Algorithm::generalized_skew, 10, 3},
+                {Algorithm::fused, 0, 8}};
+  for (const auto& b : bounds) {
+    SCOPED_TRACE(relpos::to_string(b.algorithm));
+    const int64_t peak = peak_scratch(b.algorithm, d);
+    EXPECT_LT(peak, reference / b.divisor);
+    EXPECT_LE(peak, b.l_by_l * L * L * kBytes + linear(d));
+    // Quadrupling d grows only the (L, d) buffers, never an (L, L, d) tensor:
+    // the reference grows by 2 L^2 (4d - d) elements, these by O(L d).
+    EXPECT_LE(peak_scratch(b.algorithm, 4 * d) - peak, linear(4 * d) - linear(d));
+  }
+}
+
+// Doubling L at most doubles fused's scratch (plus slack), where an (L, L)
+// buffer would quadruple it; at L = 256 the whole peak is below one (L, L)
+// matrix.
+TEST(ScratchMemory, FusedHoldsNoLByLBuffer) {
+  const int64_t d = 16, at_128 = peak_scratch(Algorithm::fused, d, 128);
+  const int64_t at_256 = peak_scratch(Algorithm::fused, d, 256);
+  EXPECT_LE(at_256, at_128 * 5 / 2);
+  EXPECT_LT(at_256, 256 * 256 * kBytes);
+  EXPECT_GT(peak_scratch(Algorithm::gather, d, 256), 3 * peak_scratch(Algorithm::gather, d, 128))
+      << "the doubling test would not tell an (L, L) buffer";
+}
+
+}  // namespace
+}  // namespace relpos_test
