@@ -10,24 +10,14 @@
 #include <functional>
 
 #include "algorithm_cases.hpp"
+#include "central_differences.hpp"
 
 namespace relpos_test {
 namespace {
 
-constexpr double kStep = 1e-6;
-constexpr double kRelTol = 1e-6, kAbsTol = 1e-8;  // as gradient_check_test.cpp
-constexpr double kGradFill = 0.25;                 // backward must add into the buffers
 
 constexpr Algorithm kCheckedAlgorithms[] = {Algorithm::split,            Algorithm::gather,   Algorithm::skew,
                                             Algorithm::generalized_skew, Algorithm::relshift, Algorithm::fused};
-
-double objective(Problem<double>& p) {
-  p.forward();
-  const std::vector<double> out = p.out.values(), g = p.dout.values();
-  double f = 0;
-  for (std::size_t n = 0; n < out.size(); ++n) f += g[n] * out[n];
-  return f;
-}
 
 // Two geometries per algorithm, both served by it for the schemes it serves.
 std::vector<Geometry> geometries_for(Algorithm a) {
@@ -78,31 +68,8 @@ TEST_P(AlgorithmGradientCheck, AnalyticGradientsMatchCentralDifferences) {
   for (const Spec& spec : GetParam().cases) {
     SCOPED_TRACE(spec.label);
     Problem<double> p(spec);
-    p.forward();
-    p.fill_grads(kGradFill);
-    p.backward();
-    // The analytic gradients ran threaded over heads; the thousands of tiny
-    // forward calls of the differences run on one thread (same values: heads
-    // are independent in forward), which keeps them fast on a busy machine.
-    p.spec.num_threads = 1;
-    for (Param<double>& param : p.params()) {
-      std::vector<double> analytic, numeric;
-      for (std::size_t n = 0; n < param.value.size(); ++n) {
-        double& x = *param.value[n];
-        const double x0 = x;
-        x = x0 + kStep;
-        const double f_plus = objective(p);
-        x = x0 - kStep;
-        const double f_minus = objective(p);
-        x = x0;
-        numeric.push_back((f_plus - f_minus) / (2 * kStep));
-        analytic.push_back(*param.grad[n] - kGradFill);
-      }
-      EXPECT_TRUE(all_near("d" + param.name, analytic, numeric, kAbsTol, kRelTol));
-      double largest = 0;
-      for (double g : numeric) largest = std::max(largest, std::abs(g));
-      EXPECT_GT(largest, 1e-3) << param.name << " barely moves f: the check would prove nothing";
-    }
+    // The analytic gradients run threaded over heads; the differences on one thread.
+    expect_gradients_match_central_differences(p, 1);
   }
 }
 
