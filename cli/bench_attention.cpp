@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "relpos/gemm.hpp"
@@ -132,10 +130,7 @@ int run_bench_attention(int argc, char** argv, int first) {
   }
 
   if (!json_path.empty()) {
-    if (const auto dir = std::filesystem::path(json_path).parent_path(); !dir.empty())
-      std::filesystem::create_directories(dir);
-    std::ofstream js(json_path);
-    if (!js) throw std::runtime_error("cannot write " + json_path);
+    std::ostringstream js;
     js << "{\"batch\": " << shape.batch << ", \"heads\": " << shape.heads << ", \"causal\": true, \"rows\": [";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
@@ -146,7 +141,7 @@ int run_bench_attention(int argc, char** argv, int first) {
          << ", \"scratch_bytes\": " << r.scratch << "}";
     }
     js << "\n]}\n";
-    if (!js.flush()) throw std::runtime_error("error writing " + json_path);
+    write_file(json_path, js.str());
     std::printf("\nwrote %s\n", json_path.c_str());
   }
   return 0;
