@@ -1,0 +1,100 @@
+// A decoder-only byte-level transformer (vocabulary 256, pre-LayerNorm blocks)
+// whose attention runs through relpos with any position scheme. It exists to
+// show how each scheme extrapolates: train at a short length, evaluate long.
+//
+// Parameters and gradients each live in one contiguous float buffer (the
+// optimizer and checkpoints see flat spans); `parameter_table()` names the
+// slices. Activations of a forward pass are kept in a Workspace sized for the
+// largest (batch, length) it has seen, so a training loop allocates once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace relpos::nn {
+
+// Where position information enters the model. `sinusoidal` and `learned` are
+// absolute embeddings added to the byte embeddings; every other kind is a
+// scheme of the attention library, applied in every layer.
+enum class PositionKind { none, sinusoidal, learned, shaw, t5, alibi, rope, xl };
+const char* to_string(PositionKind kind);
+PositionKind parse_position_kind(const std::string& name);  // throws std::invalid_argument
+
+struct ModelConfig {
+  int layers = 2;
+  int width = 128;  // model dimension; heads * head_dim
+  int heads = 4;
+  int ffn = 512;    // hidden width of the GELU feed-forward block
+  int context = 64; // training length; size of the learned absolute table
+  PositionKind position = PositionKind::alibi;
+  int shaw_k = 16;              // Shaw clipping distance (tables per layer, shared by heads, K and V)
+  int t5_buckets = 32;          // T5 (causal buckets, one table shared by all layers, as in T5)
+  int t5_max_distance = 128;
+  double rope_base = 10000.0;   // RoPE over the whole head dimension, half-split
+  int xl_memory = 0;            // Transformer-XL memory length used in training (0 = segment length)
+  uint64_t seed = 1;            // parameter initialisation
+
+  void validate() const;        // throws std::invalid_argument naming the field
+  std::string to_text() const;  // "key=value" lines; round-trips through from_text
+  static ModelConfig from_text(const std::string& text);  // throws on unknown keys or bad values
+};
+
+struct ParameterInfo {
+  std::string name;            // e.g. "layer1.attn.qkv.weight"
+  int64_t offset = 0, size = 0; // in floats, into parameters()/gradients()
+  std::vector<int64_t> shape;
+  bool weight_decay = false;   // matrices decay; biases, norms and position tables do not
+};
+
+// Per-layer cached keys and values of earlier positions, for Transformer-XL
+// memory (training and evaluation) and for incremental decoding (sampling).
+// Holds up to `capacity` positions per layer and batch row; no gradient flows
+// into it.
+struct KVCache {
+  int batch = 0, capacity = 0, length = 0;  // length = positions currently held
+  int64_t position = 0;                     // absolute position of the next token
+  std::vector<std::vector<float>> keys, values;  // per layer: (batch, heads, capacity, head_dim)
+};
+
+class Model {
+ public:
+  explicit Model(const ModelConfig& config);  // validates, then initialises from config.seed
+  ~Model();
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+
+  const ModelConfig& config() const;
+  std::span<float> parameters();
+  std::span<const float> parameters() const;
+  std::span<float> gradients();
+  const std::vector<ParameterInfo>& parameter_table() const;
+  void zero_gradients();
+
+  // tokens: (batch, length + 1) bytes, row-major. Predicts tokens[:, 1:] from
+  // tokens[:, :-1]; returns the mean cross-entropy in nats per predicted byte.
+  // `memory` (Transformer-XL, may be null) supplies earlier keys/values and is
+  // updated with this segment's, keeping the most recent `capacity` positions.
+  float forward_backward(std::span<const uint8_t> tokens, int batch, int length, KVCache* memory = nullptr);
+  // The same loss without gradients. `first_scored` skips the first positions
+  // of every row from the mean (sliding-window evaluation scores only the tail).
+  float loss(std::span<const uint8_t> tokens, int batch, int length, KVCache* memory = nullptr,
+             int first_scored = 0);
+
+  // Incremental decoding: logits (batch, 256) of the next byte after feeding
+  // `tokens` (batch, count), appending their keys and values to `cache`.
+  KVCache make_cache(int batch, int capacity) const;
+  void decode(std::span<const uint8_t> tokens, int batch, int count, KVCache& cache, std::span<float> logits);
+  // Logits (batch, length, 256) of a full forward pass, no cache (tests compare it with decode).
+  void logits(std::span<const uint8_t> tokens, int batch, int length, std::span<float> out);
+
+  int num_threads = 0;  // OpenMP threads for GEMMs and attention; 0 = all
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace relpos::nn
