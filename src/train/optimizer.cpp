@@ -1,0 +1,84 @@
+#include "relpos/train/optimizer.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+#include <string>
+
+namespace relpos::train {
+
+namespace {
+int threads_or_all(int n) { return n > 0 ? n : omp_get_max_threads(); }
+}  // namespace
+
+AdamW::AdamW(const std::vector<nn::ParameterInfo>& table, int64_t size, AdamWConfig config)
+    : m(size_t(size), 0.f), v(size_t(size), 0.f), config_(config), decay_(size_t(size), 0) {
+  if (!(config.beta1 >= 0 && config.beta1 < 1 && config.beta2 >= 0 && config.beta2 < 1 && config.eps > 0 &&
+        config.weight_decay >= 0))
+    throw std::invalid_argument("AdamW: need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0");
+  for (const nn::ParameterInfo& p : table) {
+    if (p.offset < 0 || p.size < 0 || p.offset + p.size > size)
+      throw std::invalid_argument("AdamW: parameter '" + p.name + "' lies outside the buffer");
+    if (p.weight_decay) std::fill_n(decay_.begin() + p.offset, p.size, uint8_t(1));
+  }
+}
+
+void AdamW::step(std::span<float> parameters, std::span<const float> gradients, double lr) {
+  if (parameters.size() != m.size() || gradients.size() != m.size())
+    throw std::invalid_argument("AdamW::step: buffers of " + std::to_string(parameters.size()) + " / " +
+                                std::to_string(gradients.size()) + " floats, expected " + std::to_string(m.size()));
+  ++t;
+  const float b1 = float(config_.beta1), b2 = float(config_.beta2);
+  const float step_size = float(lr / (1 - std::pow(config_.beta1, double(t))));
+  const float v_correction = float(1 / std::sqrt(1 - std::pow(config_.beta2, double(t))));
+  const float eps = float(config_.eps);
+  const float decay = float(1 - lr * config_.weight_decay);
+  float* p = parameters.data();
+  const float* g = gradients.data();
+  float* mm = m.data();
+  float* vv = v.data();
+  const uint8_t* d = decay_.data();
+  const int64_t n = int64_t(m.size());
+#pragma omp parallel for num_threads(threads_or_all(num_threads)) schedule(static) if (n > 32768)
+  for (int64_t i = 0; i < n; ++i) {
+    if (d[i]) p[i] *= decay;
+    mm[i] = b1 * mm[i] + (1 - b1) * g[i];
+    vv[i] = b2 * vv[i] + (1 - b2) * g[i] * g[i];
+    p[i] -= step_size * mm[i] / (std::sqrt(vv[i]) * v_correction + eps);
+  }
+}
+
+double learning_rate(int64_t step, int64_t warmup, int64_t total, double peak, double min_ratio) {
+  if (warmup > 0 && step < warmup) return peak * double(step + 1) / double(warmup);
+  const int64_t decay_steps = total - 1 - warmup;
+  if (decay_steps <= 0) return peak;
+  const double progress = std::min(1.0, double(step - warmup) / double(decay_steps));
+  return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + std::cos(std::numbers::pi * progress)));
+}
+
+double clip_gradient_norm(std::span<float> gradients, double max_norm, int num_threads) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t n = int64_t(gradients.size()), blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(size_t(blocks), 0.0);
+  float* g = gradients.data();
+#pragma omp parallel for num_threads(threads_or_all(num_threads)) schedule(static) if (blocks > 8)
+  for (int64_t b = 0; b < blocks; ++b) {
+    double s = 0;
+    for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) s += double(g[i]) * g[i];
+    partial[size_t(b)] = s;
+  }
+  double total = 0;
+  for (double s : partial) total += s;
+  const double norm = std::sqrt(total);
+  if (max_norm > 0 && norm > max_norm) {
+    const float scale = float(max_norm / (norm + 1e-6));
+#pragma omp parallel for num_threads(threads_or_all(num_threads)) schedule(static) if (n > 32768)
+    for (int64_t i = 0; i < n; ++i) g[i] *= scale;
+  }
+  return norm;
+}
+
+}  // namespace relpos::train
