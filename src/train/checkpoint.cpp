@@ -1,0 +1,250 @@
+#include "relpos/train/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace relpos::train {
+
+static_assert(std::endian::native == std::endian::little, "checkpoints are written in the host's (little-endian) order");
+
+namespace {
+
+constexpr char kMagic[8] = {'R', 'E', 'L', 'P', 'O', 'S', 'C', 'K'};
+constexpr size_t kHeaderBytes = 8 + 4 + 4 + 8 + 8;
+
+class Writer {
+ public:
+  template <class T>
+  void put(const T& value) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const auto* p = reinterpret_cast<const uint8_t*>(&value);
+    bytes.insert(bytes.end(), p, p + sizeof(T));
+  }
+  void put_string(const std::string& s) {
+    put(uint64_t(s.size()));
+    bytes.insert(bytes.end(), s.begin(), s.end());
+  }
+  void put_floats(const std::vector<float>& v) {
+    put(uint64_t(v.size()));
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    bytes.insert(bytes.end(), p, p + v.size() * sizeof(float));
+  }
+  std::vector<uint8_t> bytes;
+};
+
+// Reads the payload; every read checks the remaining size, so a damaged
+// length field is an error, never an overrun or a huge allocation.
+class Reader {
+ public:
+  Reader(std::span<const uint8_t> bytes, const std::string& path) : bytes_(bytes), path_(path) {}
+  template <class T>
+  T get() {
+    T value;
+    std::memcpy(&value, take(sizeof(T)).data(), sizeof(T));
+    return value;
+  }
+  std::string get_string() {
+    const auto s = take(get_count(1));
+    return std::string(s.begin(), s.end());
+  }
+  std::vector<float> get_floats() {
+    const uint64_t n = get_count(sizeof(float));
+    std::vector<float> v(n);
+    std::memcpy(v.data(), take(n * sizeof(float)).data(), n * sizeof(float));
+    return v;
+  }
+  bool at_end() const { return pos_ == bytes_.size(); }
+
+ private:
+  uint64_t get_count(size_t element) {
+    const uint64_t n = get<uint64_t>();
+    if (n > (bytes_.size() - pos_) / element) fail();
+    return n;
+  }
+  std::span<const uint8_t> take(size_t n) {
+    if (n > bytes_.size() - pos_) fail();
+    const auto s = bytes_.subspan(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  [[noreturn]] void fail() const {
+    throw std::runtime_error("checkpoint '" + path_ + "' is malformed: a field runs past the end of its payload");
+  }
+  std::span<const uint8_t> bytes_;
+  std::string path_;
+  size_t pos_ = 0;
+};
+
+std::runtime_error io_error(const std::string& what, const std::string& path) {
+  return std::runtime_error(what + " '" + path + "': " + std::strerror(errno));
+}
+
+void write_all(int fd, const uint8_t* p, size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw io_error("cannot write", path);
+    p += w;
+    n -= size_t(w);
+  }
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, std::span<const uint8_t> bytes) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(folder, ec);
+  if (ec) throw std::runtime_error("cannot create folder '" + folder.string() + "': " + ec.message());
+  // A hidden name in the target's folder, so the rename never crosses file systems.
+  std::string temp_name(".");
+  temp_name.append(target.filename().string()).append(".XXXXXX");
+  std::string temp = (folder / temp_name).string();
+  const int fd = ::mkstemp(temp.data());
+  if (fd < 0) throw io_error("cannot create a temporary file next to", path);
+  try {
+    write_all(fd, bytes.data(), bytes.size(), temp);
+    if (::fsync(fd) != 0) throw io_error("cannot sync", temp);
+    if (::fchmod(fd, 0644) != 0) throw io_error("cannot set the mode of", temp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(temp.c_str());
+    throw;
+  }
+  if (::close(fd) != 0) {
+    ::unlink(temp.c_str());
+    throw io_error("cannot close", temp);
+  }
+  if (::rename(temp.c_str(), path.c_str()) != 0) {
+    const auto error = io_error("cannot rename a temporary file onto", path);
+    ::unlink(temp.c_str());
+    throw error;
+  }
+  // The rename is durable only once the folder's entry is on disk.
+  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir < 0) throw io_error("cannot open folder", folder.string());
+  const int synced = ::fsync(dir);
+  ::close(dir);
+  if (synced != 0) throw io_error("cannot sync folder", folder.string());
+}
+
+void save_checkpoint(const std::string& path, const Checkpoint& c) {
+  if (c.adam_m.size() != c.parameters.size() || c.adam_v.size() != c.parameters.size())
+    throw std::invalid_argument("checkpoint: optimizer moments and parameters differ in size");
+  Writer payload;
+  payload.put_string(c.model_config);
+  payload.put_string(c.train_config);
+  payload.put_string(c.data_source);
+  payload.put(c.data_bytes);
+  payload.put(c.data_hash);
+  payload.put(c.step);
+  payload.put_floats(c.parameters);
+  payload.put(c.adam_steps);
+  payload.put_floats(c.adam_m);
+  payload.put_floats(c.adam_v);
+  payload.put(c.sampler.rng);
+  payload.put(c.sampler.cursor);
+  payload.put(uint8_t(c.has_memory));
+  if (c.has_memory) {
+    const nn::KVCache& m = c.memory;
+    if (m.keys.size() != m.values.size()) throw std::invalid_argument("checkpoint: memory keys and values differ");
+    payload.put(int32_t(m.batch));
+    payload.put(int32_t(m.capacity));
+    payload.put(int32_t(m.length));
+    payload.put(m.position);
+    payload.put(uint64_t(m.keys.size()));
+    for (size_t l = 0; l < m.keys.size(); ++l) {
+      payload.put_floats(m.keys[l]);
+      payload.put_floats(m.values[l]);
+    }
+  }
+  Writer file;
+  file.bytes.insert(file.bytes.end(), kMagic, kMagic + 8);
+  file.put(kCheckpointVersion);
+  file.put(uint32_t(0));
+  file.put(uint64_t(payload.bytes.size()));
+  file.put(fnv1a64(payload.bytes));
+  file.bytes.insert(file.bytes.end(), payload.bytes.begin(), payload.bytes.end());
+  write_file_atomic(path, file.bytes);
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw io_error("cannot open checkpoint", path);
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw io_error("cannot read checkpoint", path);
+  const std::string name = "checkpoint '" + path + "'";
+  if (bytes.size() < 8 || std::memcmp(bytes.data(), kMagic, 8) != 0)
+    throw std::runtime_error(name + " is not a relpos checkpoint (wrong magic)");
+  if (bytes.size() < kHeaderBytes) throw std::runtime_error(name + " is truncated (incomplete header)");
+  Reader header(std::span<const uint8_t>(bytes).first(kHeaderBytes).subspan(8), path);
+  const auto version = header.get<uint32_t>();
+  header.get<uint32_t>();
+  const auto payload_size = header.get<uint64_t>();
+  const auto checksum = header.get<uint64_t>();
+  if (version != kCheckpointVersion)
+    throw std::runtime_error(name + " has format version " + std::to_string(version) + "; this build reads version " +
+                             std::to_string(kCheckpointVersion));
+  if (bytes.size() - kHeaderBytes < payload_size)
+    throw std::runtime_error(name + " is truncated: " + std::to_string(bytes.size() - kHeaderBytes) + " of " +
+                             std::to_string(payload_size) + " payload bytes");
+  if (bytes.size() - kHeaderBytes > payload_size)
+    throw std::runtime_error(name + " has " + std::to_string(bytes.size() - kHeaderBytes - payload_size) +
+                             " unexpected bytes after its payload");
+  const auto payload = std::span<const uint8_t>(bytes).subspan(kHeaderBytes);
+  if (fnv1a64(payload) != checksum) throw std::runtime_error(name + " is corrupt (checksum mismatch)");
+
+  Reader r(payload, path);
+  Checkpoint c;
+  c.model_config = r.get_string();
+  c.train_config = r.get_string();
+  c.data_source = r.get_string();
+  c.data_bytes = r.get<int64_t>();
+  c.data_hash = r.get<uint64_t>();
+  c.step = r.get<int64_t>();
+  c.parameters = r.get_floats();
+  c.adam_steps = r.get<int64_t>();
+  c.adam_m = r.get_floats();
+  c.adam_v = r.get_floats();
+  c.sampler.rng = r.get<std::array<uint64_t, 4>>();
+  c.sampler.cursor = r.get<int64_t>();
+  c.has_memory = r.get<uint8_t>() != 0;
+  if (c.has_memory) {
+    nn::KVCache& m = c.memory;
+    m.batch = r.get<int32_t>();
+    m.capacity = r.get<int32_t>();
+    m.length = r.get<int32_t>();
+    m.position = r.get<int64_t>();
+    const auto layers = r.get<uint64_t>();
+    if (layers > payload.size()) throw std::runtime_error(name + " is malformed (memory layer count)");
+    for (uint64_t l = 0; l < layers; ++l) {
+      m.keys.push_back(r.get_floats());
+      m.values.push_back(r.get_floats());
+    }
+  }
+  if (!r.at_end()) throw std::runtime_error(name + " is malformed (unread bytes at the end of its payload)");
+  if (c.adam_m.size() != c.parameters.size() || c.adam_v.size() != c.parameters.size())
+    throw std::runtime_error(name + " is malformed (optimizer moments and parameters differ in size)");
+  return c;
+}
+
+nn::Model model_from_checkpoint(const Checkpoint& c) {
+  nn::Model model(nn::ModelConfig::from_text(c.model_config));
+  if (model.parameters().size() != c.parameters.size())
+    throw std::runtime_error("checkpoint holds " + std::to_string(c.parameters.size()) +
+                             " parameters, its model configuration needs " + std::to_string(model.parameters().size()));
+  std::copy(c.parameters.begin(), c.parameters.end(), model.parameters().begin());
+  return model;
+}
+
+}  // namespace relpos::train
