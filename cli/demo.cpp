@@ -1,119 +1,219 @@
-// `relpos demo`: every position scheme x every algorithm that serves it, on
-// one small problem, computed in float32 and checked against the float64
-// reference (forward output and every gradient), with time and peak scratch.
-#include <algorithm>
+// `relpos demo`, the main job: train short, test long. Trains one small
+// byte-level language model per position scheme at a short length on the same
+// data, evaluates each at 1x..16x that length on held-out text, and prints a
+// table of bits per byte (scheme x evaluation length), with the results as
+// JSON and an SVG plot. Absolute position embeddings degrade past the training
+// length; relative schemes (ALiBi, T5, Shaw, Transformer-XL) hold.
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <sstream>
+#include <thread>
 
 #include "commands.hpp"
+#include "extrapolation.hpp"
 #include "measure.hpp"
-#include "options.hpp"
-#include "problem.hpp"
+#include "model_options.hpp"
+#include "progress.hpp"
+#include "svg_plot.hpp"
 
 namespace relpos::cli {
+
 namespace {
 
-// max |a - b| / max |b|: the error relative to the tensor's magnitude.
-template <class A, class B>
-double relative_error(const std::vector<A>& a, const std::vector<B>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - double(b[i])));
-    scale = std::max(scale, std::fabs(double(b[i])));
+constexpr nn::PositionKind kAllSchemes[] = {nn::PositionKind::sinusoidal, nn::PositionKind::learned,
+                                            nn::PositionKind::none,       nn::PositionKind::shaw,
+                                            nn::PositionKind::t5,         nn::PositionKind::alibi,
+                                            nn::PositionKind::rope,       nn::PositionKind::xl};
+
+// The default run fits in 10 minutes on 2 cores (docs/trainer.md has the
+// measurement); --full trains larger models for longer.
+void set_preset(bool full, ModelOptions& m, TrainOptions& t, EvalSettings& e) {
+  m.layers = 2, m.width = 64, m.heads = 4, m.ffn = 256, m.length = 32;
+  t.steps = 600, t.batch = 16, t.lr = 3e-3, t.warmup = 50, t.threads = 2;
+  e.max_bytes = 32768;
+  if (full) {
+    m.layers = 4, m.width = 128, m.ffn = 512, m.length = 64;
+    t.steps = 3000, t.batch = 32, t.warmup = 200, t.threads = 0;
+    e.max_bytes = 0;
   }
-  return scale > 0 ? diff / scale : diff;
 }
 
-struct Row {
-  std::string scheme, algorithm;
-  bool is_auto;
-  double fwd_err, bwd_err, fwd_ms, bwd_ms;
-  int64_t scratch;
-  bool ok;
+struct SchemeResult {
+  nn::PositionKind kind;
+  int64_t parameters = 0;
+  double train_seconds = 0, eval_seconds = 0, final_loss = 0;
+  std::vector<LengthScore> scores;
 };
+
+void print_table(const char* title, const std::vector<SchemeResult>& results, const EvalSettings& e, int64_t length,
+                 train::Score LengthScore::*score, bool memory_rows) {
+  std::printf("\n%s\n%-12s", title, "scheme");
+  for (int64_t m : e.multiples) std::printf(" %9s", (std::to_string(m * length) + " " + std::to_string(m) + "x").c_str());
+  std::printf("\n");
+  for (const SchemeResult& r : results) {
+    if (memory_rows && !r.scores.front().has_memory) continue;
+    std::printf("%-12s", memory_rows ? "xl memory" : nn::to_string(r.kind));
+    for (const LengthScore& s : r.scores) std::printf(" %9.4f", (s.*score).bits_per_byte);
+    std::printf("\n");
+  }
+}
 
 }  // namespace
 
 int run_demo(int argc, char** argv, int first) {
-  ProblemShape shape;
-  int64_t seed = 0;
-  bool no_causal = false;
-  double tolerance = 1e-4;
-  std::string json_path;
+  bool full = false;
+  for (int a = first; a < argc; ++a) full = full || !std::strcmp(argv[a], "--full");
+  ModelOptions model;
+  TrainOptions training;
+  EvalSettings eval;
+  set_preset(full, model, training, eval);
+  std::string data_path, out_dir = "results/demo", positions_text, multiples_text = "1,2,4,8,16";
+  int64_t jobs = 0;
+  bool no_sliding = false;
   Options opts("relpos demo",
-               "Runs every position scheme (none, Shaw, T5, ALiBi, RoPE, Transformer-XL with memory) with\n"
-               "every algorithm that serves it on one random problem in float32, checks forward output and\n"
-               "every gradient against the float64 reference, and prints errors, times and peak scratch\n"
-               "memory. Exits 1 if any run exceeds the tolerance.");
-  opts.add_int("--batch", &shape.batch, "batch size", 1);
-  opts.add_int("--heads", &shape.heads, "attention heads", 1);
-  opts.add_int("--length", &shape.length, "query length L (Transformer-XL adds L/2 memory keys)", 1);
-  opts.add_int("--dim", &shape.dim, "head dimension d (even, for RoPE)", 2);
-  opts.add_int("--seed", &seed, "random seed", 0);
-  opts.add_flag("--no-causal", &no_causal, "attend to all keys instead of the causal mask");
-  opts.add_double("--tolerance", &tolerance, "largest relative float32 error that passes");
-  opts.add_string("--json", &json_path, "also write the results to this JSON file");
+               "Train short, test long: trains one small byte-level language model per position scheme\n"
+               "(sinusoidal, learned, none, shaw, t5, alibi, rope, xl) at --length on the same data (default:\n"
+               "Debian's English fortune files), then scores each on held-out text at 1x..16x that length\n"
+               "(bits per byte; non-overlapping and sliding windows; Transformer-XL also with a memory of\n"
+               "(n-1) x length). Prints the tables and writes demo.json, bits_per_byte.svg and one checkpoint\n"
+               "per scheme to --out. The defaults finish in about 10 minutes on 2 cores; --full trains larger\n"
+               "models for longer (the defaults shown follow --full when it is given).");
+  opts.add_flag("--full", &full, "larger models, more steps, the whole validation split");
+  opts.add_string("--data", &data_path, "training text (any bytes); empty = the default corpus");
+  opts.add_string("--positions", &positions_text, "comma-separated schemes to train (default: all eight)");
+  model.add_to(opts, false);
+  training.add_to(opts);
+  opts.add_int("--jobs", &jobs, "models trained side by side (0 = as many as --threads allows)", 0);
+  opts.add_string("--multiples", &multiples_text, "evaluation lengths as multiples of --length");
+  opts.add_int("--max-bytes", &eval.max_bytes, "validation bytes scored per length (0 = all)", 0);
+  opts.add_int("--stride", &eval.stride, "sliding-window stride in bytes (0 = half the window)", 0);
+  opts.add_flag("--no-sliding", &no_sliding, "skip the sliding-window evaluation");
+  opts.add_string("--out", &out_dir, "folder for demo.json, bits_per_byte.svg and the checkpoints");
   if (!opts.parse(argc, argv, first)) return 0;
-  if (shape.dim % 2 != 0) throw UsageError{"--dim: must be even (RoPE rotates pairs), got " + std::to_string(shape.dim)};
-  shape.causal = !no_causal;
-
-  std::printf("relpos demo: B=%lld H=%lld L=%lld d=%lld, %s mask\n", (long long)shape.batch, (long long)shape.heads,
-              (long long)shape.length, (long long)shape.dim, shape.causal ? "causal" : "no");
-  std::printf("errors: float32 vs the float64 reference, max|diff| / max|ref|, over out (fwd) and all gradients (bwd)\n");
-  std::printf("times: best of 3; scratch: the library's peak temporary memory for forward + backward; * = auto\n\n");
-  std::printf("%-26s %-18s %10s %10s %9s %9s %10s  %s\n", "scheme", "algorithm", "fwd error", "bwd error", "fwd ms",
-              "bwd ms", "scratch", "check");
-  std::vector<Row> rows;
-  for (const SchemeCase& c : demo_cases()) {
-    Problem<double> oracle = make_problem<double>(shape, c, seed);
-    oracle.params.algorithm = Algorithm::reference;
-    attention_forward<double>(oracle.params);
-    attention_backward<double>(oracle.params);
-    Problem<float> f32 = make_problem<float>(shape, c, seed);
-    const Algorithm chosen = resolve_algorithm<float>(f32.params);
-    for (Algorithm algo : serving_algorithms<float>(f32.params)) {
-      AttentionBackward<float>& p = f32.params;
-      p.algorithm = algo;
-      f32.clear_grads();
-      const Footprint fp = measure_footprint([&] {
-        attention_forward<float>(p);
-        attention_backward<float>(p);
-      });
-      Row row{c.label, to_string(algo), algo == chosen, relative_error(f32.out, oracle.out), 0, 0, 0, fp.scratch_peak,
-              true};
-      const auto g32 = f32.grads();
-      const auto g64 = oracle.grads();
-      for (size_t i = 0; i < g32.size(); ++i) row.bwd_err = std::max(row.bwd_err, relative_error(*g32[i], *g64[i]));
-      row.fwd_ms = best_ms([&] { attention_forward<float>(p); }, 3);
-      row.bwd_ms = best_ms([&] { attention_backward<float>(p); }, 3);
-      row.ok = row.fwd_err <= tolerance && row.bwd_err <= tolerance;
-      std::printf("%-26s %-18s %10.2e %10.2e %9.2f %9.2f %10s  %s\n", row.scheme.c_str(),
-                  (row.algorithm + (row.is_auto ? " *" : "")).c_str(), row.fwd_err, row.bwd_err, row.fwd_ms,
-                  row.bwd_ms, human_bytes(double(row.scratch)).c_str(), row.ok ? "ok" : "FAIL");
-      std::fflush(stdout);
-      rows.push_back(row);
+  eval.multiples = parse_int_list(multiples_text, "--multiples");
+  eval.sliding = !no_sliding;
+  std::vector<nn::PositionKind> kinds(std::begin(kAllSchemes), std::end(kAllSchemes));
+  if (!positions_text.empty()) {
+    kinds.clear();
+    std::stringstream in(positions_text);
+    for (std::string name; std::getline(in, name, ',');) {
+      model.position = name;
+      kinds.push_back(model.parsed_position());
     }
   }
-  const bool all_ok = std::all_of(rows.begin(), rows.end(), [](const Row& r) { return r.ok; });
-  std::printf("\n%s: %zu scheme x algorithm runs, tolerance %.1e\n", all_ok ? "all agree" : "DISAGREEMENT",
-              rows.size(), tolerance);
+  const train::TrainConfig train_config = training.config();
+  for (nn::PositionKind k : kinds) model.config(k, uint64_t(training.seed));  // refuse bad sizes before training
+  const int threads = training.threads > 0 ? int(training.threads) : int(std::thread::hardware_concurrency());
+  // Small models use one core poorly: training several side by side with
+  // fewer threads each finishes sooner than one after another.
+  const int workers = int(std::clamp<int64_t>(jobs > 0 ? jobs : threads, 1, int64_t(kinds.size())));
+  const int threads_each = std::max(1, threads / workers);
 
-  if (!json_path.empty()) {
-    std::ostringstream js;
-    js << "{\"batch\": " << shape.batch << ", \"heads\": " << shape.heads << ", \"length\": " << shape.length
-       << ", \"dim\": " << shape.dim << ", \"causal\": " << (shape.causal ? "true" : "false") << ", \"rows\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      js << (i ? ", " : "") << "{\"scheme\": \"" << r.scheme << "\", \"algorithm\": \"" << r.algorithm
-         << "\", \"auto\": " << (r.is_auto ? "true" : "false") << ", \"fwd_error\": " << r.fwd_err
-         << ", \"bwd_error\": " << r.bwd_err << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms
-         << ", \"scratch_bytes\": " << r.scratch << ", \"ok\": " << (r.ok ? "true" : "false") << "}";
+  const train::Corpus corpus = train::load_corpus(data_path);
+  const train::Split split = train::split_corpus(corpus.bytes);
+  std::printf("relpos demo: train at length %lld, evaluate at %s x; %lld layers, width %lld, %lld heads; %lld steps "
+              "of batch %lld\ndata: %s (%zu training, %zu validation bytes)\n",
+              (long long)model.length, multiples_text.c_str(), (long long)model.layers, (long long)model.width,
+              (long long)model.heads, (long long)train_config.steps, (long long)train_config.batch,
+              corpus.source.c_str(), split.train.size(), split.validation.size());
+  std::printf("%zu models, %d at a time with %d thread%s each\n", kinds.size(), workers, threads_each,
+              threads_each == 1 ? "" : "s");
+  std::fflush(stdout);
+
+  std::vector<SchemeResult> results(kinds.size());
+  std::vector<std::exception_ptr> errors(kinds.size());
+  std::atomic<size_t> next{0};
+  std::atomic<int64_t> steps_done{0};
+  const int64_t tokens_per_step = train_config.batch * model.length;
+  Progress progress("demo", int64_t(kinds.size()) * train_config.steps);
+  const auto start = std::chrono::steady_clock::now();
+  auto work = [&] {
+    for (size_t i; (i = next++) < kinds.size();) {
+      try {
+        SchemeResult& r = results[i];
+        r.kind = kinds[i];
+        const auto t0 = std::chrono::steady_clock::now();
+        train::Trainer trainer(model.config(r.kind, uint64_t(training.seed)), train_config, split.train, corpus.source);
+        trainer.set_threads(threads_each);
+        r.parameters = int64_t(trainer.model().parameters().size());
+        while (!trainer.done()) {
+          r.final_loss = trainer.step();
+          const int64_t done = ++steps_done;
+          progress.update(done, done * tokens_per_step, r.final_loss);
+        }
+        const auto t1 = std::chrono::steady_clock::now();
+        trainer.save(out_dir + "/" + nn::to_string(r.kind) + ".ckpt");
+        r.scores = evaluate_lengths(trainer.model(), split.validation, eval);
+        r.train_seconds = std::chrono::duration<double>(t1 - t0).count();
+        r.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+        char line[160];
+        std::snprintf(line, sizeof line, "%-10s trained in %5.1f s, evaluated in %5.1f s: %.4f bits/byte at 1x, %.4f at %lldx",
+                      nn::to_string(r.kind), r.train_seconds, r.eval_seconds, r.scores.front().windows.bits_per_byte,
+                      r.scores.back().windows.bits_per_byte, (long long)r.scores.back().multiple);
+        progress.note(line);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
     }
-    js << "]}\n";
-    write_file(json_path, js.str());
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  progress.finish();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  print_table("bits per byte, non-overlapping windows (lower is better; trained at the 1x length)", results, eval,
+              model.length, &LengthScore::windows, false);
+  if (eval.sliding)
+    print_table("bits per byte, sliding windows (stride: half the window unless --stride)", results, eval,
+                model.length, &LengthScore::sliding, false);
+  const bool any_xl = std::any_of(results.begin(), results.end(), [](auto& r) { return r.scores.front().has_memory; });
+  if (any_xl)
+    print_table("Transformer-XL, segments of the training length with memory (n-1) x length", results, eval,
+                model.length, &LengthScore::memory, true);
+  std::printf("\n%zu models trained and evaluated in %s (wall clock)\n", results.size(), clock_text(seconds).c_str());
+
+  std::vector<PlotSeries> series;
+  for (const SchemeResult& r : results) {
+    PlotSeries s{nn::to_string(r.kind), {}, {}, false}, m{"xl memory", {}, {}, true};
+    for (const LengthScore& ls : r.scores) {
+      s.x.push_back(double(ls.multiple)), s.y.push_back(ls.windows.bits_per_byte);
+      if (ls.has_memory) m.x.push_back(double(ls.multiple)), m.y.push_back(ls.memory.bits_per_byte);
+    }
+    series.push_back(s);
+    if (!m.x.empty()) series.push_back(m);
   }
-  return all_ok ? 0 : 1;
+  const std::string svg_path = out_dir + "/bits_per_byte.svg", json_path = out_dir + "/demo.json";
+  write_file(svg_path,
+             line_plot_svg({"Train at " + std::to_string(model.length) + " bytes, evaluate longer",
+                            "evaluation length / training length (log scale)",
+                            "validation bits per byte (non-overlapping windows)", true},
+                           series));
+  std::ostringstream js;
+  js << "{\"data\": " << json_string(corpus.source) << ", \"train_bytes\": " << split.train.size()
+     << ", \"validation_bytes\": " << split.validation.size() << ", \"max_bytes\": " << eval.max_bytes
+     << ", \"length\": " << model.length << ", \"layers\": " << model.layers << ", \"width\": " << model.width
+     << ", \"heads\": " << model.heads << ", \"ffn\": " << model.ffn << ", \"steps\": " << train_config.steps
+     << ", \"batch\": " << train_config.batch << ", \"lr\": " << train_config.lr << ", \"seed\": " << training.seed
+     << ", \"workers\": " << workers << ", \"threads_per_worker\": " << threads_each << ", \"seconds\": " << seconds
+     << ", \"schemes\": [";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const SchemeResult& r = results[i];
+    js << (i ? ", " : "") << "{\"position\": \"" << nn::to_string(r.kind) << "\", \"parameters\": " << r.parameters
+       << ", \"final_train_loss\": " << r.final_loss << ", \"train_seconds\": " << r.train_seconds
+       << ", \"eval_seconds\": " << r.eval_seconds << ", \"scores\": " << scores_json(r.scores) << "}";
+  }
+  js << "]}\n";
+  write_file(json_path, js.str());
+  std::printf("wrote %s, %s and the checkpoints in %s/\n", json_path.c_str(), svg_path.c_str(), out_dir.c_str());
+  return 0;
 }
 
 }  // namespace relpos::cli

@@ -19,7 +19,11 @@ struct Command {
 };
 
 constexpr Command kCommands[] = {
-    {"demo", relpos::cli::run_demo, "every scheme x algorithm on a small problem, checked against float64"},
+    {"demo", relpos::cli::run_demo, "train short, test long: one small language model per scheme, bits/byte at 1x..16x"},
+    {"train", relpos::cli::run_train, "train a byte-level language model with one position scheme"},
+    {"eval", relpos::cli::run_eval, "bits per byte of a trained model at 1x..16x its training length"},
+    {"sample", relpos::cli::run_sample, "generate text from a trained model (key/value cache decoding)"},
+    {"check", relpos::cli::run_check, "every scheme x algorithm on a small problem, checked against float64"},
     {"bench", relpos::cli::run_bench, "benchmarks: 'relpos bench memory', 'relpos bench attention'"},
 };
 

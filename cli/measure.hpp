@@ -1,4 +1,4 @@
-// Measurements shared by `relpos demo` and `relpos bench`: wall time, the
+// Measurements shared by `relpos check` and `relpos bench`: wall time, the
 // library's scratch peak, the process's peak RSS, and which algorithms serve
 // a call.
 #pragma once

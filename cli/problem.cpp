@@ -6,7 +6,7 @@
 
 namespace relpos::cli {
 
-std::vector<SchemeCase> demo_cases() {
+std::vector<SchemeCase> check_cases() {
   std::vector<SchemeCase> cases;
   auto add = [&](std::string label, Scheme s) -> SchemeCase& {
     cases.push_back(SchemeCase{});

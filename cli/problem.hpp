@@ -1,4 +1,4 @@
-// Random attention problems that own their buffers: the demo (and later the
+// Random attention problems that own their buffers: the check (and later the
 // benchmarks) build one per scheme, in float and in double with identical
 // input values, and hand its AttentionBackward params to the library.
 #pragma once
@@ -16,7 +16,7 @@ struct ProblemShape {
   bool causal = true;
 };
 
-// One row of the demo: a scheme and its options.
+// One row of the check: a scheme and its options.
 struct SchemeCase {
   std::string label;
   Scheme scheme = Scheme::none;
@@ -27,8 +27,8 @@ struct SchemeCase {
   int64_t mem_len = 0;  // Transformer-XL memory prepended to the keys
 };
 
-// The schemes `relpos demo` runs by default.
-std::vector<SchemeCase> demo_cases();
+// The schemes `relpos check` runs by default.
+std::vector<SchemeCase> check_cases();
 
 template <class T>
 struct Problem {

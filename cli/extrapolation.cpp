@@ -1,0 +1,92 @@
+#include "extrapolation.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <stdexcept>
+
+namespace relpos::cli {
+
+std::vector<LengthScore> evaluate_lengths(nn::Model& model, std::span<const uint8_t> validation,
+                                          const EvalSettings& s, const std::function<void(size_t)>& on_done) {
+  const int64_t train_length = model.config().context;
+  const auto data = s.max_bytes > 0 && int64_t(validation.size()) > s.max_bytes
+                        ? validation.first(size_t(s.max_bytes))
+                        : validation;
+  const int64_t longest = *std::max_element(s.multiples.begin(), s.multiples.end()) * train_length;
+  if (int64_t(data.size()) < longest + 1)
+    throw std::invalid_argument("the validation data has " + std::to_string(data.size()) +
+                                " bytes, fewer than the longest evaluation window + 1 = " + std::to_string(longest + 1) +
+                                ": use more data, a larger --max-bytes or smaller multiples");
+  const bool xl = model.config().position == nn::PositionKind::xl;
+  std::vector<LengthScore> out;
+  for (size_t i = 0; i < s.multiples.size(); ++i) {
+    LengthScore r;
+    r.multiple = s.multiples[i];
+    r.length = r.multiple * train_length;
+    const int length = int(r.length), batch = int(s.batch);
+    r.windows = train::evaluate_windows(model, data, length, train::nonoverlapping_windows(int64_t(data.size()), length),
+                                        batch);
+    if (s.sliding) {
+      r.stride = s.stride > 0 ? std::min(s.stride, r.length) : std::max<int64_t>(1, r.length / 2);
+      r.sliding = train::evaluate_windows(model, data, length,
+                                          train::sliding_windows(int64_t(data.size()), length, int(r.stride)), batch);
+    }
+    if (xl) {
+      r.has_memory = true;
+      r.memory = train::evaluate_with_memory(model, data, int(train_length), int((r.multiple - 1) * train_length), batch);
+    }
+    out.push_back(r);
+    if (on_done) on_done(i);
+  }
+  return out;
+}
+
+namespace {
+std::string score_json(const train::Score& s) {
+  std::ostringstream o;
+  o << "{\"bits_per_byte\": " << s.bits_per_byte << ", \"bytes_scored\": " << s.bytes_scored << "}";
+  return o.str();
+}
+}  // namespace
+
+std::string scores_json(const std::vector<LengthScore>& scores) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < scores.size(); ++i) {
+    const LengthScore& r = scores[i];
+    o << (i ? ", " : "") << "{\"multiple\": " << r.multiple << ", \"length\": " << r.length
+      << ", \"windows\": " << score_json(r.windows);
+    if (r.stride > 0) o << ", \"sliding\": " << score_json(r.sliding) << ", \"stride\": " << r.stride;
+    if (r.has_memory) o << ", \"memory\": " << score_json(r.memory) << ", \"memory_length\": " << r.length - r.length / r.multiple;
+    o << "}";
+  }
+  o << "]";
+  return o.str();
+}
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20 || c >= 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += char(c);
+    }
+  }
+  return out + "\"";
+}
+
+train::Corpus corpus_from_source(const std::string& source) {
+  const std::string prefix = "fortunes:";
+  if (source.rfind(prefix, 0) == 0) return train::load_default_corpus(source.substr(prefix.size()));
+  if (source.empty()) throw std::runtime_error("the checkpoint does not name its data: pass --data FILE");
+  return train::load_file(source);
+}
+
+}  // namespace relpos::cli

@@ -1,0 +1,82 @@
+#include "model_options.hpp"
+
+#include <stdexcept>
+
+namespace relpos::cli {
+
+void ModelOptions::add_to(Options& o, bool with_position) {
+  if (with_position)
+    o.add_string("--position", &position, "position scheme: none, sinusoidal, learned, shaw, t5, alibi, rope, xl");
+  o.add_int("--length", &length, "training length (bytes per sequence; the model's context)", 1);
+  o.add_int("--layers", &layers, "transformer blocks", 1);
+  o.add_int("--width", &width, "model width (heads x head dimension)", 1);
+  o.add_int("--heads", &heads, "attention heads", 1);
+  o.add_int("--ffn", &ffn, "hidden width of the feed-forward block", 1);
+  o.add_int("--shaw-k", &shaw_k, "Shaw clipping distance k", 1);
+  o.add_int("--t5-buckets", &t5_buckets, "T5 relative-position buckets", 2);
+  o.add_int("--t5-max-distance", &t5_max_distance, "T5 distance of the last bucket", 1);
+  o.add_double("--rope-base", &rope_base, "RoPE frequency base");
+  o.add_int("--xl-memory", &xl_memory, "Transformer-XL memory in training (0 = the training length)", 0);
+}
+
+nn::PositionKind ModelOptions::parsed_position() const {
+  try {
+    return nn::parse_position_kind(position);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError{std::string("--position: ") + e.what()};
+  }
+}
+
+nn::ModelConfig ModelOptions::config(nn::PositionKind kind, uint64_t seed) const {
+  nn::ModelConfig c;
+  c.layers = int(layers);
+  c.width = int(width);
+  c.heads = int(heads);
+  c.ffn = int(ffn);
+  c.context = int(length);
+  c.position = kind;
+  c.shaw_k = int(shaw_k);
+  c.t5_buckets = int(t5_buckets);
+  c.t5_max_distance = int(t5_max_distance);
+  c.rope_base = rope_base;
+  c.xl_memory = int(xl_memory);
+  c.seed = seed;
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError{e.what()};
+  }
+  return c;
+}
+
+void TrainOptions::add_to(Options& o) {
+  o.add_int("--steps", &steps, "optimizer steps", 1);
+  o.add_int("--batch", &batch, "sequences per step", 1);
+  o.add_double("--lr", &lr, "peak learning rate (AdamW)");
+  o.add_int("--warmup", &warmup, "linear warmup steps, then cosine decay", 0);
+  o.add_double("--min-lr-ratio", &min_lr_ratio, "the cosine ends at this fraction of --lr");
+  o.add_double("--weight-decay", &weight_decay, "decoupled weight decay of the weight matrices");
+  o.add_double("--clip", &clip, "global gradient-norm limit (0 = none)");
+  o.add_int("--seed", &seed, "seed of the initialisation and the batch sampling", 0);
+  o.add_int("--threads", &threads, "threads (0 = all cores)", 0);
+}
+
+train::TrainConfig TrainOptions::config() const {
+  train::TrainConfig c;
+  c.steps = steps;
+  c.batch = batch;
+  c.lr = lr;
+  c.warmup = warmup;
+  c.min_lr_ratio = min_lr_ratio;
+  c.weight_decay = weight_decay;
+  c.clip = clip;
+  c.seed = uint64_t(seed);
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    throw UsageError{e.what()};
+  }
+  return c;
+}
+
+}  // namespace relpos::cli

@@ -1,0 +1,33 @@
+// Command-line options shared by `relpos train` and `relpos demo`: the model's
+// size and position scheme, and the training hyperparameters.
+#pragma once
+
+#include <string>
+
+#include "options.hpp"
+#include "relpos/nn/model.hpp"
+#include "relpos/train/trainer.hpp"
+
+namespace relpos::cli {
+
+struct ModelOptions {
+  int64_t layers = 2, width = 128, heads = 4, ffn = 512, length = 64;
+  std::string position = "alibi";
+  int64_t shaw_k = 16, t5_buckets = 32, t5_max_distance = 128, xl_memory = 0;
+  double rope_base = 10000;
+
+  // with_position: also --position (the demo trains every scheme instead).
+  void add_to(Options& options, bool with_position);
+  nn::ModelConfig config(nn::PositionKind position, uint64_t seed) const;
+  nn::PositionKind parsed_position() const;  // UsageError for an unknown name
+};
+
+struct TrainOptions {
+  int64_t steps = 1000, batch = 16, warmup = 100, seed = 1, threads = 0;
+  double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
+
+  void add_to(Options& options);
+  train::TrainConfig config() const;
+};
+
+}  // namespace relpos::cli
