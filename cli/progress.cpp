@@ -40,7 +40,7 @@ void Progress::finish() {
   std::lock_guard lock(mutex_);
   if (finished_) return;
   finished_ = true;
-  draw(last_done_, last_tokens_, last_loss_, true);
+  if (tty_ || last_drawn_ != last_done_) draw(last_done_, last_tokens_, last_loss_, true);
 }
 
 void Progress::note(const std::string& line) {
@@ -52,6 +52,7 @@ void Progress::note(const std::string& line) {
 void Progress::draw(int64_t done, int64_t tokens, double loss, bool last) {
   const auto now = std::chrono::steady_clock::now();
   last_draw_ = now;
+  last_drawn_ = done;
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const double rate = elapsed > 0 ? double(tokens) / elapsed : 0;
   const double eta = done > 0 ? elapsed * double(total_ - done) / double(done) : NAN;

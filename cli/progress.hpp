@@ -33,7 +33,7 @@ class Progress {
   bool tty_;
   std::mutex mutex_;
   std::chrono::steady_clock::time_point start_, last_draw_;
-  int64_t last_done_ = 0, last_tokens_ = 0;
+  int64_t last_done_ = 0, last_tokens_ = 0, last_drawn_ = -1;
   double last_loss_ = 0;
   bool finished_ = false;
 };
