@@ -24,6 +24,20 @@ echo "== C++ tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   configure_and_test build/asan -DCMAKE_BUILD_TYPE=Debug -DRELPOS_SANITIZE=ON
 echo "== CLI smoke test"
-.venv/bin/relpos demo --length 32 --heads 2 --batch 1 >/dev/null
+.venv/bin/relpos check --length 32 --heads 2 --batch 1 >/dev/null
+# train + resume + eval + sample on a tiny model and a generated file (seconds)
+smoke=$(mktemp -d)
+trap 'rm -rf "$smoke"' EXIT
+quiet() { "$@" >"$smoke/log" 2>&1 || { cat "$smoke/log"; return 1; }; }  # output only on failure
+.venv/bin/python -c "import sys; sys.stdout.write(''.join(f'line {i}: the quick brown fox {i * i % 97}\\n' for i in range(400)))" >"$smoke/data.txt"
+tiny=(--data "$smoke/data.txt" --length 16 --layers 1 --width 32 --heads 2 --ffn 64 --batch 4 --threads 1
+  --position xl --checkpoint "$smoke/xl.ckpt")
+quiet .venv/bin/relpos train "${tiny[@]}" --steps 20 --checkpoint-every 10
+quiet .venv/bin/relpos train "${tiny[@]}" --steps 20 --resume --json "$smoke/train.json"
+quiet .venv/bin/relpos eval --checkpoint "$smoke/xl.ckpt" --multiples 1,2 --threads 1 --json "$smoke/eval.json"
+quiet .venv/bin/relpos sample --checkpoint "$smoke/xl.ckpt" --length 20 --threads 1
+quiet .venv/bin/relpos demo --data "$smoke/data.txt" --positions alibi,learned --length 8 --layers 1 --width 16 \
+  --heads 2 --ffn 32 --steps 5 --batch 2 --multiples 1,2 --out "$smoke/demo"
+test -s "$smoke/demo/demo.json" && test -s "$smoke/demo/bits_per_byte.svg"
 echo "== Python tests"
 .venv/bin/python -m pytest -q tests/python
