@@ -4,12 +4,14 @@
 // table of bits per byte (scheme x evaluation length), with the results as
 // JSON and an SVG plot. Absolute position embeddings degrade past the training
 // length; relative schemes (ALiBi, T5, Shaw, Transformer-XL) hold.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <numeric>
 #include <sstream>
 #include <thread>
 
@@ -32,9 +34,9 @@ constexpr nn::PositionKind kAllSchemes[] = {nn::PositionKind::sinusoidal, nn::Po
 // The default run fits in 10 minutes on 2 cores (docs/trainer.md has the
 // measurement); --full trains larger models for longer.
 void set_preset(bool full, ModelOptions& m, TrainOptions& t, EvalSettings& e) {
-  m.layers = 2, m.width = 64, m.heads = 4, m.ffn = 256, m.length = 32;
-  t.steps = 600, t.batch = 16, t.lr = 3e-3, t.warmup = 50, t.threads = 2;
-  e.max_bytes = 32768;
+  m.layers = 2, m.width = 128, m.heads = 4, m.ffn = 512, m.length = 32;
+  t.steps = 1000, t.batch = 16, t.lr = 3e-3, t.warmup = 100, t.threads = 2;
+  e.max_bytes = 16384;
   if (full) {
     m.layers = 4, m.width = 128, m.ffn = 512, m.length = 64;
     t.steps = 3000, t.batch = 32, t.warmup = 200, t.threads = 0;
@@ -71,7 +73,7 @@ int run_demo(int argc, char** argv, int first) {
   TrainOptions training;
   EvalSettings eval;
   set_preset(full, model, training, eval);
-  std::string data_path, out_dir = "results/demo", positions_text, multiples_text = "1,2,4,8,16";
+  std::string data_path, out_dir = "results/demo", positions_text, multiples_text = "1,2,4,8,16", json_path;
   int64_t jobs = 0;
   bool no_sliding = false;
   Options opts("relpos demo",
@@ -93,6 +95,7 @@ int run_demo(int argc, char** argv, int first) {
   opts.add_int("--stride", &eval.stride, "sliding-window stride in bytes (0 = half the window)", 0);
   opts.add_flag("--no-sliding", &no_sliding, "skip the sliding-window evaluation");
   opts.add_string("--out", &out_dir, "folder for demo.json, bits_per_byte.svg and the checkpoints");
+  opts.add_string("--json", &json_path, "write the results here instead of <out>/demo.json");
   if (!opts.parse(argc, argv, first)) return 0;
   eval.multiples = parse_int_list(multiples_text, "--multiples");
   eval.sliding = !no_sliding;
@@ -131,8 +134,14 @@ int run_demo(int argc, char** argv, int first) {
   const int64_t tokens_per_step = train_config.batch * model.length;
   Progress progress("demo", int64_t(kinds.size()) * train_config.steps);
   const auto start = std::chrono::steady_clock::now();
+  // Transformer-XL (attention over memory too) takes longest: start it first
+  // so that no worker is left alone with it at the end.
+  std::vector<size_t> order(kinds.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return kinds[i] == nn::PositionKind::xl; });
   auto work = [&] {
-    for (size_t i; (i = next++) < kinds.size();) {
+    for (size_t claim; (claim = next++) < kinds.size();) {
+      const size_t i = order[claim];
       try {
         SchemeResult& r = results[i];
         r.kind = kinds[i];
@@ -190,7 +199,8 @@ int run_demo(int argc, char** argv, int first) {
     series.push_back(s);
     if (!m.x.empty()) series.push_back(m);
   }
-  const std::string svg_path = out_dir + "/bits_per_byte.svg", json_path = out_dir + "/demo.json";
+  const std::string svg_path = out_dir + "/bits_per_byte.svg";
+  if (json_path.empty()) json_path = out_dir + "/demo.json";
   write_file(svg_path,
              line_plot_svg({"Train at " + std::to_string(model.length) + " bytes, evaluate longer",
                             "evaluation length / training length (log scale)",
