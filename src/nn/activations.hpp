@@ -24,9 +24,12 @@ struct Activations {
   T *d_stream, *d_mid, *d_norm, *d_attn, *d_qkv, *d_keys, *d_values, *d_hidden, *d_activated, *d_logits;
   std::vector<int32_t> tokens, positions;  // embedding rows of the inputs and of their absolute positions
 
-  // Points every field into `buffer` (grown when needed) for the given sizes.
-  void plan(const AttentionShape& s, int64_t num_layers, int64_t ffn, int64_t vocabulary, std::vector<T>& buffer) {
-    const int64_t n = s.batch * s.length, w = s.width(), bh = s.batch * s.heads;
+  // Points every field into `buffer` (grown when needed) for the given sizes;
+  // the backward scratch only when `backward` (evaluation at long lengths
+  // then needs about half the memory).
+  void plan(const AttentionShape& s, int64_t num_layers, int64_t ffn, int64_t vocabulary, bool backward,
+            std::vector<T>& buffer) {
+    const int64_t n = s.batch * s.length, w = s.width(), bh = s.batch * s.heads, nb = backward ? n : 0;
     const int64_t key_rows = s.memory > 0 ? bh * s.keys() * s.head_dim : 0;
     std::vector<T**> slots;
     std::vector<int64_t> sizes;
@@ -43,9 +46,10 @@ struct Activations {
     }
     take(stream_out, n * w), take(final_out, n * w), take(final_mean, n), take(final_rstd, n);
     take(logits, n * vocabulary), take(row_weight, n);
-    take(d_stream, n * w), take(d_mid, n * w), take(d_norm, n * w), take(d_attn, n * w), take(d_qkv, 3 * n * w);
-    take(d_keys, key_rows), take(d_values, key_rows), take(d_hidden, n * ffn), take(d_activated, n * ffn);
-    take(d_logits, n * vocabulary);
+    const int64_t d_key_rows = backward ? key_rows : 0;
+    take(d_stream, nb * w), take(d_mid, nb * w), take(d_norm, nb * w), take(d_attn, nb * w), take(d_qkv, 3 * nb * w);
+    take(d_keys, d_key_rows), take(d_values, d_key_rows), take(d_hidden, nb * ffn), take(d_activated, nb * ffn);
+    take(d_logits, nb * vocabulary);
     int64_t total = 0;
     for (int64_t size : sizes) total += size;
     if (static_cast<int64_t>(buffer.size()) < total) buffer.assign(total, T(0));

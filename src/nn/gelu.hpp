@@ -14,17 +14,21 @@
 
 namespace relpos::nn {
 
-inline double normal_cdf(double x) { return 0.5 * (1.0 + std::erf(x * 0.70710678118654752440)); }
-inline double normal_pdf(double x) { return 0.39894228040143267794 * std::exp(-0.5 * x * x); }
+// Phi(x) and phi(x), the standard normal distribution and density.
+inline void normal_cdf_pdf(double x, double& cdf, double& pdf) {
+  cdf = 0.5 * (1.0 + std::erf(x * 0.70710678118654752440));
+  pdf = 0.39894228040143267794 * std::exp(-0.5 * x * x);
+}
 
-inline float normal_cdf(float x) {
+// One exponential serves both: exp(-z^2) with z = |x| / sqrt 2 is exp(-x^2 / 2).
+inline void normal_cdf_pdf(float x, float& cdf, float& pdf) {
   const float z = std::fabs(x) * 0.70710678f;
   const float t = 1.0f / (1.0f + 0.3275911f * z);
   const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-  const float erf_abs = 1.0f - poly * exp_approx(-z * z);
-  return 0.5f + (x < 0 ? -0.5f : 0.5f) * erf_abs;
+  const float gauss = exp_approx(-z * z);
+  cdf = 0.5f + (x < 0 ? -0.5f : 0.5f) * (1.0f - poly * gauss);
+  pdf = 0.39894228f * gauss;
 }
-inline float normal_pdf(float x) { return 0.39894228f * exp_approx(-0.5f * x * x); }
 
 // x (rows, row) -> y (rows, row), written.
 template <class T>
@@ -33,7 +37,11 @@ void gelu_forward(const T* x, T* y, int64_t rows, int64_t row, int threads) {
     const T* xr = x + r * row;
     T* yr = y + r * row;
 #pragma omp simd
-    for (int64_t c = 0; c < row; ++c) yr[c] = xr[c] * normal_cdf(xr[c]);
+    for (int64_t c = 0; c < row; ++c) {
+      T cdf, pdf;
+      normal_cdf_pdf(xr[c], cdf, pdf);
+      yr[c] = xr[c] * cdf;
+    }
   });
 }
 
@@ -45,7 +53,11 @@ void gelu_backward(const T* x, const T* dy, T* dx, int64_t rows, int64_t row, in
     const T* dyr = dy + r * row;
     T* dxr = dx + r * row;
 #pragma omp simd
-    for (int64_t c = 0; c < row; ++c) dxr[c] += dyr[c] * (normal_cdf(xr[c]) + xr[c] * normal_pdf(xr[c]));
+    for (int64_t c = 0; c < row; ++c) {
+      T cdf, pdf;
+      normal_cdf_pdf(xr[c], cdf, pdf);
+      dxr[c] += dyr[c] * (cdf + xr[c] * pdf);
+    }
   });
 }
 

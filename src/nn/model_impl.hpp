@@ -79,7 +79,7 @@ class ModelImpl {
     if (first_scored < 0 || first_scored >= length)
       throw std::invalid_argument("first_scored: must lie in [0, length), got " + std::to_string(first_scored));
     OmpThreadsScope scope(threads());
-    forward(tokens, length + 1, batch, length, memory);
+    forward(tokens, length + 1, batch, length, memory, backward);
     const int64_t n = int64_t(batch) * length;
     const T weight = T(1) / static_cast<T>(int64_t(batch) * (length - first_scored));
     std::vector<uint8_t>& targets = targets_;
@@ -100,7 +100,7 @@ class ModelImpl {
   const T* logits(const uint8_t* tokens, int batch, int length, Cache* cache) {
     check_tokens(batch, length, "count");
     OmpThreadsScope scope(threads());
-    forward(tokens, length, batch, length, cache);
+    forward(tokens, length, batch, length, cache, false);
     if (cache) append_to_cache(*cache);
     return act_.logits;
   }
@@ -241,13 +241,15 @@ class ModelImpl {
     }
   }
 
+  // Activations of tokens (batch, length) at row stride token_stride after
+  // the cache's positions; logits last. `backward`: also plan its scratch.
   template <class Cache>
-  void forward(const uint8_t* tokens, int64_t token_stride, int batch, int length, Cache* cache) {
+  void forward(const uint8_t* tokens, int64_t token_stride, int batch, int length, Cache* cache, bool backward) {
     if (cache) check_cache(*cache, batch);
     shape_ = {batch, length, cache ? cache->length : 0, config_.heads, head_dim()};
     first_position_ = cache ? cache->position : 0;
     if (first_position_ + length > kMaxPosition) throw std::invalid_argument("cache: position beyond 2^40");
-    act_.plan(shape_, config_.layers, config_.ffn, kVocabulary, buffer_);
+    act_.plan(shape_, config_.layers, config_.ffn, kVocabulary, backward, buffer_);
     const int64_t n = int64_t(batch) * length, w = config_.width, f = config_.ffn, nt = threads();
     embed(tokens, token_stride);
     for (int l = 0; l < config_.layers; ++l) {
