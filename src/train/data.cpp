@@ -17,7 +17,9 @@ Corpus load_file(const std::string& path) {
   if (fs::is_directory(path, ec)) throw std::runtime_error("data file '" + path + "' is a directory");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error("cannot read data file '" + path + "': " + std::strerror(errno));
-  Corpus c{std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), path};
+  // An absolute source, so `relpos eval` finds the file from any folder.
+  Corpus c{std::vector<uint8_t>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()),
+           fs::absolute(path, ec).lexically_normal().string()};
   if (in.bad()) throw std::runtime_error("error reading data file '" + path + "'");
   if (c.bytes.empty()) throw std::runtime_error("data file '" + path + "' is empty");
   return c;

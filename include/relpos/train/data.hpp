@@ -16,7 +16,7 @@ inline constexpr const char* kDefaultCorpusDir = "/usr/share/games/fortunes";
 
 struct Corpus {
   std::vector<uint8_t> bytes;
-  std::string source;  // the file, or "fortunes:<dir>" for the default corpus
+  std::string source;  // the file (absolute path), or "fortunes:<dir>" for the default corpus
 };
 
 // Reads a file as bytes. Throws std::runtime_error naming the file when it is
