@@ -118,6 +118,7 @@ int run_demo(int argc, char** argv, int first) {
 
   const train::Corpus corpus = train::load_corpus(data_path);
   const train::Split split = train::split_corpus(corpus.bytes);
+  check_evaluation_fits(split.validation.size(), eval, model.length);
   std::printf("relpos demo: train at length %lld, evaluate at %s x; %lld layers, width %lld, %lld heads; %lld steps "
               "of batch %lld\ndata: %s (%zu training, %zu validation bytes)\n",
               (long long)model.length, multiples_text.c_str(), (long long)model.layers, (long long)model.width,

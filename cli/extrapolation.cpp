@@ -7,17 +7,27 @@
 
 namespace relpos::cli {
 
+namespace {
+size_t capped(size_t bytes, const EvalSettings& s) {
+  return s.max_bytes > 0 && int64_t(bytes) > s.max_bytes ? size_t(s.max_bytes) : bytes;
+}
+}  // namespace
+
+void check_evaluation_fits(size_t validation_bytes, const EvalSettings& s, int64_t train_length) {
+  const size_t bytes = capped(validation_bytes, s);
+  const int64_t longest = *std::max_element(s.multiples.begin(), s.multiples.end()) * train_length;
+  if (int64_t(bytes) < longest + 1)
+    throw std::invalid_argument("the validation data (the last 10% of the data" +
+                                std::string(bytes < validation_bytes ? ", capped by the byte limit" : "") + ") has " +
+                                std::to_string(bytes) + " bytes, fewer than the longest evaluation window + 1 = " +
+                                std::to_string(longest + 1) + ": use more data or shorter lengths");
+}
+
 std::vector<LengthScore> evaluate_lengths(nn::Model& model, std::span<const uint8_t> validation,
                                           const EvalSettings& s, const std::function<void(size_t)>& on_done) {
   const int64_t train_length = model.config().context;
-  const auto data = s.max_bytes > 0 && int64_t(validation.size()) > s.max_bytes
-                        ? validation.first(size_t(s.max_bytes))
-                        : validation;
-  const int64_t longest = *std::max_element(s.multiples.begin(), s.multiples.end()) * train_length;
-  if (int64_t(data.size()) < longest + 1)
-    throw std::invalid_argument("the validation data has " + std::to_string(data.size()) +
-                                " bytes, fewer than the longest evaluation window + 1 = " + std::to_string(longest + 1) +
-                                ": use more data, a larger --max-bytes or smaller multiples");
+  check_evaluation_fits(validation.size(), s, train_length);
+  const auto data = validation.first(capped(validation.size(), s));
   const bool xl = model.config().position == nn::PositionKind::xl;
   std::vector<LengthScore> out;
   for (size_t i = 0; i < s.multiples.size(); ++i) {

@@ -31,6 +31,11 @@ struct LengthScore {
   train::Score memory;   // Transformer-XL: segments of the training length, memory (multiple - 1) x it
 };
 
+// Throws std::invalid_argument when `validation_bytes` (as capped by
+// settings.max_bytes) are too few for the longest window; commands call it
+// before training so that a bad setting fails at once.
+void check_evaluation_fits(size_t validation_bytes, const EvalSettings& settings, int64_t train_length);
+
 // Throws std::invalid_argument when the validation bytes are too few for the
 // longest window. `on_done(i)` runs after multiple i (progress).
 std::vector<LengthScore> evaluate_lengths(nn::Model& model, std::span<const uint8_t> validation,

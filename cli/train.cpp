@@ -42,6 +42,11 @@ int run_train(int argc, char** argv, int first) {
 
   const train::Corpus corpus = train::load_corpus(data_path);
   const train::Split split = train::split_corpus(corpus.bytes);
+  EvalSettings eval;
+  eval.multiples = {1};
+  eval.sliding = false;
+  eval.max_bytes = eval_bytes;
+  check_evaluation_fits(split.validation.size(), eval, model_config.context);
   train::Trainer trainer(model_config, train_config, split.train, corpus.source);
   trainer.set_threads(int(training.threads));
   if (resume) {
@@ -71,10 +76,6 @@ int run_train(int argc, char** argv, int first) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   trainer.save(checkpoint_path);
 
-  EvalSettings eval;
-  eval.multiples = {1};
-  eval.sliding = false;
-  eval.max_bytes = eval_bytes;
   const LengthScore valid = evaluate_lengths(trainer.model(), split.validation, eval)[0];
   std::printf("steps %lld-%lld in %.1f s (%.0f tokens/s); last loss %.4f nats/byte\n", (long long)first_step,
               (long long)trainer.steps_taken(), seconds,

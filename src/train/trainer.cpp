@@ -44,7 +44,7 @@ void TrainConfig::validate() const {
     if (!ok) throw std::invalid_argument(std::string("training config: ") + field + " " + rule);
   };
   need(steps >= 1, "steps", "must be >= 1");
-  need(batch >= 1, "batch", "must be >= 1");
+  need(batch >= 1 && batch <= (1 << 20), "batch", "must be in [1, 1048576]");
   need(std::isfinite(lr) && lr > 0, "lr", "must be > 0");
   need(min_lr_ratio >= 0 && min_lr_ratio <= 1, "min_lr_ratio", "must be in [0, 1]");
   need(warmup >= 0, "warmup", "must be >= 0");
