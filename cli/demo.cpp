@@ -82,8 +82,8 @@ int run_demo(int argc, char** argv, int first) {
                "Debian's English fortune files), then scores each on held-out text at 1x..16x that length\n"
                "(bits per byte; non-overlapping and sliding windows; Transformer-XL also with a memory of\n"
                "(n-1) x length). Prints the tables and writes demo.json, bits_per_byte.svg and one checkpoint\n"
-               "per scheme to --out. The defaults finish in about 10 minutes on 2 cores; --full trains larger\n"
-               "models for longer (the defaults shown follow --full when it is given).");
+               "per scheme to --out. The defaults finish within 10 minutes on 2 cores (docs/trainer.md); --full\n"
+               "trains larger models for longer (the defaults shown follow --full when it is given).");
   opts.add_flag("--full", &full, "larger models, more steps, the whole validation split");
   opts.add_string("--data", &data_path, "training text (any bytes); empty = the default corpus");
   opts.add_string("--positions", &positions_text, "comma-separated schemes to train (default: all eight)");
