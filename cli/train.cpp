@@ -19,7 +19,7 @@ int run_train(int argc, char** argv, int first) {
   ModelOptions model;
   TrainOptions training;
   std::string data_path, checkpoint_path, json_path;
-  int64_t checkpoint_every = 0, eval_bytes = 65536;
+  int64_t checkpoint_every = 0, eval_bytes = 65536, stop_after = 0;
   bool resume = false;
   Options opts("relpos train",
                "Trains a byte-level transformer language model with one position scheme on --data (default:\n"
@@ -32,6 +32,7 @@ int run_train(int argc, char** argv, int first) {
   opts.add_string("--checkpoint", &checkpoint_path, "checkpoint file (default results/train/<position>.ckpt)");
   opts.add_int("--checkpoint-every", &checkpoint_every, "also write the checkpoint every N steps (0 = at the end only)", 0);
   opts.add_flag("--resume", &resume, "continue from --checkpoint (same options as the run that wrote it)");
+  opts.add_int("--stop-after", &stop_after, "stop after N steps of this invocation, checkpointed (0 = run to --steps)", 0);
   opts.add_int("--eval-bytes", &eval_bytes, "validation bytes scored after training (0 = all)", 0);
   opts.add_string("--json", &json_path, "also write the results (and every step's loss) to this JSON file");
   if (!opts.parse(argc, argv, first)) return 0;
@@ -67,7 +68,7 @@ int run_train(int argc, char** argv, int first) {
   std::vector<float> losses;
   Progress progress("train " + std::string(nn::to_string(kind)), train_config.steps);
   const auto start = std::chrono::steady_clock::now();
-  while (!trainer.done()) {
+  while (!trainer.done() && (stop_after == 0 || trainer.steps_taken() - first_step < stop_after)) {
     losses.push_back(trainer.step());
     progress.update(trainer.steps_taken(), (trainer.steps_taken() - first_step) * tokens_per_step, losses.back());
     if (checkpoint_every > 0 && trainer.steps_taken() % checkpoint_every == 0) trainer.save(checkpoint_path);

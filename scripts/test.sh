@@ -32,8 +32,12 @@ quiet() { "$@" >"$smoke/log" 2>&1 || { cat "$smoke/log"; return 1; }; }  # outpu
 .venv/bin/python -c "import sys; sys.stdout.write(''.join(f'line {i}: the quick brown fox {i * i % 97}\\n' for i in range(400)))" >"$smoke/data.txt"
 tiny=(--data "$smoke/data.txt" --length 16 --layers 1 --width 32 --heads 2 --ffn 64 --batch 4 --threads 1
   --position xl --checkpoint "$smoke/xl.ckpt")
-quiet .venv/bin/relpos train "${tiny[@]}" --steps 20 --checkpoint-every 10
+# --resume continues exactly: steps 11-20 after a stop at 10 have the losses of one run of 20
+quiet .venv/bin/relpos train "${tiny[@]}" --steps 20 --json "$smoke/whole.json" --checkpoint "$smoke/whole.ckpt"
+quiet .venv/bin/relpos train "${tiny[@]}" --steps 20 --stop-after 10
 quiet .venv/bin/relpos train "${tiny[@]}" --steps 20 --resume --json "$smoke/train.json"
+.venv/bin/python -c "import json, sys; w, r = (json.load(open(f'$smoke/{n}.json'))['losses'] for n in ('whole', 'train'))
+sys.exit(0 if len(r) == 10 and w[10:] == r else f'resumed losses {r} differ from {w[10:]}')"
 quiet .venv/bin/relpos eval --checkpoint "$smoke/xl.ckpt" --multiples 1,2 --threads 1 --json "$smoke/eval.json"
 quiet .venv/bin/relpos sample --checkpoint "$smoke/xl.ckpt" --length 20 --threads 1
 quiet .venv/bin/relpos demo --data "$smoke/data.txt" --positions alibi,learned --length 8 --layers 1 --width 16 \
