@@ -8,10 +8,11 @@
 //   Shaw key    R = qp wk^T (Bq, 2k+1) per query tile, gathered by c(r)
 //   Shaw value  per-row bucket sums of P, rescaled with the running max like
 //               the output, then one (Bq, 2k+1) x (2k+1, dv) product
-//   XL          (q + v) times the positional keys of the tile's band of
-//               Bq + Bk - 1 distances, skewed inside the tile
+//   XL          (q + v) times the positional keys, once per query tile for
+//               the band of distances its key tiles reach (Bq + keys - 1),
+//               read skewed by each tile
 //
-// Backward recomputes P from the saved logsumexp, key tiles outer and query
+// Backward recomputes P from the saved logsumexp, query tiles outer and key
 // tiles inner; positional gradients go to per-thread partials summed in
 // thread order, so results do not depend on thread timing.
 #include "fused.hpp"
@@ -118,26 +119,58 @@ bool above_diagonal(const AttentionForward<T>& p, const Head<T>& hd, const Tile&
   return p.causal && hd.r(t.i0 + t.bq - 1, t.j0) > 0;
 }
 
+// End of the keys a query tile visits: its key tiles up to the last one not
+// wholly in the future (causal).
+template <class T>
+int64_t visited_keys(const AttentionForward<T>& p, const Head<T>& hd, int64_t i0, int64_t bq) {
+  int64_t end = 0;
+  for (int64_t j0 = 0; j0 < hd.lk; j0 += kBlockK) {
+    const Tile t{i0, bq, j0, std::min(kBlockK, hd.lk - j0)};
+    if (above_diagonal(p, hd, t)) break;  // later key tiles lie further in the future
+    end = j0 + t.bk;
+  }
+  return end;
+}
+
+// Transformer-XL's positional scores of the query tile [i0, i0 + bq) against
+// every distance its keys [0, keys) reach, computed by one product per query
+// tile (a per-key-tile band would compute Bq + Bk - 1 columns for Bk keys):
+// scores (bq, width), column c = distance index first + c; the pair (ii, j) is
+// column j - ii + bq - 1.
+template <class T>
+struct XLBand {
+  Scratch<T> scores;
+  int64_t width = 0, first = 0;
+
+  // Offset of the pair (ii, j0) in scores, and in any (bq, width) buffer like it.
+  int64_t at(int64_t ii, int64_t bq, int64_t j0) const { return ii * width + (bq - 1 - ii) + j0; }
+};
+
+template <class T>
+void xl_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t keys, XLBand<T>& band) {
+  const Head<T>& hd = c.x.hd;
+  band.width = keys + bq - 1;
+  band.first = hd.diagonal(i0 + bq - 1, 0);
+  band.scores.resize(bq * band.width);
+  gemm<T>(Trans::no, Trans::yes, bq, band.width, hd.d, T(1), hd.qp + i0 * hd.d, hd.d, c.E.data() + band.first * hd.d,
+          hd.d, T(0), band.scores.data(), band.width);
+}
+
 // S (bq, bk) = the tile's logits, masked pairs -inf. Rq: the Shaw key scores
-// of the tile's queries, (bq, nb). band: scratch for Transformer-XL.
+// of the tile's queries, (bq, nb). band: the query tile's Transformer-XL scores.
 template <class T>
 void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const T* Rq,
-                 Scratch<T>& band, T* S) {
+                 const XLBand<T>& band, T* S) {
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d, bq = t.bq, bk = t.bk;
   gemm<T>(Trans::no, Trans::yes, bq, bk, d, scale, c.x.qc.data() + t.i0 * d, d, c.x.k.data() + t.j0 * d, d, T(0), S,
           bk);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
-  if (c.xl()) {  // band of bq + bk - 1 distances, skewed: pair (ii, jj) is band column jj - ii + bq - 1
-    const int64_t width = bq + bk - 1;
-    band.resize(bq * width);
-    gemm<T>(Trans::no, Trans::yes, bq, width, d, T(1), hd.qp + t.i0 * d, d, c.E.data() + m0 * d, d, T(0),
-            band.data(), width);
+  if (c.xl())
     for (int64_t ii = 0; ii < bq; ++ii) {
-      const T* diagonal = band.data() + ii * width + (bq - 1 - ii);
+      const T* diagonal = band.scores.data() + band.at(ii, bq, t.j0);
       for (int64_t jj = 0; jj < bk; ++jj) S[ii * bk + jj] += scale * diagonal[jj];
     }
-  }
   const Scratch<T>& bias = c.x.bias;
   const bool padding = !p.key_padding.empty();
   for (int64_t ii = 0; ii < bq; ++ii) {
@@ -159,7 +192,8 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
 template <class T>
 struct ForwardScratch {
   HeadContext<T> head;
-  Scratch<T> S, O, Rq, Pb, band, m, l;
+  Scratch<T> S, O, Rq, Pb, m, l;
+  XLBand<T> band;
 };
 
 // One query tile of one head: all key tiles, online softmax, out and lse.
@@ -179,9 +213,10 @@ void forward_tile(const AttentionForward<T>& p, int64_t b, int64_t h, int64_t i0
   }
   if (c.shaw_v()) w.Pb.assign(bq * c.nb, T(0));
   w.S.resize(bq * kBlockK);
-  for (int64_t j0 = 0; j0 < hd.lk; j0 += kBlockK) {
-    const Tile t{i0, bq, j0, std::min(kBlockK, hd.lk - j0)};
-    if (above_diagonal(p, hd, t)) break;  // later key tiles lie further in the future
+  const int64_t keys = visited_keys(p, hd, i0, bq);
+  if (c.xl() && keys) xl_band(c, i0, bq, keys, w.band);
+  for (int64_t j0 = 0; j0 < keys; j0 += kBlockK) {
+    const Tile t{i0, bq, j0, std::min(kBlockK, keys - j0)};
     T* S = w.S.data();
     tile_logits(p, c, scale, t, w.Rq.data(), w.band, S);
     for (int64_t ii = 0; ii < bq; ++ii) {  // online softmax: S becomes P, O and Pb rescaled
@@ -216,7 +251,8 @@ void forward_tile(const AttentionForward<T>& p, int64_t b, int64_t h, int64_t i0
 template <class T>
 struct BackwardScratch {
   HeadContext<T> head;
-  Scratch<T> dout, D, P, dP, dqc, dqp, dk, dv, Rq, G, dR, Pb, dE, dbias, band, dband;
+  Scratch<T> dout, D, P, dP, dqc, dqp, dk, dv, Rq, G, dR, Pb, dE, dbias, dband;
+  XLBand<T> band;
 };
 
 // All gradients of one head.
@@ -252,11 +288,15 @@ void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int
   if (!c.x.bias.empty()) w.dbias.assign(hd.distances(), T(0));
   w.P.resize(kBlockQ * kBlockK), w.dP.resize(kBlockQ * kBlockK);
 
-  for (int64_t j0 = 0; j0 < lk; j0 += kBlockK) {
-    for (int64_t i0 = 0; i0 < lq; i0 += kBlockQ) {
-      const Tile t{i0, std::min(kBlockQ, lq - i0), j0, std::min(kBlockK, lk - j0)};
-      if (above_diagonal(p, hd, t)) continue;
-      const int64_t bq = t.bq, bk = t.bk;
+  for (int64_t i0 = 0; i0 < lq; i0 += kBlockQ) {
+    const int64_t bq = std::min(kBlockQ, lq - i0), keys = visited_keys(p, hd, i0, bq);
+    if (c.xl() && keys) {
+      xl_band(c, i0, bq, keys, w.band);
+      w.dband.assign(bq * w.band.width, T(0));
+    }
+    for (int64_t j0 = 0; j0 < keys; j0 += kBlockK) {
+      const Tile t{i0, bq, j0, std::min(kBlockK, keys - j0)};
+      const int64_t bk = t.bk;
       T *P = w.P.data(), *dS = w.dP.data();
       tile_logits(p, c, scale, t, c.shaw_k() ? w.Rq.data() + i0 * nb : nullptr, w.band, P);
       for (int64_t ii = 0; ii < bq; ++ii) {
@@ -290,18 +330,18 @@ void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int
               d);
       gemm<T>(Trans::yes, Trans::no, bk, d, bq, scale, dS, bk, c.x.qc.data() + i0 * d, d, T(1),
               w.dk.data() + j0 * d, d);
-      if (c.xl()) {  // un-skew scale * dS onto the band, then the band's products backwards
-        const int64_t width = bq + bk - 1;
-        w.dband.assign(bq * width, T(0));
+      if (c.xl())  // un-skew scale * dS onto the query tile's band (each (ii, j) owns one column of row ii)
         for (int64_t ii = 0; ii < bq; ++ii) {
-          T* diagonal = w.dband.data() + ii * width + (bq - 1 - ii);
+          T* diagonal = w.dband.data() + w.band.at(ii, bq, j0);
           for (int64_t jj = 0; jj < bk; ++jj) diagonal[jj] = scale * dS[ii * bk + jj];
         }
-        gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, c.E.data() + m0 * d, d, T(1),
-                w.dqp.data() + i0 * d, d);
-        gemm<T>(Trans::yes, Trans::no, width, d, bq, T(1), w.dband.data(), width, hd.qp + i0 * d, d, T(1),
-                w.dE.data() + m0 * d, d);
-      }
+    }
+    if (c.xl() && keys) {  // the band's products backwards, once per query tile
+      const int64_t width = w.band.width;
+      const T* E = c.E.data() + w.band.first * d;
+      gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, E, d, T(1), w.dqp.data() + i0 * d, d);
+      gemm<T>(Trans::yes, Trans::no, width, d, bq, T(1), w.dband.data(), width, hd.qp + i0 * d, d, T(1),
+              w.dE.data() + w.band.first * d, d);
     }
   }
 
