@@ -41,28 +41,49 @@ struct HeadContext {
   int64_t nb = 0;           // Shaw table rows 2k+1
   bool clip = true;         // Shaw: distances beyond +-k use the edge rows (else a zero embedding)
   Scratch<T> wk, wv;        // Shaw table slices of this head (nb, d), (nb, dv)
-  Scratch<T> E;             // Transformer-XL W_R R per distance (distances, d)
+  const T* E = nullptr;     // Transformer-XL W_R R per distance (distances, d), from XLKeys
 
   bool shaw_k() const { return !wk.empty(); }
   bool shaw_v() const { return !wv.empty(); }
-  bool xl() const { return !E.empty(); }
+  bool xl() const { return E != nullptr; }
+};
+
+// Transformer-XL's positional keys E_h = R W_R[h]^T of every head over the
+// call's distances, the sinusoids R computed once: they depend on the head,
+// not on the batch row, so all tiles of a call share them. Empty otherwise.
+template <class T>
+struct XLKeys {
+  Scratch<T> R;
+  std::vector<Scratch<T>> E;  // per head, (distances, d)
+
+  explicit XLKeys(const AttentionForward<T>& p) {
+    if (p.pos.scheme != Scheme::xl) return;
+    const Head<T> first = head_geometry(p, 0, 0);
+    R = unfused::DistanceTable<T>::make_sinusoids(p.pos, first.rmin, first.distances());
+    const unfused::DistanceTable<T> table(p.pos, nullptr, &R);
+    const int64_t heads = p.q.shape[1];
+    E.resize(heads);
+    // In a parallel region like every GEMM of the kernel: one thread per GEMM, not OpenMP's default team.
+    parallel_for(
+        heads, thread_count(p.num_threads, heads), [](int) {},
+        [&](int, int64_t h) { E[h] = table.keys(head_geometry(p, 0, h), first.distances()); });
+  }
 };
 
 template <class T>
-void prepare(const AttentionForward<T>& p, int64_t b, int64_t h, HeadContext<T>& c) {
+void prepare(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, int64_t h, HeadContext<T>& c) {
   if (c.b == b && c.h == h) return;
   c.b = b, c.h = h;
   load_head(p, b, h, c.x);
-  const Head<T>& hd = c.x.hd;
   const PositionParams<T>& pos = p.pos;
-  c.wk.clear(), c.wv.clear(), c.E.clear();
+  c.wk.clear(), c.wv.clear();
   if (pos.scheme == Scheme::shaw) {
     c.nb = 2 * pos.shaw.k + 1;
     c.clip = pos.shaw.beyond == Beyond::clip;
     if (!pos.shaw.wk.empty()) c.wk = unfused::table_slice(pos.shaw.wk, h);
     if (!pos.shaw.wv.empty()) c.wv = unfused::table_slice(pos.shaw.wv, h);
   }
-  if (pos.scheme == Scheme::xl) c.E = unfused::DistanceTable<T>(pos, nullptr).keys(hd, hd.distances());
+  c.E = xl.E.empty() ? nullptr : xl.E[h].data();
 }
 
 // Shaw's table row of the keys of one row of a tile, whose distances are
@@ -152,7 +173,7 @@ void xl_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t keys, XLBa
   band.width = keys + bq - 1;
   band.first = hd.diagonal(i0 + bq - 1, 0);
   band.scores.resize(bq * band.width);
-  gemm<T>(Trans::no, Trans::yes, bq, band.width, hd.d, T(1), hd.qp + i0 * hd.d, hd.d, c.E.data() + band.first * hd.d,
+  gemm<T>(Trans::no, Trans::yes, bq, band.width, hd.d, T(1), hd.qp + i0 * hd.d, hd.d, c.E + band.first * hd.d,
           hd.d, T(0), band.scores.data(), band.width);
 }
 
@@ -198,9 +219,10 @@ struct ForwardScratch {
 
 // One query tile of one head: all key tiles, online softmax, out and lse.
 template <class T>
-void forward_tile(const AttentionForward<T>& p, int64_t b, int64_t h, int64_t i0, ForwardScratch<T>& w) {
+void forward_tile(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, int64_t h, int64_t i0,
+                  ForwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
-  prepare(p, b, h, c);
+  prepare(p, xl, b, h, c);
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d, dv = hd.dv, bq = std::min(kBlockQ, hd.lq - i0);
   const T scale = T(effective_scale(p));
@@ -257,10 +279,10 @@ struct BackwardScratch {
 
 // All gradients of one head.
 template <class T>
-void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int64_t b, int64_t h,
-                   BackwardScratch<T>& w) {
+void backward_head(const AttentionBackward<T>& p, const XLKeys<T>& xl, const PositionGrads<T>& g, int64_t b,
+                   int64_t h, BackwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
-  prepare(p, b, h, c);
+  prepare(p, xl, b, h, c);
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv, nb = c.nb;
   const T scale = T(effective_scale(p));
@@ -338,7 +360,7 @@ void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int
     }
     if (c.xl() && keys) {  // the band's products backwards, once per query tile
       const int64_t width = w.band.width;
-      const T* E = c.E.data() + w.band.first * d;
+      const T* E = c.E + w.band.first * d;
       gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, E, d, T(1), w.dqp.data() + i0 * d, d);
       gemm<T>(Trans::yes, Trans::no, width, d, bq, T(1), w.dband.data(), width, hd.qp + i0 * d, d, T(1),
               w.dE.data() + w.band.first * d, d);
@@ -358,7 +380,7 @@ void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int
     gemm<T>(Trans::yes, Trans::no, nb, dv, lq, T(1), w.Pb.data(), nb, w.dout.data(), dv, T(0), dwv.data(), dv);
     unfused::add_to_table(g.shaw_wv, h, dwv);
   }
-  if (c.xl()) unfused::DistanceTable<T>(p.pos, &g).add_key_grad(hd, w.dE, hd.distances());
+  if (c.xl()) unfused::DistanceTable<T>(p.pos, &g, &xl.R).add_key_grad(hd, w.dE, hd.distances());
   if (!w.dbias.empty()) add_bias_grad(p.pos, g, hd, w.dbias);
   write_input_grads(p, c.x, g, w.dqc, w.dqp, w.dk, w.dv);
 }
@@ -371,11 +393,12 @@ void forward(const AttentionForward<T>& p) {
   const int64_t items = p.q.shape[0] * heads * tiles;
   const int threads = thread_count(p.num_threads, items);
   std::vector<ForwardScratch<T>> scratch(threads);
+  const XLKeys<T> xl(p);
   parallel_for(
       items, threads, [](int) {},
       [&](int t, int64_t item) {
         const int64_t bh = item / tiles;
-        forward_tile(p, bh / heads, bh % heads, (item % tiles) * kBlockQ, scratch[t]);
+        forward_tile(p, xl, bh / heads, bh % heads, (item % tiles) * kBlockQ, scratch[t]);
       });
 }
 
@@ -385,9 +408,10 @@ void backward(const AttentionBackward<T>& p) {
   const int threads = thread_count(p.num_threads, p.q.shape[0] * heads);
   std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
   std::vector<BackwardScratch<T>> scratch(threads);
+  const XLKeys<T> xl(p);
   parallel_for(
       p.q.shape[0] * heads, threads, [&](int t) { partials[t] = std::make_unique<GradPartials<T>>(p.dpos); },
-      [&](int t, int64_t bh) { backward_head(p, partials[t]->grads(), bh / heads, bh % heads, scratch[t]); });
+      [&](int t, int64_t bh) { backward_head(p, xl, partials[t]->grads(), bh / heads, bh % heads, scratch[t]); });
   for (const auto& part : partials)  // fixed order: deterministic sums
     if (part) part->add_into(p.dpos);
 }
