@@ -54,6 +54,8 @@ class OmpThreadsScope {
   int saved_;
 };
 
+// Calls taking a cache accept KVCache or KVCacheOf<T> (any type with batch,
+// capacity, length, position, keys and values as in KVCache, holding T).
 template <class T>
 class ModelImpl {
  public:
@@ -82,14 +84,13 @@ class ModelImpl {
     forward(tokens, length + 1, batch, length, memory, backward);
     const int64_t n = int64_t(batch) * length;
     const T weight = T(1) / static_cast<T>(int64_t(batch) * (length - first_scored));
-    std::vector<uint8_t>& targets = targets_;
-    targets.resize(n);
+    targets_.resize(n);
     for (int64_t r = 0; r < n; ++r) {
       act_.row_weight[r] = r % length >= first_scored ? weight : T(0);
-      targets[r] = tokens[(r / length) * (length + 1) + r % length + 1];
+      targets_[r] = tokens[(r / length) * (length + 1) + r % length + 1];
     }
-    const double value = cross_entropy_forward(act_.logits, targets.data(), act_.row_weight, n, kVocabulary);
-    if (backward) backward_pass(targets.data());
+    const double value = cross_entropy_forward(act_.logits, targets_.data(), act_.row_weight, n, kVocabulary);
+    if (backward) backward_pass(targets_.data());
     if (memory) append_to_cache(*memory);
     return value;
   }
