@@ -114,3 +114,27 @@ TEST(NnModel, GradientsAccumulateUntilZeroed) {
   m.zero_gradients();
   for (float g : m.gradients()) ASSERT_EQ(g, 0.0f);
 }
+
+// The learned table has `context` rows; every position from context - 1 on
+// reads the last one. With the attention branch silenced (output projection
+// zero) a position's logits depend only on its byte and its table row: the
+// same byte at positions 3..6 (context 4) gives identical logits, and each
+// earlier position its own.
+TEST(NnModel, LearnedPositionsBeyondContextUseTheLastRow) {
+  ModelConfig c = small_config(PositionKind::learned);
+  c.layers = 1, c.context = 4;
+  Model m(c);
+  m.num_threads = 1;
+  for (const char* name : {"layer0.attn.out.weight", "layer0.attn.out.bias"}) {
+    const ParameterInfo& p = find(m, name);
+    std::fill_n(m.parameters().begin() + p.offset, p.size, 0.0f);
+  }
+  const int length = 7;
+  const std::vector<uint8_t> tokens(length, 'a');
+  std::vector<float> out(length * 256);
+  m.logits(tokens, 1, length, out);
+  auto same = [&](int i, int j) { return std::equal(&out[i * 256], &out[(i + 1) * 256], &out[j * 256]); };
+  for (int i = 4; i < length; ++i) EXPECT_TRUE(same(3, i)) << "position " << i;
+  for (int i = 0; i < 3; ++i)
+    for (int j = i + 1; j < 4; ++j) EXPECT_FALSE(same(i, j)) << "positions " << i << ", " << j;
+}
