@@ -2,10 +2,23 @@
 // whose attention runs through relpos with any position scheme. It exists to
 // show how each scheme extrapolates: train at a short length, evaluate long.
 //
+// Block l (pre-LayerNorm): x += attn(ln1(x)); x += ffn(ln2(x)), ffn = down(gelu(up)),
+// GELU in its exact erf form; then final_ln and an output head tied to the byte
+// embedding (logits = final_ln(x) E^T, as GPT-2: for 256 bytes it saves a matrix
+// and trains the output row of a rare byte through its input use as well).
+// Attention is causal, scale 1/sqrt(head_dim), through relpos::attention_*.
+//
 // Parameters and gradients each live in one contiguous float buffer (the
 // optimizer and checkpoints see flat spans); `parameter_table()` names the
-// slices. Activations of a forward pass are kept in a Workspace sized for the
-// largest (batch, length) it has seen, so a training loop allocates once.
+// slices ("embedding.weight", "positions.learned", "t5.table", "xl.u", "xl.v",
+// "layer<l>.ln1.weight", "layer<l>.attn.qkv.weight", "layer<l>.attn.shaw.wk",
+// "layer<l>.attn.xl.w_r", "layer<l>.ffn.up.weight", "final_ln.bias", ..., l
+// counted from 0). Activations of a forward pass are kept in one buffer sized
+// for the largest (batch, length, memory) seen, so a training loop allocates
+// once. Initialisation: normal(0, 0.02) from config.seed by the model's own
+// generator (splitmix64 + Box-Muller, no standard-library distribution), the
+// residual output projections (attn.out, ffn.down) scaled by 1/sqrt(2 layers),
+// biases 0, LayerNorm gains 1.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +30,17 @@
 namespace relpos::nn {
 
 // Where position information enters the model. `sinusoidal` and `learned` are
-// absolute embeddings added to the byte embeddings; every other kind is a
-// scheme of the attention library, applied in every layer.
+// absolute embeddings added to the byte embeddings (sinusoidal in relpos's
+// [sin..., cos...] order; the learned table has `context` rows and positions
+// >= context all use its last row, so evaluation beyond the training length
+// runs and shows how that fares). Every other kind is a scheme of the
+// attention library, applied in every layer:
+//   shaw   per-layer tables wk, wv (2 shaw_k + 1, head_dim), shared by heads
+//   t5     one table (heads, t5_buckets) shared by all layers, causal buckets
+//   alibi  the paper's slopes, fixed
+//   rope   base rope_base, half-split, over the whole head dimension
+//   xl     u, v (heads, head_dim) shared by all layers, W_R (heads, head_dim,
+//          width) per layer, sinusoid of size width; no absolute embeddings
 enum class PositionKind { none, sinusoidal, learned, shaw, t5, alibi, rope, xl };
 const char* to_string(PositionKind kind);
 PositionKind parse_position_kind(const std::string& name);  // throws std::invalid_argument
@@ -52,7 +74,12 @@ struct ParameterInfo {
 // Per-layer cached keys and values of earlier positions, for Transformer-XL
 // memory (training and evaluation) and for incremental decoding (sampling).
 // Holds up to `capacity` positions per layer and batch row; no gradient flows
-// into it.
+// into it. Keys are stored after the projection and before any rotation: a
+// call attends to [held; current] with the current queries at absolute
+// positions position.. and the held keys at position - length.., so RoPE,
+// absolute embeddings and relative schemes all see true positions. Appending
+// keeps the most recent `capacity` positions (the oldest slide out). Rows
+// 0..length-1 of each (batch, head) slice are held, oldest first.
 struct KVCache {
   int batch = 0, capacity = 0, length = 0;  // length = positions currently held
   int64_t position = 0;                     // absolute position of the next token
@@ -79,18 +106,22 @@ class Model {
   // updated with this segment's, keeping the most recent `capacity` positions.
   float forward_backward(std::span<const uint8_t> tokens, int batch, int length, KVCache* memory = nullptr);
   // The same loss without gradients. `first_scored` skips the first positions
-  // of every row from the mean (sliding-window evaluation scores only the tail).
+  // of every row from the mean (sliding-window evaluation scores only the
+  // tail); it must lie in [0, length). `memory` is used and updated as above.
   float loss(std::span<const uint8_t> tokens, int batch, int length, KVCache* memory = nullptr,
              int first_scored = 0);
 
   // Incremental decoding: logits (batch, 256) of the next byte after feeding
   // `tokens` (batch, count), appending their keys and values to `cache`.
+  // make_cache: empty cache (position 0) for `batch` rows, capacity >= 1.
   KVCache make_cache(int batch, int capacity) const;
   void decode(std::span<const uint8_t> tokens, int batch, int count, KVCache& cache, std::span<float> logits);
   // Logits (batch, length, 256) of a full forward pass, no cache (tests compare it with decode).
   void logits(std::span<const uint8_t> tokens, int batch, int length, std::span<float> out);
 
-  int num_threads = 0;  // OpenMP threads for GEMMs and attention; 0 = all
+  // OpenMP threads for GEMMs (set for the duration of a call), attention and
+  // the elementwise layers; 0 = omp_get_max_threads().
+  int num_threads = 0;
 
  private:
   struct Impl;

@@ -1,0 +1,377 @@
+// The transformer behind relpos::nn::Model, templated on the number type so
+// that tests check its gradients by central differences in double. The public
+// Model is ModelImpl<float> behind a pimpl.
+//
+// Block l (pre-LayerNorm, GPT-2 style):
+//   mid    = input + out_proj(attention(qkv_proj(ln1(input))))
+//   output = mid + down(gelu(up(ln2(mid))))
+// then final_ln and the output head, tied to the byte embedding:
+//   logits = final_ln(stream) E^T.
+// Tying follows GPT-2 / nanoGPT; for 256 bytes it saves a (256, width) matrix
+// and gives the rare bytes of a small corpus an output row trained by their
+// inputs as well.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "activations.hpp"
+#include "attention_layer.hpp"
+#include "cross_entropy.hpp"
+#include "embedding.hpp"
+#include "gelu.hpp"
+#include "layer_norm.hpp"
+#include "linear.hpp"
+#include "parameter_layout.hpp"
+#include "relpos/position.hpp"
+#include "residual.hpp"
+
+namespace relpos::nn {
+
+// KVCache with keys and values of any number type (the public KVCache is the
+// float one; the double model of the tests uses KVCacheOf<double>).
+template <class T>
+struct KVCacheOf {
+  int batch = 0, capacity = 0, length = 0;
+  int64_t position = 0;
+  std::vector<std::vector<T>> keys, values;
+};
+
+// Sets OpenMP's thread count for the GEMM library inside a call, restoring it after.
+class OmpThreadsScope {
+ public:
+  explicit OmpThreadsScope(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  ~OmpThreadsScope() { omp_set_num_threads(saved_); }
+  OmpThreadsScope(const OmpThreadsScope&) = delete;
+  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
+
+ private:
+  int saved_;
+};
+
+// Calls taking a cache accept KVCache or KVCacheOf<T> (any type with batch,
+// capacity, length, position, keys and values as in KVCache, holding T).
+template <class T>
+class ModelImpl {
+ public:
+  explicit ModelImpl(const ModelConfig& config) : config_((config.validate(), config)), layout_(config) {
+    params_.assign(layout_.total, T(0));
+    grads_.assign(layout_.total, T(0));
+    layout_.initialise(config.seed, params_.data());
+  }
+
+  const ModelConfig& config() const { return config_; }
+  const ParameterLayout& layout() const { return layout_; }
+  std::vector<T>& parameters() { return params_; }
+  const std::vector<T>& parameters() const { return params_; }
+  std::vector<T>& gradients() { return grads_; }
+  int num_threads = 0;
+
+  // tokens (batch, length + 1): mean cross-entropy of tokens[:, first_scored + 1:]
+  // given the preceding ones. With `backward`, gradients are added into
+  // gradients(). `memory` gets this segment's keys and values.
+  template <class Cache>
+  double loss(const uint8_t* tokens, int batch, int length, Cache* memory, int first_scored, bool backward) {
+    check_tokens(batch, length, "length");
+    if (first_scored < 0 || first_scored >= length)
+      throw std::invalid_argument("first_scored: must lie in [0, length), got " + std::to_string(first_scored));
+    OmpThreadsScope scope(threads());
+    forward(tokens, length + 1, batch, length, memory, backward);
+    const int64_t n = int64_t(batch) * length;
+    const T weight = T(1) / static_cast<T>(int64_t(batch) * (length - first_scored));
+    targets_.resize(n);
+    for (int64_t r = 0; r < n; ++r) {
+      act_.row_weight[r] = r % length >= first_scored ? weight : T(0);
+      targets_[r] = tokens[(r / length) * (length + 1) + r % length + 1];
+    }
+    const double value = cross_entropy_forward(act_.logits, targets_.data(), act_.row_weight, n, kVocabulary);
+    if (backward) backward_pass(targets_.data());
+    if (memory) append_to_cache(*memory);
+    return value;
+  }
+
+  // Logits (batch, length, 256) of tokens (batch, length) after `cache`'s
+  // positions (none when null), appending their keys and values to it.
+  template <class Cache>
+  const T* logits(const uint8_t* tokens, int batch, int length, Cache* cache) {
+    check_tokens(batch, length, "count");
+    OmpThreadsScope scope(threads());
+    forward(tokens, length, batch, length, cache, false);
+    if (cache) append_to_cache(*cache);
+    return act_.logits;
+  }
+
+  template <class Cache>
+  Cache make_cache(int batch, int capacity) const {
+    if (batch < 1) throw std::invalid_argument("batch: must be >= 1, got " + std::to_string(batch));
+    if (capacity < 1) throw std::invalid_argument("capacity: must be >= 1, got " + std::to_string(capacity));
+    Cache cache;
+    cache.batch = batch;
+    cache.capacity = capacity;
+    const int64_t size = int64_t(batch) * config_.heads * capacity * head_dim();
+    cache.keys.assign(config_.layers, {});
+    cache.values.assign(config_.layers, {});
+    for (int l = 0; l < config_.layers; ++l) {
+      cache.keys[l].assign(size, T(0));
+      cache.values[l].assign(size, T(0));
+    }
+    return cache;
+  }
+
+ private:
+  int64_t head_dim() const { return config_.width / config_.heads; }
+  int threads() const { return num_threads > 0 ? num_threads : omp_get_max_threads(); }
+  const T* param(int64_t offset) const { return params_.data() + offset; }
+  T* grad(int64_t offset) { return grads_.data() + offset; }
+
+  static void check_tokens(int batch, int length, const char* length_name) {
+    if (batch < 1) throw std::invalid_argument("batch: must be >= 1, got " + std::to_string(batch));
+    if (length < 1)
+      throw std::invalid_argument(std::string(length_name) + ": must be >= 1, got " + std::to_string(length));
+  }
+
+  template <class Cache>
+  void check_cache(const Cache& c, int batch) const {
+    const int64_t size = int64_t(c.batch) * config_.heads * c.capacity * head_dim();
+    if (c.batch != batch)
+      throw std::invalid_argument("cache: holds batch " + std::to_string(c.batch) + ", call has batch " +
+                                  std::to_string(batch));
+    if (c.capacity < 1 || c.length < 0 || c.length > c.capacity || c.position < c.length ||
+        c.position > kMaxPosition)
+      throw std::invalid_argument("cache: inconsistent capacity/length/position (make it with make_cache)");
+    if (static_cast<int>(c.keys.size()) != config_.layers || static_cast<int>(c.values.size()) != config_.layers)
+      throw std::invalid_argument("cache: needs one key and one value buffer per layer");
+    for (int l = 0; l < config_.layers; ++l)
+      if (static_cast<int64_t>(c.keys[l].size()) != size || static_cast<int64_t>(c.values[l].size()) != size)
+        throw std::invalid_argument("cache: buffers of layer " + std::to_string(l) + " have the wrong size");
+  }
+
+  PositionParams<T> position_params(const LayerOffsets& o) const {
+    const int64_t h = config_.heads, dh = head_dim();
+    PositionParams<T> p;
+    switch (config_.position) {
+      case PositionKind::none:
+      case PositionKind::sinusoidal:
+      case PositionKind::learned:
+        p.scheme = Scheme::none;
+        break;
+      case PositionKind::shaw:
+        p.scheme = Scheme::shaw;
+        p.shaw.k = config_.shaw_k;
+        p.shaw.wk = View3<const T>::contiguous(param(o.shaw_wk), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
+        p.shaw.wv = View3<const T>::contiguous(param(o.shaw_wv), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
+        break;
+      case PositionKind::t5:
+        p.scheme = Scheme::t5;
+        p.t5.bidirectional = false;
+        p.t5.max_distance = config_.t5_max_distance;
+        p.t5.table = View2<const T>::contiguous(param(layout_.t5_table), {h, config_.t5_buckets});
+        break;
+      case PositionKind::alibi:
+        p.scheme = Scheme::alibi;  // empty slopes: the paper's, fixed
+        break;
+      case PositionKind::rope:
+        p.scheme = Scheme::rope;
+        p.rope.base = config_.rope_base;
+        break;
+      case PositionKind::xl:
+        p.scheme = Scheme::xl;
+        p.xl.u = View2<const T>::contiguous(param(layout_.xl_u), {h, dh});
+        p.xl.v = View2<const T>::contiguous(param(layout_.xl_v), {h, dh});
+        p.xl.w_r = View3<const T>::contiguous(param(o.xl_w_r), {h, dh, config_.width});
+        break;
+    }
+    return p;
+  }
+
+  PositionGrads<T> position_grads(const LayerOffsets& o) {
+    const int64_t h = config_.heads, dh = head_dim();
+    PositionGrads<T> g;
+    if (o.shaw_wk >= 0) {
+      g.shaw_wk = View3<T>::contiguous(grad(o.shaw_wk), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
+      g.shaw_wv = View3<T>::contiguous(grad(o.shaw_wv), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
+    }
+    if (layout_.t5_table >= 0) g.t5_table = View2<T>::contiguous(grad(layout_.t5_table), {h, config_.t5_buckets});
+    if (o.xl_w_r >= 0) {
+      g.xl_u = View2<T>::contiguous(grad(layout_.xl_u), {h, dh});
+      g.xl_v = View2<T>::contiguous(grad(layout_.xl_v), {h, dh});
+      g.xl_w_r = View3<T>::contiguous(grad(o.xl_w_r), {h, dh, config_.width});
+    }
+    return g;
+  }
+
+  AttentionLayerArgs<T> attention_args(int l) const {
+    AttentionLayerArgs<T> a;
+    const LayerActivations<T>& act = act_.layers[l];
+    a.shape = shape_;
+    a.qkv = act.qkv, a.keys = act.keys, a.values = act.values, a.out = act.attn, a.lse = act.lse;
+    a.q_offset = first_position_;
+    a.k_offset = first_position_ - shape_.memory;
+    a.pos = position_params(layout_.layers[l]);
+    a.threads = threads();
+    return a;
+  }
+
+  T* layer_output(int l) { return l + 1 < config_.layers ? act_.layers[l + 1].input : act_.stream_out; }
+
+  // Input embeddings: bytes plus, for the absolute kinds, the embedding of the
+  // absolute position first_position_ + i.
+  void embed(const uint8_t* tokens, int64_t token_stride) {
+    const int64_t b_count = shape_.batch, len = shape_.length, w = config_.width, n = b_count * len;
+    for (int64_t r = 0; r < n; ++r) {
+      act_.tokens[r] = tokens[(r / len) * token_stride + r % len];
+      const int64_t pos = first_position_ + r % len;
+      act_.positions[r] = static_cast<int32_t>(std::min<int64_t>(pos, config_.context - 1));
+    }
+    T* x = act_.layers[0].input;
+    embedding_forward(param(layout_.embedding), w, act_.tokens.data(), n, x, false, threads());
+    if (config_.position == PositionKind::learned)
+      embedding_forward(param(layout_.learned_positions), w, act_.positions.data(), n, x, true, threads());
+    if (config_.position == PositionKind::sinusoidal) {
+      std::vector<T> row(w);
+      for (int64_t i = 0; i < len; ++i) {
+        sinusoid<T>(static_cast<double>(first_position_ + i), w, row.data());
+        for (int64_t b = 0; b < b_count; ++b)
+          for (int64_t c = 0; c < w; ++c) x[(b * len + i) * w + c] += row[c];
+      }
+    }
+  }
+
+  // Activations of tokens (batch, length) at row stride token_stride after
+  // the cache's positions; logits last. `backward`: also plan its scratch.
+  template <class Cache>
+  void forward(const uint8_t* tokens, int64_t token_stride, int batch, int length, Cache* cache, bool backward) {
+    if (cache) check_cache(*cache, batch);
+    shape_ = {batch, length, cache ? cache->length : 0, config_.heads, head_dim()};
+    first_position_ = cache ? cache->position : 0;
+    if (first_position_ + length > kMaxPosition) throw std::invalid_argument("cache: position beyond 2^40");
+    act_.plan(shape_, config_.layers, config_.ffn, kVocabulary, backward, buffer_);
+    const int64_t n = int64_t(batch) * length, w = config_.width, f = config_.ffn, nt = threads();
+    embed(tokens, token_stride);
+    for (int l = 0; l < config_.layers; ++l) {
+      const LayerOffsets& o = layout_.layers[l];
+      LayerActivations<T>& a = act_.layers[l];
+      layer_norm_forward(a.input, param(o.ln1_weight), param(o.ln1_bias), n, w, a.ln1_out, a.ln1_mean, a.ln1_rstd, nt);
+      linear_forward(a.ln1_out, param(o.qkv_weight), param(o.qkv_bias), n, w, 3 * w, a.qkv, nt);
+      if (shape_.memory > 0) fill_keys(*cache, l);
+      attention_layer_forward(attention_args(l));
+      linear_forward(a.attn, param(o.out_weight), param(o.out_bias), n, w, w, a.mid, nt);
+      residual_forward(a.input, a.mid, n, w, nt);
+      layer_norm_forward(a.mid, param(o.ln2_weight), param(o.ln2_bias), n, w, a.ln2_out, a.ln2_mean, a.ln2_rstd, nt);
+      linear_forward(a.ln2_out, param(o.up_weight), param(o.up_bias), n, w, f, a.hidden, nt);
+      gelu_forward(a.hidden, a.activated, n, f, nt);
+      T* out = layer_output(l);
+      linear_forward(a.activated, param(o.down_weight), param(o.down_bias), n, f, w, out, nt);
+      residual_forward(a.mid, out, n, w, nt);
+    }
+    layer_norm_forward(act_.stream_out, param(layout_.final_weight), param(layout_.final_bias), n, w, act_.final_out,
+                       act_.final_mean, act_.final_rstd, nt);
+    gemm<T>(Trans::no, Trans::yes, n, kVocabulary, w, T(1), act_.final_out, w, param(layout_.embedding), w, T(0),
+            act_.logits, kVocabulary);
+  }
+
+  void backward_pass(const uint8_t* targets) {
+    const int64_t n = shape_.batch * shape_.length, w = config_.width, f = config_.ffn, nt = threads();
+    const int64_t v = kVocabulary;
+    auto zero = [](T* p, int64_t size) { std::fill_n(p, size, T(0)); };
+    zero(act_.d_logits, n * v);
+    cross_entropy_backward(act_.logits, targets, act_.row_weight, n, v, act_.d_logits, nt);
+    // Tied head: logits = final_out E^T.
+    gemm<T>(Trans::yes, Trans::no, v, w, n, T(1), act_.d_logits, v, act_.final_out, w, T(1), grad(layout_.embedding), w);
+    gemm<T>(Trans::no, Trans::no, n, w, v, T(1), act_.d_logits, v, param(layout_.embedding), w, T(0), act_.d_norm, w);
+    T* dx = act_.d_stream;  // gradient of the stream at the current depth
+    zero(dx, n * w);
+    layer_norm_backward(act_.d_norm, act_.stream_out, param(layout_.final_weight), act_.final_mean, act_.final_rstd, n,
+                        w, dx, grad(layout_.final_weight), grad(layout_.final_bias), nt);
+    for (int l = config_.layers - 1; l >= 0; --l) {
+      const LayerOffsets& o = layout_.layers[l];
+      const LayerActivations<T>& a = act_.layers[l];
+      // Feed-forward branch; dx is d(output of block l).
+      zero(act_.d_mid, n * w);
+      residual_backward(dx, act_.d_mid, n, w, nt);
+      zero(act_.d_activated, n * f);
+      linear_backward(dx, a.activated, param(o.down_weight), n, f, w, act_.d_activated, grad(o.down_weight),
+                      grad(o.down_bias));
+      zero(act_.d_hidden, n * f);
+      gelu_backward(a.hidden, act_.d_activated, act_.d_hidden, n, f, nt);
+      zero(act_.d_norm, n * w);
+      linear_backward(act_.d_hidden, a.ln2_out, param(o.up_weight), n, w, f, act_.d_norm, grad(o.up_weight),
+                      grad(o.up_bias));
+      layer_norm_backward(act_.d_norm, a.mid, param(o.ln2_weight), a.ln2_mean, a.ln2_rstd, n, w, act_.d_mid,
+                          grad(o.ln2_weight), grad(o.ln2_bias), nt);
+      // Attention branch; d_mid is d(mid).
+      zero(dx, n * w);
+      residual_backward(act_.d_mid, dx, n, w, nt);
+      zero(act_.d_attn, n * w);
+      linear_backward(act_.d_mid, a.attn, param(o.out_weight), n, w, w, act_.d_attn, grad(o.out_weight),
+                      grad(o.out_bias));
+      zero(act_.d_qkv, 3 * n * w);
+      attention_layer_backward(attention_args(l), act_.d_attn, act_.d_qkv, act_.d_keys, act_.d_values,
+                               position_grads(o));
+      zero(act_.d_norm, n * w);
+      linear_backward(act_.d_qkv, a.ln1_out, param(o.qkv_weight), n, w, 3 * w, act_.d_norm, grad(o.qkv_weight),
+                      grad(o.qkv_bias));
+      layer_norm_backward(act_.d_norm, a.input, param(o.ln1_weight), a.ln1_mean, a.ln1_rstd, n, w, dx,
+                          grad(o.ln1_weight), grad(o.ln1_bias), nt);
+    }
+    embedding_backward(dx, w, act_.tokens.data(), n, grad(layout_.embedding));
+    if (config_.position == PositionKind::learned)
+      embedding_backward(dx, w, act_.positions.data(), n, grad(layout_.learned_positions));
+  }
+
+  // keys/values of layer l = [the cache's held rows; this call's rows].
+  template <class Cache>
+  void fill_keys(const Cache& cache, int l) {
+    LayerActivations<T>& a = act_.layers[l];
+    const int64_t rows = shape_.memory * shape_.head_dim, bh = shape_.batch * shape_.heads;
+    const int64_t cap = int64_t(cache.capacity) * shape_.head_dim, keys = shape_.keys() * shape_.head_dim;
+    for (int64_t i = 0; i < bh; ++i) {
+      std::copy_n(cache.keys[l].data() + i * cap, rows, a.keys + i * keys);
+      std::copy_n(cache.values[l].data() + i * cap, rows, a.values + i * keys);
+    }
+    copy_current_keys(a.qkv, shape_, 1, a.keys);
+    copy_current_keys(a.qkv, shape_, 2, a.values);
+  }
+
+  // Appends this call's keys and values, keeping the most recent `capacity`
+  // positions (the oldest slide out); position advances by the call's length.
+  template <class Cache>
+  void append_to_cache(Cache& cache) {
+    const int64_t len = shape_.length, dh = shape_.head_dim, cap = cache.capacity;
+    const int64_t take_new = std::min(len, cap);
+    const int64_t keep_old = std::min<int64_t>(cache.length, cap - take_new);
+    const int64_t drop_old = cache.length - keep_old;
+    for (int l = 0; l < config_.layers; ++l) {
+      const View4<const T> k = qkv_part<const T>(act_.layers[l].qkv, shape_, 1);
+      const View4<const T> v = qkv_part<const T>(act_.layers[l].qkv, shape_, 2);
+      for (int64_t b = 0; b < shape_.batch; ++b)
+        for (int64_t h = 0; h < shape_.heads; ++h) {
+          T* keys = cache.keys[l].data() + (b * shape_.heads + h) * cap * dh;
+          T* values = cache.values[l].data() + (b * shape_.heads + h) * cap * dh;
+          std::copy(keys + drop_old * dh, keys + cache.length * dh, keys);
+          std::copy(values + drop_old * dh, values + cache.length * dh, values);
+          for (int64_t i = 0; i < take_new; ++i) {
+            std::copy_n(&k(b, h, len - take_new + i, 0), dh, keys + (keep_old + i) * dh);
+            std::copy_n(&v(b, h, len - take_new + i, 0), dh, values + (keep_old + i) * dh);
+          }
+        }
+    }
+    cache.length = static_cast<int>(keep_old + take_new);
+    cache.position += len;
+  }
+
+  ModelConfig config_;
+  ParameterLayout layout_;
+  std::vector<T> params_, grads_, buffer_;
+  Activations<T> act_;
+  AttentionShape shape_;
+  int64_t first_position_ = 0;
+  std::vector<uint8_t> targets_;
+};
+
+}  // namespace relpos::nn

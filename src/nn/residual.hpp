@@ -1,0 +1,27 @@
+// Residual connection: stream = skip + branch, computed in place on the branch
+// output (the branch writes into the buffer that becomes the sum).
+#pragma once
+
+#include <cstdint>
+
+#include "row_loop.hpp"
+
+namespace relpos::nn {
+
+// skip (n), inout (n): inout = skip + inout.
+template <class T>
+void residual_forward(const T* skip, T* inout, int64_t rows, int64_t row, int threads) {
+  for_each_row(threads, rows, row, [&](int64_t r) {
+    for (int64_t c = r * row; c < (r + 1) * row; ++c) inout[c] += skip[c];
+  });
+}
+
+// dout (n): the branch sees dout itself; dskip += dout.
+template <class T>
+void residual_backward(const T* dout, T* dskip, int64_t rows, int64_t row, int threads) {
+  for_each_row(threads, rows, row, [&](int64_t r) {
+    for (int64_t c = r * row; c < (r + 1) * row; ++c) dskip[c] += dout[c];
+  });
+}
+
+}  // namespace relpos::nn

@@ -1,0 +1,140 @@
+// The public Model: its parameter table, deterministic initialisation, and
+// threads.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "relpos/nn/model.hpp"
+
+using namespace relpos::nn;
+
+namespace {
+
+ModelConfig small_config(PositionKind kind) {
+  ModelConfig c;
+  c.layers = 2, c.width = 32, c.heads = 4, c.ffn = 64, c.context = 16, c.position = kind;
+  c.shaw_k = 4, c.t5_buckets = 8, c.t5_max_distance = 32, c.seed = 3;
+  return c;
+}
+
+const ParameterInfo& find(const Model& m, const std::string& name) {
+  for (const ParameterInfo& p : m.parameter_table())
+    if (p.name == name) return p;
+  throw std::runtime_error("no parameter " + name);
+}
+
+double std_of(const Model& m, const ParameterInfo& p) {
+  double sq = 0;
+  for (int64_t i = 0; i < p.size; ++i) sq += double(m.parameters()[p.offset + i]) * m.parameters()[p.offset + i];
+  return std::sqrt(sq / p.size);
+}
+
+}  // namespace
+
+TEST(NnModel, ParameterTableTilesTheBuffer) {
+  for (PositionKind kind : {PositionKind::none, PositionKind::learned, PositionKind::shaw, PositionKind::t5,
+                            PositionKind::xl}) {
+    const Model m(small_config(kind));
+    int64_t next = 0;
+    std::set<std::string> names;
+    for (const ParameterInfo& p : m.parameter_table()) {
+      EXPECT_EQ(p.offset, next) << p.name;
+      int64_t size = 1;
+      for (int64_t s : p.shape) size *= s;
+      EXPECT_EQ(size, p.size) << p.name;
+      EXPECT_TRUE(names.insert(p.name).second) << "duplicate " << p.name;
+      // Matrices decay; vectors (biases, norms) and position tables do not.
+      const bool position = p.name.find("positions") != std::string::npos || p.name.find("t5") == 0 ||
+                            p.name.find("xl") != std::string::npos || p.name.find("shaw") != std::string::npos;
+      EXPECT_EQ(p.weight_decay, p.shape.size() == 2 && !position) << p.name;
+      next += p.size;
+    }
+    EXPECT_EQ(next, static_cast<int64_t>(m.parameters().size()));
+  }
+  const Model xl(small_config(PositionKind::xl));
+  EXPECT_EQ(find(xl, "layer1.attn.xl.w_r").shape, (std::vector<int64_t>{4, 8, 32}));
+  EXPECT_EQ(find(xl, "xl.u").shape, (std::vector<int64_t>{4, 8}));
+  const Model shaw(small_config(PositionKind::shaw));
+  EXPECT_EQ(find(shaw, "layer0.attn.shaw.wk").shape, (std::vector<int64_t>{1, 9, 8}));
+  const Model t5(small_config(PositionKind::t5));
+  EXPECT_EQ(find(t5, "t5.table").shape, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(find(t5, "embedding.weight").shape, (std::vector<int64_t>{256, 32}));
+}
+
+TEST(NnModel, InitialisationIsDeterministicAndScaled) {
+  ModelConfig c = small_config(PositionKind::alibi);
+  c.width = 128, c.ffn = 256;
+  const Model a(c), b(c);
+  EXPECT_TRUE(std::equal(a.parameters().begin(), a.parameters().end(), b.parameters().begin()));
+  c.seed = 4;
+  const Model other(c);
+  EXPECT_FALSE(std::equal(a.parameters().begin(), a.parameters().end(), other.parameters().begin()));
+  EXPECT_NEAR(std_of(a, find(a, "layer0.attn.qkv.weight")), 0.02, 0.001);
+  EXPECT_NEAR(std_of(a, find(a, "layer1.ffn.up.weight")), 0.02, 0.001);
+  EXPECT_NEAR(std_of(a, find(a, "layer0.attn.out.weight")), 0.02 / 2, 0.001);  // 1 / sqrt(2 * layers)
+  EXPECT_NEAR(std_of(a, find(a, "layer1.ffn.down.weight")), 0.02 / 2, 0.001);
+  EXPECT_EQ(std_of(a, find(a, "layer0.attn.qkv.bias")), 0.0);
+  EXPECT_EQ(std_of(a, find(a, "final_ln.weight")), 1.0);
+  // A model at initialisation predicts nearly uniformly: loss near ln 256 (the
+  // tied head favours repeating the input byte a little: its row meets itself).
+  Model m(c);
+  m.num_threads = 1;
+  std::vector<uint8_t> tokens(2 * 17);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint8_t>(i * 37);
+  EXPECT_NEAR(m.loss(tokens, 2, 16), std::log(256.0), 0.3);
+}
+
+TEST(NnModel, ThreadsGiveTheSameLossAndGradients) {
+  std::vector<uint8_t> tokens(4 * 33);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint8_t>((i * i * 7) % 251);
+  std::vector<std::vector<float>> grads;
+  std::vector<float> losses;
+  for (int threads : {1, 2}) {
+    Model m(small_config(PositionKind::shaw));
+    m.num_threads = threads;
+    losses.push_back(m.forward_backward(tokens, 4, 32));
+    grads.emplace_back(m.gradients().begin(), m.gradients().end());
+  }
+  EXPECT_NEAR(losses[0], losses[1], 1e-5);
+  for (std::size_t i = 0; i < grads[0].size(); ++i)
+    ASSERT_NEAR(grads[0][i], grads[1][i], 1e-5 + 1e-3 * std::abs(grads[0][i])) << "gradient " << i;
+}
+
+TEST(NnModel, GradientsAccumulateUntilZeroed) {
+  Model m(small_config(PositionKind::rope));
+  m.num_threads = 1;
+  std::vector<uint8_t> tokens(2 * 9, 65);
+  m.forward_backward(tokens, 2, 8);
+  const std::vector<float> once(m.gradients().begin(), m.gradients().end());
+  m.forward_backward(tokens, 2, 8);
+  for (std::size_t i = 0; i < once.size(); ++i) ASSERT_NEAR(m.gradients()[i], 2 * once[i], 1e-6 + 1e-5 * std::abs(once[i]));
+  m.zero_gradients();
+  for (float g : m.gradients()) ASSERT_EQ(g, 0.0f);
+}
+
+// The learned table has `context` rows; every position from context - 1 on
+// reads the last one. With the attention branch silenced (output projection
+// zero) a position's logits depend only on its byte and its table row: the
+// same byte at positions 3..6 (context 4) gives identical logits, and each
+// earlier position its own.
+TEST(NnModel, LearnedPositionsBeyondContextUseTheLastRow) {
+  ModelConfig c = small_config(PositionKind::learned);
+  c.layers = 1, c.context = 4;
+  Model m(c);
+  m.num_threads = 1;
+  for (const char* name : {"layer0.attn.out.weight", "layer0.attn.out.bias"}) {
+    const ParameterInfo& p = find(m, name);
+    std::fill_n(m.parameters().begin() + p.offset, p.size, 0.0f);
+  }
+  const int length = 7;
+  const std::vector<uint8_t> tokens(length, 'a');
+  std::vector<float> out(length * 256);
+  m.logits(tokens, 1, length, out);
+  auto same = [&](int i, int j) { return std::equal(&out[i * 256], &out[(i + 1) * 256], &out[j * 256]); };
+  for (int i = 4; i < length; ++i) EXPECT_TRUE(same(3, i)) << "position " << i;
+  for (int i = 0; i < 3; ++i)
+    for (int j = i + 1; j < 4; ++j) EXPECT_FALSE(same(i, j)) << "positions " << i << ", " << j;
+}
