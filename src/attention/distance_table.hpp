@@ -14,7 +14,20 @@ namespace relpos::unfused {
 template <class T>
 class DistanceTable {
  public:
-  DistanceTable(const PositionParams<T>& pos, const PositionGrads<T>* grads) : pos_(pos), grads_(grads) {}
+  // sinusoids: Transformer-XL's R of the call's distances (make_sinusoids),
+  // shared by every head so that it is computed once; null = per use.
+  DistanceTable(const PositionParams<T>& pos, const PositionGrads<T>* grads, const Scratch<T>* sinusoids = nullptr)
+      : pos_(pos), grads_(grads), shared_sinusoids_(sinusoids) {}
+
+  // (count, pos_dim) sinusoids R(xl_distance(rmin + m)) of distances m = 0 .. count-1.
+  static Scratch<T> make_sinusoids(const PositionParams<T>& pos, int64_t rmin, int64_t count) {
+    const int64_t pd = pos.xl.w_r.shape[2];
+    Scratch<T> R(count * pd);
+    const std::vector<double> inv_freq = sinusoid_inv_freq(pd);
+    for (int64_t m = 0; m < count; ++m)
+      sinusoid(double(xl_distance(rmin + m, pos.xl.clamp_len)), inv_freq, &R[m * pd]);
+    return R;
+  }
 
   bool has_keys() const { return pos_.scheme == Scheme::xl || !pos_.shaw.wk.empty(); }
   bool has_values() const { return pos_.scheme == Scheme::shaw && !pos_.shaw.wv.empty(); }
@@ -23,7 +36,8 @@ class DistanceTable {
   Scratch<T> keys(const Head<T>& hd, int64_t count) const {
     Scratch<T> E(count * hd.d);
     if (pos_.scheme == Scheme::xl) {  // E = R W_R^T
-      const Scratch<T> R = sinusoids(hd, count);
+      Scratch<T> own;
+      const Scratch<T>& R = sinusoids(hd, count, own);
       const int64_t pd = pos_dim();
       Scratch<T> w(hd.d * pd);  // this head's W_R, dense
       for (int64_t x = 0; x < hd.d; ++x)
@@ -47,7 +61,8 @@ class DistanceTable {
     if (!grads_) return;
     if (pos_.scheme == Scheme::xl) {
       if (grads_->xl_w_r.empty()) return;
-      const Scratch<T> R = sinusoids(hd, count);
+      Scratch<T> own;
+      const Scratch<T>& R = sinusoids(hd, count, own);
       const int64_t pd = pos_dim();
       Scratch<T> dW(hd.d * pd);  // dE^T R
       gemm<T>(Trans::yes, Trans::no, hd.d, pd, count, T(1), dE.data(), hd.d, R.data(), pd, T(0), dW.data(), pd);
@@ -65,13 +80,12 @@ class DistanceTable {
  private:
   int64_t pos_dim() const { return pos_.xl.w_r.shape[2]; }
 
-  Scratch<T> sinusoids(const Head<T>& hd, int64_t count) const {
-    const int64_t pd = pos_dim();
-    Scratch<T> R(count * pd);
-    const std::vector<double> inv_freq = sinusoid_inv_freq(pd);
-    for (int64_t m = 0; m < count; ++m)
-      sinusoid(double(xl_distance(hd.rmin + m, pos_.xl.clamp_len)), inv_freq, &R[m * pd]);
-    return R;
+  // The shared sinusoids when given (the caller made them for the same
+  // distances), else a table made in `own`.
+  const Scratch<T>& sinusoids(const Head<T>& hd, int64_t count, Scratch<T>& own) const {
+    if (shared_sinusoids_) return *shared_sinusoids_;
+    own = make_sinusoids(pos_, hd.rmin, count);
+    return own;
   }
 
   void shaw_rows(const Head<T>& hd, const View3<const T>& table, int64_t count, Scratch<T>& E) const {
@@ -90,6 +104,7 @@ class DistanceTable {
 
   const PositionParams<T>& pos_;
   const PositionGrads<T>* grads_;
+  const Scratch<T>* shared_sinusoids_;
 };
 
 }  // namespace relpos::unfused

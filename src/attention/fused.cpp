@@ -8,10 +8,11 @@
 //   Shaw key    R = qp wk^T (Bq, 2k+1) per query tile, gathered by c(r)
 //   Shaw value  per-row bucket sums of P, rescaled with the running max like
 //               the output, then one (Bq, 2k+1) x (2k+1, dv) product
-//   XL          (q + v) times the positional keys of the tile's band of
-//               Bq + Bk - 1 distances, skewed inside the tile
+//   XL          (q + v) times the positional keys, once per query tile for
+//               the band of distances its key tiles reach (Bq + keys - 1),
+//               read skewed by each tile
 //
-// Backward recomputes P from the saved logsumexp, key tiles outer and query
+// Backward recomputes P from the saved logsumexp, query tiles outer and key
 // tiles inner; positional gradients go to per-thread partials summed in
 // thread order, so results do not depend on thread timing.
 #include "fused.hpp"
@@ -40,28 +41,49 @@ struct HeadContext {
   int64_t nb = 0;           // Shaw table rows 2k+1
   bool clip = true;         // Shaw: distances beyond +-k use the edge rows (else a zero embedding)
   Scratch<T> wk, wv;        // Shaw table slices of this head (nb, d), (nb, dv)
-  Scratch<T> E;             // Transformer-XL W_R R per distance (distances, d)
+  const T* E = nullptr;     // Transformer-XL W_R R per distance (distances, d), from XLKeys
 
   bool shaw_k() const { return !wk.empty(); }
   bool shaw_v() const { return !wv.empty(); }
-  bool xl() const { return !E.empty(); }
+  bool xl() const { return E != nullptr; }
+};
+
+// Transformer-XL's positional keys E_h = R W_R[h]^T of every head over the
+// call's distances, the sinusoids R computed once: they depend on the head,
+// not on the batch row, so all tiles of a call share them. Empty otherwise.
+template <class T>
+struct XLKeys {
+  Scratch<T> R;
+  std::vector<Scratch<T>> E;  // per head, (distances, d)
+
+  explicit XLKeys(const AttentionForward<T>& p) {
+    if (p.pos.scheme != Scheme::xl) return;
+    const Head<T> first = head_geometry(p, 0, 0);
+    R = unfused::DistanceTable<T>::make_sinusoids(p.pos, first.rmin, first.distances());
+    const unfused::DistanceTable<T> table(p.pos, nullptr, &R);
+    const int64_t heads = p.q.shape[1];
+    E.resize(heads);
+    // In a parallel region like every GEMM of the kernel: one thread per GEMM, not OpenMP's default team.
+    parallel_for(
+        heads, thread_count(p.num_threads, heads), [](int) {},
+        [&](int, int64_t h) { E[h] = table.keys(head_geometry(p, 0, h), first.distances()); });
+  }
 };
 
 template <class T>
-void prepare(const AttentionForward<T>& p, int64_t b, int64_t h, HeadContext<T>& c) {
+void prepare(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, int64_t h, HeadContext<T>& c) {
   if (c.b == b && c.h == h) return;
   c.b = b, c.h = h;
   load_head(p, b, h, c.x);
-  const Head<T>& hd = c.x.hd;
   const PositionParams<T>& pos = p.pos;
-  c.wk.clear(), c.wv.clear(), c.E.clear();
+  c.wk.clear(), c.wv.clear();
   if (pos.scheme == Scheme::shaw) {
     c.nb = 2 * pos.shaw.k + 1;
     c.clip = pos.shaw.beyond == Beyond::clip;
     if (!pos.shaw.wk.empty()) c.wk = unfused::table_slice(pos.shaw.wk, h);
     if (!pos.shaw.wv.empty()) c.wv = unfused::table_slice(pos.shaw.wv, h);
   }
-  if (pos.scheme == Scheme::xl) c.E = unfused::DistanceTable<T>(pos, nullptr).keys(hd, hd.distances());
+  c.E = xl.E.empty() ? nullptr : xl.E[h].data();
 }
 
 // Shaw's table row of the keys of one row of a tile, whose distances are
@@ -118,26 +140,58 @@ bool above_diagonal(const AttentionForward<T>& p, const Head<T>& hd, const Tile&
   return p.causal && hd.r(t.i0 + t.bq - 1, t.j0) > 0;
 }
 
+// End of the keys a query tile visits: its key tiles up to the last one not
+// wholly in the future (causal).
+template <class T>
+int64_t visited_keys(const AttentionForward<T>& p, const Head<T>& hd, int64_t i0, int64_t bq) {
+  int64_t end = 0;
+  for (int64_t j0 = 0; j0 < hd.lk; j0 += kBlockK) {
+    const Tile t{i0, bq, j0, std::min(kBlockK, hd.lk - j0)};
+    if (above_diagonal(p, hd, t)) break;  // later key tiles lie further in the future
+    end = j0 + t.bk;
+  }
+  return end;
+}
+
+// Transformer-XL's positional scores of the query tile [i0, i0 + bq) against
+// every distance its keys [0, keys) reach, computed by one product per query
+// tile (a per-key-tile band would compute Bq + Bk - 1 columns for Bk keys):
+// scores (bq, width), column c = distance index first + c; the pair (ii, j) is
+// column j - ii + bq - 1.
+template <class T>
+struct XLBand {
+  Scratch<T> scores;
+  int64_t width = 0, first = 0;
+
+  // Offset of the pair (ii, j0) in scores, and in any (bq, width) buffer like it.
+  int64_t at(int64_t ii, int64_t bq, int64_t j0) const { return ii * width + (bq - 1 - ii) + j0; }
+};
+
+template <class T>
+void xl_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t keys, XLBand<T>& band) {
+  const Head<T>& hd = c.x.hd;
+  band.width = keys + bq - 1;
+  band.first = hd.diagonal(i0 + bq - 1, 0);
+  band.scores.resize(bq * band.width);
+  gemm<T>(Trans::no, Trans::yes, bq, band.width, hd.d, T(1), hd.qp + i0 * hd.d, hd.d, c.E + band.first * hd.d,
+          hd.d, T(0), band.scores.data(), band.width);
+}
+
 // S (bq, bk) = the tile's logits, masked pairs -inf. Rq: the Shaw key scores
-// of the tile's queries, (bq, nb). band: scratch for Transformer-XL.
+// of the tile's queries, (bq, nb). band: the query tile's Transformer-XL scores.
 template <class T>
 void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const T* Rq,
-                 Scratch<T>& band, T* S) {
+                 const XLBand<T>& band, T* S) {
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d, bq = t.bq, bk = t.bk;
   gemm<T>(Trans::no, Trans::yes, bq, bk, d, scale, c.x.qc.data() + t.i0 * d, d, c.x.k.data() + t.j0 * d, d, T(0), S,
           bk);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
-  if (c.xl()) {  // band of bq + bk - 1 distances, skewed: pair (ii, jj) is band column jj - ii + bq - 1
-    const int64_t width = bq + bk - 1;
-    band.resize(bq * width);
-    gemm<T>(Trans::no, Trans::yes, bq, width, d, T(1), hd.qp + t.i0 * d, d, c.E.data() + m0 * d, d, T(0),
-            band.data(), width);
+  if (c.xl())
     for (int64_t ii = 0; ii < bq; ++ii) {
-      const T* diagonal = band.data() + ii * width + (bq - 1 - ii);
+      const T* diagonal = band.scores.data() + band.at(ii, bq, t.j0);
       for (int64_t jj = 0; jj < bk; ++jj) S[ii * bk + jj] += scale * diagonal[jj];
     }
-  }
   const Scratch<T>& bias = c.x.bias;
   const bool padding = !p.key_padding.empty();
   for (int64_t ii = 0; ii < bq; ++ii) {
@@ -159,14 +213,16 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
 template <class T>
 struct ForwardScratch {
   HeadContext<T> head;
-  Scratch<T> S, O, Rq, Pb, band, m, l;
+  Scratch<T> S, O, Rq, Pb, m, l;
+  XLBand<T> band;
 };
 
 // One query tile of one head: all key tiles, online softmax, out and lse.
 template <class T>
-void forward_tile(const AttentionForward<T>& p, int64_t b, int64_t h, int64_t i0, ForwardScratch<T>& w) {
+void forward_tile(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, int64_t h, int64_t i0,
+                  ForwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
-  prepare(p, b, h, c);
+  prepare(p, xl, b, h, c);
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d, dv = hd.dv, bq = std::min(kBlockQ, hd.lq - i0);
   const T scale = T(effective_scale(p));
@@ -179,9 +235,10 @@ void forward_tile(const AttentionForward<T>& p, int64_t b, int64_t h, int64_t i0
   }
   if (c.shaw_v()) w.Pb.assign(bq * c.nb, T(0));
   w.S.resize(bq * kBlockK);
-  for (int64_t j0 = 0; j0 < hd.lk; j0 += kBlockK) {
-    const Tile t{i0, bq, j0, std::min(kBlockK, hd.lk - j0)};
-    if (above_diagonal(p, hd, t)) break;  // later key tiles lie further in the future
+  const int64_t keys = visited_keys(p, hd, i0, bq);
+  if (c.xl() && keys) xl_band(c, i0, bq, keys, w.band);
+  for (int64_t j0 = 0; j0 < keys; j0 += kBlockK) {
+    const Tile t{i0, bq, j0, std::min(kBlockK, keys - j0)};
     T* S = w.S.data();
     tile_logits(p, c, scale, t, w.Rq.data(), w.band, S);
     for (int64_t ii = 0; ii < bq; ++ii) {  // online softmax: S becomes P, O and Pb rescaled
@@ -216,15 +273,16 @@ void forward_tile(const AttentionForward<T>& p, int64_t b, int64_t h, int64_t i0
 template <class T>
 struct BackwardScratch {
   HeadContext<T> head;
-  Scratch<T> dout, D, P, dP, dqc, dqp, dk, dv, Rq, G, dR, Pb, dE, dbias, band, dband;
+  Scratch<T> dout, D, P, dP, dqc, dqp, dk, dv, Rq, G, dR, Pb, dE, dbias, dband;
+  XLBand<T> band;
 };
 
 // All gradients of one head.
 template <class T>
-void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int64_t b, int64_t h,
-                   BackwardScratch<T>& w) {
+void backward_head(const AttentionBackward<T>& p, const XLKeys<T>& xl, const PositionGrads<T>& g, int64_t b,
+                   int64_t h, BackwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
-  prepare(p, b, h, c);
+  prepare(p, xl, b, h, c);
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv, nb = c.nb;
   const T scale = T(effective_scale(p));
@@ -252,11 +310,15 @@ void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int
   if (!c.x.bias.empty()) w.dbias.assign(hd.distances(), T(0));
   w.P.resize(kBlockQ * kBlockK), w.dP.resize(kBlockQ * kBlockK);
 
-  for (int64_t j0 = 0; j0 < lk; j0 += kBlockK) {
-    for (int64_t i0 = 0; i0 < lq; i0 += kBlockQ) {
-      const Tile t{i0, std::min(kBlockQ, lq - i0), j0, std::min(kBlockK, lk - j0)};
-      if (above_diagonal(p, hd, t)) continue;
-      const int64_t bq = t.bq, bk = t.bk;
+  for (int64_t i0 = 0; i0 < lq; i0 += kBlockQ) {
+    const int64_t bq = std::min(kBlockQ, lq - i0), keys = visited_keys(p, hd, i0, bq);
+    if (c.xl() && keys) {
+      xl_band(c, i0, bq, keys, w.band);
+      w.dband.assign(bq * w.band.width, T(0));
+    }
+    for (int64_t j0 = 0; j0 < keys; j0 += kBlockK) {
+      const Tile t{i0, bq, j0, std::min(kBlockK, keys - j0)};
+      const int64_t bk = t.bk;
       T *P = w.P.data(), *dS = w.dP.data();
       tile_logits(p, c, scale, t, c.shaw_k() ? w.Rq.data() + i0 * nb : nullptr, w.band, P);
       for (int64_t ii = 0; ii < bq; ++ii) {
@@ -290,18 +352,18 @@ void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int
               d);
       gemm<T>(Trans::yes, Trans::no, bk, d, bq, scale, dS, bk, c.x.qc.data() + i0 * d, d, T(1),
               w.dk.data() + j0 * d, d);
-      if (c.xl()) {  // un-skew scale * dS onto the band, then the band's products backwards
-        const int64_t width = bq + bk - 1;
-        w.dband.assign(bq * width, T(0));
+      if (c.xl())  // un-skew scale * dS onto the query tile's band (each (ii, j) owns one column of row ii)
         for (int64_t ii = 0; ii < bq; ++ii) {
-          T* diagonal = w.dband.data() + ii * width + (bq - 1 - ii);
+          T* diagonal = w.dband.data() + w.band.at(ii, bq, j0);
           for (int64_t jj = 0; jj < bk; ++jj) diagonal[jj] = scale * dS[ii * bk + jj];
         }
-        gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, c.E.data() + m0 * d, d, T(1),
-                w.dqp.data() + i0 * d, d);
-        gemm<T>(Trans::yes, Trans::no, width, d, bq, T(1), w.dband.data(), width, hd.qp + i0 * d, d, T(1),
-                w.dE.data() + m0 * d, d);
-      }
+    }
+    if (c.xl() && keys) {  // the band's products backwards, once per query tile
+      const int64_t width = w.band.width;
+      const T* E = c.E + w.band.first * d;
+      gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, E, d, T(1), w.dqp.data() + i0 * d, d);
+      gemm<T>(Trans::yes, Trans::no, width, d, bq, T(1), w.dband.data(), width, hd.qp + i0 * d, d, T(1),
+              w.dE.data() + w.band.first * d, d);
     }
   }
 
@@ -318,7 +380,7 @@ void backward_head(const AttentionBackward<T>& p, const PositionGrads<T>& g, int
     gemm<T>(Trans::yes, Trans::no, nb, dv, lq, T(1), w.Pb.data(), nb, w.dout.data(), dv, T(0), dwv.data(), dv);
     unfused::add_to_table(g.shaw_wv, h, dwv);
   }
-  if (c.xl()) unfused::DistanceTable<T>(p.pos, &g).add_key_grad(hd, w.dE, hd.distances());
+  if (c.xl()) unfused::DistanceTable<T>(p.pos, &g, &xl.R).add_key_grad(hd, w.dE, hd.distances());
   if (!w.dbias.empty()) add_bias_grad(p.pos, g, hd, w.dbias);
   write_input_grads(p, c.x, g, w.dqc, w.dqp, w.dk, w.dv);
 }
@@ -331,11 +393,12 @@ void forward(const AttentionForward<T>& p) {
   const int64_t items = p.q.shape[0] * heads * tiles;
   const int threads = thread_count(p.num_threads, items);
   std::vector<ForwardScratch<T>> scratch(threads);
+  const XLKeys<T> xl(p);
   parallel_for(
       items, threads, [](int) {},
       [&](int t, int64_t item) {
         const int64_t bh = item / tiles;
-        forward_tile(p, bh / heads, bh % heads, (item % tiles) * kBlockQ, scratch[t]);
+        forward_tile(p, xl, bh / heads, bh % heads, (item % tiles) * kBlockQ, scratch[t]);
       });
 }
 
@@ -345,9 +408,10 @@ void backward(const AttentionBackward<T>& p) {
   const int threads = thread_count(p.num_threads, p.q.shape[0] * heads);
   std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
   std::vector<BackwardScratch<T>> scratch(threads);
+  const XLKeys<T> xl(p);
   parallel_for(
       p.q.shape[0] * heads, threads, [&](int t) { partials[t] = std::make_unique<GradPartials<T>>(p.dpos); },
-      [&](int t, int64_t bh) { backward_head(p, partials[t]->grads(), bh / heads, bh % heads, scratch[t]); });
+      [&](int t, int64_t bh) { backward_head(p, xl, partials[t]->grads(), bh / heads, bh % heads, scratch[t]); });
   for (const auto& part : partials)  // fixed order: deterministic sums
     if (part) part->add_into(p.dpos);
 }

@@ -69,11 +69,19 @@ struct HeadData {
   RopeAngles<T> rope_q, rope_k;  // RoPE cos/sin per position, computed once per call and thread
 };
 
+// The shape and distances of head (b, h) of a call, no data.
+template <class T>
+inline Head<T> head_geometry(const AttentionForward<T>& p, int64_t b, int64_t h) {
+  Head<T> hd;
+  hd.b = b, hd.h = h, hd.lq = p.q.shape[2], hd.lk = p.k.shape[2], hd.d = p.q.shape[3], hd.dv = p.v.shape[3];
+  hd.rmin = p.k_offset - (p.q_offset + hd.lq - 1);
+  return hd;
+}
+
 template <class T>
 inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadData<T>& x) {
   Head<T>& hd = x.hd;
-  hd.b = b, hd.h = h, hd.lq = p.q.shape[2], hd.lk = p.k.shape[2], hd.d = p.q.shape[3], hd.dv = p.v.shape[3];
-  hd.rmin = p.k_offset - (p.q_offset + hd.lq - 1);
+  hd = head_geometry(p, b, h);
   const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv;
   x.qc.resize(lq * d), x.k.resize(lk * d), x.v.resize(lk * dv);
   for (int64_t i = 0; i < lq; ++i)

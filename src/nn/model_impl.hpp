@@ -7,6 +7,8 @@
 //   output = mid + down(gelu(up(ln2(mid))))
 // then final_ln and the output head, tied to the byte embedding:
 //   logits = final_ln(stream) E^T.
+// The first block's input is embed_scale() * E[byte] plus the absolute
+// position embedding, if any.
 // Tying follows GPT-2 / nanoGPT; for 256 bytes it saves a (256, width) matrix
 // and gives the rare bytes of a small corpus an output row trained by their
 // inputs as well.
@@ -15,6 +17,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -54,6 +57,8 @@ class OmpThreadsScope {
   int saved_;
 };
 
+// Calls taking a cache accept KVCache or KVCacheOf<T> (any type with batch,
+// capacity, length, position, keys and values as in KVCache, holding T).
 template <class T>
 class ModelImpl {
  public:
@@ -82,14 +87,13 @@ class ModelImpl {
     forward(tokens, length + 1, batch, length, memory, backward);
     const int64_t n = int64_t(batch) * length;
     const T weight = T(1) / static_cast<T>(int64_t(batch) * (length - first_scored));
-    std::vector<uint8_t>& targets = targets_;
-    targets.resize(n);
+    targets_.resize(n);
     for (int64_t r = 0; r < n; ++r) {
       act_.row_weight[r] = r % length >= first_scored ? weight : T(0);
-      targets[r] = tokens[(r / length) * (length + 1) + r % length + 1];
+      targets_[r] = tokens[(r / length) * (length + 1) + r % length + 1];
     }
-    const double value = cross_entropy_forward(act_.logits, targets.data(), act_.row_weight, n, kVocabulary);
-    if (backward) backward_pass(targets.data());
+    const double value = cross_entropy_forward(act_.logits, targets_.data(), act_.row_weight, n, kVocabulary);
+    if (backward) backward_pass(targets_.data());
     if (memory) append_to_cache(*memory);
     return value;
   }
@@ -218,8 +222,16 @@ class ModelImpl {
 
   T* layer_output(int l) { return l + 1 < config_.layers ? act_.layers[l + 1].input : act_.stream_out; }
 
-  // Input embeddings: bytes plus, for the absolute kinds, the embedding of the
-  // absolute position first_position_ + i.
+  // Factor on the byte embedding at the input: sqrt(width) under sinusoidal
+  // positions (the Transformer paper, fairseq's embed_scale), so that bytes
+  // initialised at std 0.02 are not drowned by a sinusoid of amplitude 1; 1
+  // for every other kind. The tied output head uses the unscaled matrix.
+  T embed_scale() const {
+    return config_.position == PositionKind::sinusoidal ? static_cast<T>(std::sqrt(double(config_.width))) : T(1);
+  }
+
+  // Input embeddings: embed_scale() * bytes plus, for the absolute kinds, the
+  // embedding of the absolute position first_position_ + i.
   void embed(const uint8_t* tokens, int64_t token_stride) {
     const int64_t b_count = shape_.batch, len = shape_.length, w = config_.width, n = b_count * len;
     for (int64_t r = 0; r < n; ++r) {
@@ -228,7 +240,7 @@ class ModelImpl {
       act_.positions[r] = static_cast<int32_t>(std::min<int64_t>(pos, config_.context - 1));
     }
     T* x = act_.layers[0].input;
-    embedding_forward(param(layout_.embedding), w, act_.tokens.data(), n, x, false, threads());
+    embedding_forward(param(layout_.embedding), w, act_.tokens.data(), n, x, false, threads(), embed_scale());
     if (config_.position == PositionKind::learned)
       embedding_forward(param(layout_.learned_positions), w, act_.positions.data(), n, x, true, threads());
     if (config_.position == PositionKind::sinusoidal) {
@@ -318,7 +330,7 @@ class ModelImpl {
       layer_norm_backward(act_.d_norm, a.input, param(o.ln1_weight), a.ln1_mean, a.ln1_rstd, n, w, dx,
                           grad(o.ln1_weight), grad(o.ln1_bias), nt);
     }
-    embedding_backward(dx, w, act_.tokens.data(), n, grad(layout_.embedding));
+    embedding_backward(dx, w, act_.tokens.data(), n, grad(layout_.embedding), embed_scale());
     if (config_.position == PositionKind::learned)
       embedding_backward(dx, w, act_.positions.data(), n, grad(layout_.learned_positions));
   }

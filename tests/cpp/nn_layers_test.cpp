@@ -126,25 +126,31 @@ TEST(NnLayers, FloatGeluWithinFloatResolutionOfDouble) {
   EXPECT_NEAR(yd[n / 2 + 200], 1.0 * 0.5 * (1 + std::erf(1.0 / std::sqrt(2.0))), 1e-12);  // x = 1
 }
 
+// Scale 1 (learned positions) and a scale of sqrt(width)'s kind (the byte
+// embedding under sinusoidal positions), forward and gradient.
 TEST(NnLayers, EmbeddingGathersAddsAndScattersGradients) {
   const int64_t rows = 6, w = 3, n = 4;
   std::vector<double> table = random_values(rows * w, 12);
   const std::vector<int32_t> index = {1, 4, 1, 0};
   const std::vector<double> g = random_values(n * w, 13), base = random_values(n * w, 14);
-  std::vector<double> out(n * w);
-  auto f = [&] {
-    out = base;
-    embedding_forward(table.data(), w, index.data(), n, out.data(), true, 1);
-    return dot(g, out);
-  };
-  f();
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < w; ++c) EXPECT_DOUBLE_EQ(out[r * w + c], base[r * w + c] + table[index[r] * w + c]);
-  std::vector<double> dtable = filled(rows * w);
-  embedding_backward(g.data(), w, index.data(), n, dtable.data());
-  // Rows 2, 3, 5 are never looked up: their gradient stays at the fill.
-  EXPECT_TRUE(matches_central_differences("table", table.data(), {0, 1, 2, 3, 4, 5, 12, 13, 14}, minus_fill(dtable), f));
-  for (int64_t c : {6, 7, 8, 9, 10, 11, 15, 16, 17}) EXPECT_EQ(dtable[c], kGradFill);
+  for (double scale : {1.0, 1.7}) {
+    std::vector<double> out(n * w);
+    auto f = [&] {
+      out = base;
+      embedding_forward(table.data(), w, index.data(), n, out.data(), true, 1, scale);
+      return dot(g, out);
+    };
+    f();
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t c = 0; c < w; ++c)
+        EXPECT_DOUBLE_EQ(out[r * w + c], base[r * w + c] + scale * table[index[r] * w + c]) << "scale " << scale;
+    std::vector<double> dtable = filled(rows * w);
+    embedding_backward(g.data(), w, index.data(), n, dtable.data(), scale);
+    // Rows 2, 3, 5 are never looked up: their gradient stays at the fill.
+    EXPECT_TRUE(matches_central_differences("table", table.data(), {0, 1, 2, 3, 4, 5, 12, 13, 14}, minus_fill(dtable), f))
+        << "scale " << scale;
+    for (int64_t c : {6, 7, 8, 9, 10, 11, 15, 16, 17}) EXPECT_EQ(dtable[c], kGradFill);
+  }
 }
 
 TEST(NnLayers, CrossEntropyMatchesCentralDifferencesAndHandValue) {

@@ -2,6 +2,7 @@
 // threads.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <string>
@@ -113,4 +114,90 @@ TEST(NnModel, GradientsAccumulateUntilZeroed) {
   for (std::size_t i = 0; i < once.size(); ++i) ASSERT_NEAR(m.gradients()[i], 2 * once[i], 1e-6 + 1e-5 * std::abs(once[i]));
   m.zero_gradients();
   for (float g : m.gradients()) ASSERT_EQ(g, 0.0f);
+}
+
+// The learned table has `context` rows; every position from context - 1 on
+// reads the last one. With the attention branch silenced (output projection
+// zero) a position's logits depend only on its byte and its table row: the
+// same byte at positions 3..6 (context 4) gives identical logits, and each
+// earlier position its own.
+TEST(NnModel, LearnedPositionsBeyondContextUseTheLastRow) {
+  ModelConfig c = small_config(PositionKind::learned);
+  c.layers = 1, c.context = 4;
+  Model m(c);
+  m.num_threads = 1;
+  for (const char* name : {"layer0.attn.out.weight", "layer0.attn.out.bias"}) {
+    const ParameterInfo& p = find(m, name);
+    std::fill_n(m.parameters().begin() + p.offset, p.size, 0.0f);
+  }
+  const int length = 7;
+  const std::vector<uint8_t> tokens(length, 'a');
+  std::vector<float> out(length * 256);
+  m.logits(tokens, 1, length, out);
+  auto same = [&](int i, int j) { return std::equal(&out[i * 256], &out[(i + 1) * 256], &out[j * 256]); };
+  for (int i = 4; i < length; ++i) EXPECT_TRUE(same(3, i)) << "position " << i;
+  for (int i = 0; i < 3; ++i)
+    for (int j = i + 1; j < 4; ++j) EXPECT_FALSE(same(i, j)) << "positions " << i << ", " << j;
+}
+
+// The first block's input is embed_scale * E[byte] + the position's embedding,
+// embed_scale = sqrt(width) under sinusoidal positions and 1 for the other
+// kinds. With both residual branches of every block silenced (output
+// projections zero) that input reaches final_ln unchanged, so the logits are
+// LayerNorm(input) E^T (final_ln at its initial gain 1 and bias 0), computed
+// here from the parameter buffer and the sinusoid's formula
+// [sin(p f_j)..., cos(p f_j)...], f_j = 10000^(-2j/width).
+TEST(NnModel, SinusoidalPositionsScaleTheByteEmbeddingBySqrtWidth) {
+  for (PositionKind kind : {PositionKind::sinusoidal, PositionKind::learned, PositionKind::none}) {
+    const ModelConfig c = small_config(kind);
+    Model m(c);
+    m.num_threads = 1;
+    for (int l = 0; l < c.layers; ++l)
+      for (const char* part : {"attn.out.weight", "attn.out.bias", "ffn.down.weight", "ffn.down.bias"}) {
+        const ParameterInfo& p = find(m, "layer" + std::to_string(l) + "." + part);
+        std::fill_n(m.parameters().begin() + p.offset, p.size, 0.0f);
+      }
+    const int length = 20, w = c.width, half = w / 2;  // beyond context: learned positions reuse the last row
+    std::vector<uint8_t> tokens(length);
+    for (int i = 0; i < length; ++i) tokens[i] = static_cast<uint8_t>((i * 71 + 5) % 256);
+    std::vector<float> out(length * 256);
+    m.logits(tokens, 1, length, out);
+    const float* table = m.parameters().data() + find(m, "embedding.weight").offset;
+
+    // Logits of position i when the byte embedding is multiplied by `scale`.
+    auto expected_logits = [&](int i, double scale) {
+      std::vector<double> x(w);
+      for (int j = 0; j < w; ++j) x[j] = scale * table[tokens[i] * w + j];
+      if (kind == PositionKind::sinusoidal)
+        for (int j = 0; j < half; ++j) {
+          const double f = std::pow(10000.0, -2.0 * j / w);
+          x[j] += std::sin(i * f);
+          x[half + j] += std::cos(i * f);
+        }
+      if (kind == PositionKind::learned) {
+        const float* row = m.parameters().data() + find(m, "positions.learned").offset + std::min(i, c.context - 1) * w;
+        for (int j = 0; j < w; ++j) x[j] += row[j];
+      }
+      double mean = 0, var = 0;
+      for (double v : x) mean += v / w;
+      for (double v : x) var += (v - mean) * (v - mean) / w;
+      for (double& v : x) v = (v - mean) / std::sqrt(var + 1e-5);
+      std::vector<double> logits(256, 0.0);
+      for (int v = 0; v < 256; ++v)
+        for (int j = 0; j < w; ++j) logits[v] += x[j] * table[v * w + j];
+      return logits;
+    };
+
+    const double scale = kind == PositionKind::sinusoidal ? std::sqrt(double(w)) : 1.0;
+    double largest_gap_to_unscaled = 0;
+    for (int i = 0; i < length; ++i) {
+      const std::vector<double> want = expected_logits(i, scale), unscaled = expected_logits(i, 1.0);
+      for (int v = 0; v < 256; ++v) {
+        ASSERT_NEAR(out[i * 256 + v], want[v], 2e-5) << to_string(kind) << " position " << i << " byte " << v;
+        largest_gap_to_unscaled = std::max(largest_gap_to_unscaled, std::abs(want[v] - unscaled[v]));
+      }
+    }
+    // The scale is visible in the logits: leaving it out would fail the check above.
+    if (kind == PositionKind::sinusoidal) EXPECT_GT(largest_gap_to_unscaled, 1e-2);
+  }
 }

@@ -33,8 +33,16 @@ namespace relpos::nn {
 // absolute embeddings added to the byte embeddings (sinusoidal in relpos's
 // [sin..., cos...] order; the learned table has `context` rows and positions
 // >= context all use its last row, so evaluation beyond the training length
-// runs and shows how that fares). Every other kind is a scheme of the
-// attention library, applied in every layer:
+// runs and shows how that fares). Under `sinusoidal` the byte embeddings are
+// multiplied by sqrt(width) before the sinusoid is added (the Transformer
+// paper's and fairseq's embed_scale; the gradient into the embedding from the
+// input side carries the same factor, the tied output head uses the unscaled
+// matrix): initialised at std 0.02, unscaled bytes would be drowned 50:1 by a
+// sinusoid of amplitude 1. The other kinds keep the unscaled embedding, as
+// GPT-2 does: `learned` positions are trained at the embedding's own scale,
+// and `none` and the attention schemes add nothing to the bytes that could
+// drown them. Every other kind is a scheme of the attention library, applied
+// in every layer:
 //   shaw   per-layer tables wk, wv (2 shaw_k + 1, head_dim), shared by heads
 //   t5     one table (heads, t5_buckets) shared by all layers, causal buckets
 //   alibi  the paper's slopes, fixed

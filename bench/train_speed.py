@@ -1,0 +1,243 @@
+"""Training speed of relpos's C++ trainer against PyTorch eager on the same model.
+
+Both sides train the same byte-level transformer (pre-LayerNorm blocks, tied
+output head, erf GELU, causal attention), the same position scheme, the same
+shapes, AdamW settings, warmup + cosine schedule and gradient clipping, on the
+same corpus, with the same number of threads, one after the other in this run.
+The PyTorch model is written here the way PyTorch users write it: SDPA with
+is_causal for none / sinusoidal / learned / RoPE, SDPA with a materialised
+float bias for ALiBi and T5, and materialised relative embeddings for Shaw
+(as OpenNMT-py does). Reported: training tokens per second of each and their
+ratio (relpos over PyTorch, > 1: relpos faster).
+
+    .venv/bin/python bench/train_speed.py                      # every scheme, defaults
+    .venv/bin/python bench/train_speed.py --positions alibi --steps 300 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+SCHEMES = ["none", "sinusoidal", "learned", "alibi", "t5", "rope", "shaw"]
+FORTUNES = pathlib.Path("/usr/share/games/fortunes")
+
+
+def corpus_bytes(path: str | None) -> bytes:
+    """The trainer's corpus: --data, or the English fortune files in sorted order."""
+    if path:
+        return pathlib.Path(path).read_bytes()
+    files = sorted(p for p in FORTUNES.iterdir() if p.is_file() and p.suffix not in (".dat", ".u8"))
+    return b"".join(p.read_bytes() for p in files)
+
+
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """The ALiBi paper's slopes, including non-power-of-2 head counts."""
+    def power_of_2(n):
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+    if math.log2(heads).is_integer():
+        return torch.tensor(power_of_2(heads))
+    closest = 2 ** math.floor(math.log2(heads))
+    return torch.tensor(power_of_2(closest) + power_of_2(2 * closest)[0::2][: heads - closest])
+
+
+def t5_causal_bucket(relative: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """HF T5's _relative_position_bucket with bidirectional=False."""
+    n = -torch.clamp(relative, max=0)
+    max_exact = num_buckets // 2
+    large = max_exact + (torch.log(n.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).to(torch.long)
+    large = torch.clamp(large, max=num_buckets - 1)
+    return torch.where(n < max_exact, n, large)
+
+
+class Block(torch.nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        w, self.heads, self.position = a.width, a.heads, a.position
+        self.ln1, self.ln2 = torch.nn.LayerNorm(w), torch.nn.LayerNorm(w)
+        self.qkv, self.out = torch.nn.Linear(w, 3 * w), torch.nn.Linear(w, w)
+        self.up, self.down = torch.nn.Linear(w, a.ffn), torch.nn.Linear(a.ffn, w)
+        if a.position == "shaw":
+            dh = w // a.heads
+            self.wk = torch.nn.Parameter(0.02 * torch.randn(2 * a.shaw_k + 1, dh))
+            self.wv = torch.nn.Parameter(0.02 * torch.randn(2 * a.shaw_k + 1, dh))
+
+    def attention(self, x, bias, rope, shaw_index):
+        B, L, w = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        if rope is not None:
+            cos, sin = rope
+            half = q.shape[-1] // 2
+            rotate = lambda t: t * cos + torch.cat([-t[..., half:], t[..., :half]], -1) * sin
+            q, k = rotate(q), rotate(k)
+        if self.position == "shaw":  # OpenNMT-py style: materialised (L, L, dh) relative embeddings
+            ak, av = self.wk[shaw_index], self.wv[shaw_index]
+            logits = (q @ k.transpose(-1, -2) + torch.einsum("bhid,ijd->bhij", q, ak)) / math.sqrt(q.shape[-1])
+            logits = logits.masked_fill(shaw_index.new_ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
+            p = logits.softmax(-1)
+            y = p @ v + torch.einsum("bhij,ijd->bhid", p, av)
+        elif bias is not None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(B, L, w))
+
+    def forward(self, x, bias, rope, shaw_index):
+        x = x + self.attention(self.ln1(x), bias, rope, shaw_index)
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class TorchModel(torch.nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.a = a
+        self.embedding = torch.nn.Embedding(256, a.width)
+        torch.nn.init.normal_(self.embedding.weight, std=0.02)
+        self.blocks = torch.nn.ModuleList(Block(a) for _ in range(a.layers))
+        self.final_ln = torch.nn.LayerNorm(a.width)
+        if a.position == "learned":
+            self.positions = torch.nn.Parameter(0.02 * torch.randn(a.length, a.width))
+        if a.position == "t5":
+            self.t5_table = torch.nn.Parameter(0.02 * torch.randn(a.heads, a.t5_buckets))
+
+    def forward(self, tokens):
+        a, L = self.a, tokens.shape[1]
+        x = self.embedding(tokens)
+        pos = torch.arange(L)
+        bias = rope = shaw_index = None
+        relative = pos[None, :] - pos[:, None]  # key minus query
+        future = relative > 0
+        if a.position == "sinusoidal":
+            inv = 1.0 / 10000 ** (torch.arange(0, a.width, 2) / a.width)
+            angle = pos[:, None] * inv[None, :]
+            x = x + torch.cat([angle.sin(), angle.cos()], -1)
+        elif a.position == "learned":
+            x = x + self.positions[:L]
+        elif a.position == "alibi":
+            bias = (-alibi_slopes(a.heads)[:, None, None] * relative.abs()).masked_fill(future, float("-inf"))
+        elif a.position == "t5":
+            bucket = t5_causal_bucket(relative, a.t5_buckets, a.t5_max_distance)
+            bias = self.t5_table[:, bucket].masked_fill(future, float("-inf"))
+        elif a.position == "rope":
+            dh = a.width // a.heads
+            inv = 1.0 / 10000 ** (torch.arange(0, dh, 2) / dh)
+            angle = torch.cat([pos[:, None] * inv] * 2, -1)
+            rope = (angle.cos(), angle.sin())
+        elif a.position == "shaw":
+            shaw_index = relative.clamp(-a.shaw_k, a.shaw_k) + a.shaw_k
+        for block in self.blocks:
+            x = block(x, bias, rope, shaw_index)
+        return self.final_ln(x) @ self.embedding.weight.T  # tied head
+
+
+def torch_tokens_per_second(a, data: torch.Tensor) -> float:
+    torch.manual_seed(a.seed)
+    torch.set_num_threads(a.threads)
+    model = TorchModel(a)
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "positions" not in n
+             and "table" not in n and not n.endswith(("wk", "wv"))]
+    rest = [p for p in model.parameters() if all(p is not d for d in decay)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.99), eps=1e-8)
+    def lr_factor(step):
+        if step < a.warmup:
+            return (step + 1) / a.warmup
+        t = (step - a.warmup) / max(1, a.steps - a.warmup)
+        return a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
+    gen = torch.Generator().manual_seed(a.seed)
+    start = None
+    for step in range(a.steps + 1):  # step 0 warms up and is not timed
+        if step == 1:
+            start = time.perf_counter()
+        offsets = torch.randint(0, len(data) - a.length - 1, (a.batch,), generator=gen)
+        rows = torch.stack([data[o:o + a.length + 1] for o in offsets.tolist()]).long()
+        logits = model(rows[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, 256), rows[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
+        opt.step()
+        sched.step()
+    return a.steps * a.batch * a.length / (time.perf_counter() - start)
+
+
+def relpos_tokens_per_second(a, relpos_cli: str, workdir: str) -> float:
+    out = os.path.join(workdir, f"{a.position}.json")
+    cmd = [relpos_cli, "train", "--position", a.position, "--length", str(a.length), "--layers", str(a.layers),
+           "--width", str(a.width), "--heads", str(a.heads), "--ffn", str(a.ffn), "--shaw-k", str(a.shaw_k),
+           "--t5-buckets", str(a.t5_buckets), "--t5-max-distance", str(a.t5_max_distance),
+           "--steps", str(a.steps), "--batch", str(a.batch), "--lr", str(a.lr), "--warmup", str(a.warmup),
+           "--min-lr-ratio", str(a.min_lr_ratio), "--weight-decay", str(a.weight_decay), "--clip", str(a.clip),
+           "--seed", str(a.seed), "--threads", str(a.threads), "--eval-bytes", "4096",
+           "--checkpoint", os.path.join(workdir, f"{a.position}.ckpt"), "--json", out]
+    if a.data:
+        cmd += ["--data", a.data]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    result = json.loads(pathlib.Path(out).read_text())
+    return result["steps"] * result["batch"] * result["length"] / result["seconds"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--positions", default=",".join(SCHEMES), help="comma-separated schemes: " + ", ".join(SCHEMES))
+    ap.add_argument("--data", default=None, help="training text (default: the fortunes corpus)")
+    for name, default in [("length", 64), ("layers", 2), ("width", 128), ("heads", 4), ("ffn", 512),
+                          ("shaw-k", 16), ("t5-buckets", 32), ("t5-max-distance", 128), ("steps", 200),
+                          ("batch", 16), ("warmup", 20), ("threads", 2), ("seed", 1)]:
+        ap.add_argument("--" + name, type=int, default=default)
+    for name, default in [("lr", 3e-3), ("min-lr-ratio", 0.1), ("weight-decay", 0.1), ("clip", 1.0)]:
+        ap.add_argument("--" + name, type=float, default=default)
+    ap.add_argument("--relpos", default=shutil.which("relpos") or str(ROOT / ".venv/bin/relpos"),
+                    help="the relpos command (default: the one on PATH or in .venv)")
+    ap.add_argument("--json", default=str(ROOT / "results/train_speed.json"), help="where to write the results")
+    a = ap.parse_args()
+    positions = a.positions.split(",")
+    unknown = [p for p in positions if p not in SCHEMES]
+    if unknown:
+        ap.error(f"--positions: unknown scheme(s) {unknown}; choose from {SCHEMES}")
+    if a.width % a.heads:
+        ap.error(f"--width {a.width} must be a multiple of --heads {a.heads}")
+    if not os.access(a.relpos, os.X_OK):
+        ap.error(f"--relpos: {a.relpos} is not an executable; run scripts/setup.sh first")
+    data = torch.frombuffer(bytearray(corpus_bytes(a.data)), dtype=torch.uint8)
+    if len(data) < 2 * (a.length + 1):
+        ap.error(f"the corpus has {len(data)} bytes, fewer than two sequences of --length {a.length}")
+
+    print(f"training tokens/s, layers={a.layers} width={a.width} heads={a.heads} ffn={a.ffn} length={a.length} "
+          f"batch={a.batch} steps={a.steps} threads={a.threads}, torch {torch.__version__}")
+    print(f"{'scheme':<12}{'relpos tok/s':>14}{'torch tok/s':>14}{'relpos/torch':>14}")
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for position in positions:
+            a.position = position
+            ours = relpos_tokens_per_second(a, a.relpos, workdir)
+            theirs = torch_tokens_per_second(a, data)
+            rows.append({"position": position, "relpos_tokens_per_s": ours, "torch_tokens_per_s": theirs,
+                         "ratio": ours / theirs})
+            print(f"{position:<12}{ours:>14.0f}{theirs:>14.0f}{ours / theirs:>13.2f}x", flush=True)
+    settings = {k: v for k, v in vars(a).items() if k not in ("position", "json", "relpos")}
+    path = pathlib.Path(a.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"settings": settings, "torch": torch.__version__, "rows": rows}, indent=1) + "\n")
+    tmp.replace(path)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
