@@ -78,10 +78,10 @@ int run_train(int argc, char** argv, int first) {
   trainer.save(checkpoint_path);
 
   const LengthScore valid = evaluate_lengths(trainer.model(), split.validation, eval)[0];
-  std::printf("steps %lld-%lld in %.1f s (%.0f tokens/s); last loss %.4f nats/byte\n", (long long)first_step,
-              (long long)trainer.steps_taken(), seconds,
+  std::printf("steps %lld-%lld in %.1f s (%.0f tokens/s); last step: loss %.4f nats/byte, gradient norm %.3g, lr %.3g\n",
+              (long long)first_step, (long long)trainer.steps_taken(), seconds,
               seconds > 0 ? double(trainer.steps_taken() - first_step) * double(tokens_per_step) / seconds : 0.0,
-              losses.empty() ? 0.0 : losses.back());
+              losses.empty() ? 0.0 : losses.back(), trainer.last_grad_norm(), trainer.last_lr());
   std::printf("validation: %.4f bits/byte at length %d (%lld bytes)\ncheckpoint: %s\n", valid.windows.bits_per_byte,
               model_config.context, (long long)valid.windows.bytes_scored, checkpoint_path.c_str());
 

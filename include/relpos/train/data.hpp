@@ -77,9 +77,6 @@ class BatchSampler {
 
   SamplerState state() const { return {rng_.state, cursor_}; }
   void restore(const SamplerState& s);
-  int batch() const { return batch_; }
-  int length() const { return length_; }
-  Layout layout() const { return layout_; }
 
  private:
   std::span<const uint8_t> data_;

@@ -26,7 +26,6 @@ class AdamW {
   AdamW(const std::vector<nn::ParameterInfo>& table, int64_t size, AdamWConfig config = {});
   void step(std::span<float> parameters, std::span<const float> gradients, double lr);
 
-  const AdamWConfig& config() const { return config_; }
   const std::vector<uint8_t>& decay_mask() const { return decay_; }
   int64_t t = 0;             // steps taken
   std::vector<float> m, v;   // first and second moments

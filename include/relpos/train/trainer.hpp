@@ -59,7 +59,6 @@ class Trainer {
   void resume(const std::string& path) { resume(load_checkpoint(path)); }
 
   nn::Model& model() { return model_; }
-  const TrainConfig& config() const { return config_; }
   int length() const { return model_.config().context; }
   void set_threads(int n);  // model and optimizer; 0 = all
   double last_lr() const { return last_lr_; }
