@@ -35,8 +35,8 @@ constexpr nn::PositionKind kAllSchemes[] = {nn::PositionKind::sinusoidal, nn::Po
 // measurement); --full trains larger models for longer.
 void set_preset(bool full, ModelOptions& m, TrainOptions& t, EvalSettings& e) {
   m.layers = 2, m.width = 128, m.heads = 4, m.ffn = 512, m.length = 32;
-  t.steps = 1000, t.batch = 16, t.lr = 3e-3, t.warmup = 100;
-  e.max_bytes = 16384;
+  t.steps = 1500, t.batch = 16, t.lr = 3e-3, t.warmup = 100;
+  e.max_bytes = 32768;
   if (full) {
     m.layers = 4, m.width = 128, m.ffn = 512, m.length = 64;
     t.steps = 3000, t.batch = 32, t.warmup = 200;
