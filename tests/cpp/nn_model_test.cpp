@@ -198,6 +198,8 @@ TEST(NnModel, SinusoidalPositionsScaleTheByteEmbeddingBySqrtWidth) {
       }
     }
     // The scale is visible in the logits: leaving it out would fail the check above.
-    if (kind == PositionKind::sinusoidal) EXPECT_GT(largest_gap_to_unscaled, 1e-2);
+    if (kind == PositionKind::sinusoidal) {
+      EXPECT_GT(largest_gap_to_unscaled, 1e-2);
+    }
   }
 }
