@@ -120,7 +120,7 @@ def test_module_matches_oracle_and_autograd(mid, ctor, call):
 def test_module_float32_and_bad_configuration():
     torch.manual_seed(0)
     m = rt.RelativeMultiheadAttention(16, 4, "xl").float()
-    x = torch.randn(2, 5, 16)
+    x = torch.randn(2, 5, 16, dtype=torch.float32)
     y = m(x, causal=True)
     assert y.dtype == torch.float32 and y.shape == (2, 5, 16)
     with pytest.raises(ValueError, match="scheme: must be one of"):
