@@ -3,6 +3,7 @@
 whole batch."""
 from __future__ import annotations
 
+import math
 import socket
 
 import torch
@@ -67,3 +68,17 @@ def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
             if name != "k_proj.bias":
                 assert (p - initial[name]).abs().max() > 1e-4, f"{name} did not train"
             torch.testing.assert_close(got[name], p.detach(), rtol=1e-10, atol=1e-12, msg=lambda m: f"rank {rank}: {name}: {m}")
+
+
+def test_ddp_example_script_trains_in_one_process():
+    """python/examples/ddp_train.py (the README's torchrun example) runs without torchrun too."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "python" / "examples" / "ddp_train.py"
+    p = subprocess.run([sys.executable, str(script), "--steps", "3", "--length", "16", "--batch", "2"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    losses = [float(line.split()[-1]) for line in p.stdout.splitlines() if line.startswith("step")]
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses), p.stdout
