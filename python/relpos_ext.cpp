@@ -191,5 +191,18 @@ NB_MODULE(_relpos, m) {
       },
       nb::arg("r"), nb::arg("bidirectional"), nb::arg("num_buckets"), nb::arg("max_distance"),
       "HF T5 bucket of relative distance r = key_pos - query_pos.");
+  m.def(
+      "view_info",
+      [](const InArray& arr) {
+        std::vector<int64_t> shape, stride;
+        for (size_t a = 0; a < arr.ndim(); ++a) {
+          shape.push_back(static_cast<int64_t>(arr.shape(a)));
+          stride.push_back(arr.stride(a));
+        }
+        return nb::make_tuple(reinterpret_cast<uintptr_t>(arr.data()), shape, stride);
+      },
+      nb::arg("array"),
+      "(address, shape, strides in elements) of an array as the core receives it: lets tests check that "
+      "NumPy arrays and torch tensors reach the core in place, not copied.");
   m.def("alibi_slopes", &alibi_slopes, nb::arg("num_heads"), "ALiBi head slopes of the paper, any head count.");
 }

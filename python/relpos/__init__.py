@@ -7,12 +7,16 @@
     grads = relpos.backward(q, k, v, out, lse, np.ones_like(out), scheme, causal=True)
     grads["q"], grads["shaw_wk"]
 
-Arrays are NumPy arrays of float32 or float64 (all the same dtype), any
-strides; q is ``(B, H, Lq, d)``, k ``(B, H, Lk, d)``, v ``(B, H, Lk, dv)``.
-Bad input raises ``ValueError`` naming the argument.
+Arrays are NumPy arrays or CPU torch tensors of float32 or float64 (all the
+same dtype), any strides; q is ``(B, H, Lq, d)``, k ``(B, H, Lk, d)``, v
+``(B, H, Lk, dv)``. Both are handed to the core in place (NumPy through the
+buffer protocol, torch through DLPack), never copied; outputs are torch tensors
+when q is one, NumPy arrays otherwise. Bad input raises ``ValueError`` naming
+the argument. ``relpos.torch`` (needs torch) adds autograd and an nn.Module.
 """
 from __future__ import annotations
 
+import sys
 from typing import Any, Optional
 
 import numpy as np
@@ -41,14 +45,42 @@ t5_bucket = _relpos.t5_bucket
 alibi_slopes = _relpos.alibi_slopes
 
 
-def _array(x: Any, name: str) -> np.ndarray:
+def _torch_tensor_type():
+    """torch.Tensor if torch is already imported (relpos never imports it itself), else None."""
+    torch = sys.modules.get("torch")
+    return getattr(torch, "Tensor", None)
+
+
+def _is_torch(x: Any) -> bool:
+    tensor = _torch_tensor_type()
+    return tensor is not None and isinstance(x, tensor)
+
+
+def _array(x: Any, name: str):
+    """``x`` as an array the core reads in place: a NumPy array, or a detached torch
+    tensor (same storage; DLPack refuses tensors that require grad)."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise ValueError(f"relpos: {name}: tensor must be on the CPU, got device {x.device}")
+        torch = sys.modules["torch"]
+        if x.dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"relpos: {name}: dtype must be float32 or float64, got {x.dtype}")
+        return x.detach()
     try:
         a = np.asarray(x)
-    except Exception as e:  # e.g. a torch tensor that requires grad
+    except Exception as e:
         raise ValueError(f"relpos: {name}: cannot be read as an array ({e})") from None
     if a.dtype not in (np.float32, np.float64):
         raise ValueError(f"relpos: {name}: dtype must be float32 or float64, got {a.dtype}")
     return a
+
+
+def _new(like, shape, zero: bool):
+    """A new array of ``like``'s kind (torch tensor or NumPy array) and dtype."""
+    if _is_torch(like):
+        torch = sys.modules["torch"]
+        return (torch.zeros if zero else torch.empty)(tuple(shape), dtype=like.dtype)
+    return (np.zeros if zero else np.empty)(tuple(shape), dtype=like.dtype)
 
 
 def _as_core_param(name: str, a: np.ndarray) -> np.ndarray:
@@ -70,8 +102,8 @@ def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, 
         if not 1 <= args["threads"] <= 4096:
             raise ValueError(f"relpos: threads: must be in [1, 4096], got {threads}")
     if key_padding is not None:
-        kp = np.asarray(key_padding)
-        if kp.dtype not in (np.bool_, np.uint8):
+        kp = key_padding.detach() if _is_torch(key_padding) else np.asarray(key_padding)
+        if str(kp.dtype) not in ("bool", "uint8", "torch.bool", "torch.uint8"):
             raise ValueError(f"relpos: key_padding: dtype must be bool or uint8, got {kp.dtype}")
         args["key_padding"] = kp
     args.update(scheme._args())
@@ -99,7 +131,8 @@ def forward(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attention with a relative position scheme.
 
-    Returns ``(out, lse)``: ``out`` of shape ``(B, H, Lq, dv)`` and the row
+    Returns ``(out, lse)`` (torch tensors if q is one, else NumPy arrays):
+    ``out`` of shape ``(B, H, Lq, dv)`` and the row
     logsumexp ``lse`` of shape ``(B, H, Lq)`` that ``backward`` needs
     (``-inf`` for a row whose keys are all masked; its output is zero).
 
@@ -113,8 +146,8 @@ def forward(
     """
     args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads)
     qa, va = args["q"], args["v"]
-    args["out"] = np.empty(qa.shape[:3] + va.shape[3:], dtype=qa.dtype)
-    args["lse"] = np.empty(qa.shape[:3], dtype=qa.dtype)
+    args["out"] = _new(qa, tuple(qa.shape[:3]) + tuple(va.shape[3:]), zero=False)
+    args["lse"] = _new(qa, qa.shape[:3], zero=False)
     _relpos.forward(args)
     return args["out"], args["lse"]
 
@@ -146,6 +179,11 @@ def available_algorithms(
     return names
 
 
+def _writable(a):
+    """torch tensors are always writable; a read-only NumPy array is copied."""
+    return a if _is_torch(a) else np.require(a, requirements="W")
+
+
 def backward(
     q,
     k,
@@ -165,22 +203,21 @@ def backward(
 ) -> dict[str, np.ndarray]:
     """Gradients of ``sum(dout * out)`` given ``forward``'s ``out`` and ``lse``.
 
-    Returns a dict with ``"q"``, ``"k"``, ``"v"`` and one entry per learnable
+    Returns a dict (torch tensors if q is one) with ``"q"``, ``"k"``, ``"v"`` and one entry per learnable
     parameter of the scheme: ``"shaw_wk"``, ``"shaw_wv"``, ``"t5_table"``,
     ``"alibi_slopes"`` (explicit slopes only), ``"xl_u"``, ``"xl_v"``,
     ``"xl_w_r"``; each gradient has its parameter's shape.
     """
-    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm)
+    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads)
     # The core reads out and lse through the same (writable) views forward filled.
-    args["out"] = np.require(_array(out, "out"), requirements="W")
-    args["lse"] = np.require(_array(lse, "lse"), requirements="W")
+    args["out"], args["lse"] = _writable(_array(out, "out")), _writable(_array(lse, "lse"))
     args["dout"] = _array(dout, "dout")
     grads: dict[str, np.ndarray] = {}
     for name in ("q", "k", "v"):
-        grads[name] = args["d" + name] = np.zeros(args[name].shape, dtype=args[name].dtype)
+        grads[name] = args["d" + name] = _new(args["q"], args[name].shape, zero=True)
     scheme = NoPosition() if scheme is None else scheme
     for name, p in scheme._params().items():
-        g = np.zeros(np.shape(p), dtype=args[name].dtype)
+        g = _new(args["q"], tuple(p.shape) if _is_torch(p) else np.shape(p), zero=True)
         grads[name] = g
         args["d_" + name] = _as_core_param(name, g)
     _relpos.backward(args)

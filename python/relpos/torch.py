@@ -1,0 +1,310 @@
+"""PyTorch integration: autograd through the relpos kernels, and a multi-head attention module.
+
+    import torch, relpos.torch as rt
+    layer = rt.RelativeMultiheadAttention(512, 8, scheme="shaw", shaw_k=16)
+    y = layer(x, causal=True)                 # x (B, L, 512) -> y (B, L, 512)
+    y.sum().backward()                        # gradients for projections and wK, wV
+
+``attention`` is one ``torch.autograd.Function`` call: the library's forward
+(fused where available) saves ``out`` and the row logsumexp, and its backward
+returns gradients for q, k, v and every learnable tensor of the scheme (Shaw
+wk/wv, T5 table, ALiBi slopes if given, Transformer-XL u/v/w_r). Tensors reach
+the core in place (DLPack), so strided views such as ``(B, L, H, d)``
+projections seen as ``(B, H, L, d)`` are not copied.
+
+``from_hf_t5``, ``from_transformer_xl`` and ``from_opennmt`` build a module
+holding the weights of the upstream attention layers (docs/torch.md gives the
+mappings).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+import relpos
+
+__all__ = ["attention", "RelativeMultiheadAttention", "from_hf_t5", "from_transformer_xl", "from_opennmt"]
+
+
+class _RelposAttention(torch.autograd.Function):
+    """out = attention(q, k, v; scheme); the scheme's learnable tensors come as ``*params``
+    in ``scheme._params()`` order so autograd routes their gradients (a tensor passed
+    twice, e.g. one Shaw table tied for keys and values, gets the sum)."""
+
+    @staticmethod
+    def forward(ctx, scheme, call, q, k, v, key_padding, *params):
+        out, lse = relpos.forward(q, k, v, scheme, key_padding=key_padding, **call)
+        ctx.scheme, ctx.call = scheme, call
+        ctx.save_for_backward(q, k, v, out, lse, key_padding, *params)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, key_padding, *_ = ctx.saved_tensors
+        grads = relpos.backward(q, k, v, out, lse, dout, ctx.scheme, key_padding=key_padding, **ctx.call)
+        param_grads = [grads[name] for name in ctx.scheme._params()]
+        return (None, None, grads["q"], grads["k"], grads["v"], None, *param_grads)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scheme=None,
+    *,
+    causal: bool = False,
+    key_padding: Optional[torch.Tensor] = None,
+    q_offset: int = 0,
+    k_offset: int = 0,
+    scale: Optional[float] = None,
+    algorithm: str = "auto",
+    threads: Optional[int] = None,
+) -> torch.Tensor:
+    """Differentiable ``relpos.forward``: q ``(B, H, Lq, d)``, k ``(B, H, Lk, d)``,
+    v ``(B, H, Lk, dv)`` -> out ``(B, H, Lq, dv)``. ``scheme`` is a relpos scheme
+    record (``relpos.Shaw``, ``T5``, ...) whose arrays are torch tensors; those
+    that require grad receive gradients. Options as in ``relpos.forward``."""
+    scheme = relpos.NoPosition() if scheme is None else scheme
+    if not hasattr(scheme, "_params"):
+        raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
+    for name, p in scheme._params().items():
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"relpos: {name}: expected a torch tensor, got {type(p).__name__}")
+    call = dict(causal=causal, q_offset=q_offset, k_offset=k_offset, scale=scale, algorithm=algorithm, threads=threads)
+    out, _ = _RelposAttention.apply(scheme, call, q, k, v, key_padding, *scheme._params().values())
+    return out
+
+
+SCHEMES = ("none", "shaw", "t5", "alibi", "rope", "xl")
+
+
+class RelativeMultiheadAttention(nn.Module):
+    """Multi-head attention with a relative position scheme, batch first.
+
+    ``forward(query, key=None, value=None, *, key_padding_mask=None, causal=False,
+    mems=None, q_offset=0, k_offset=0)``: query ``(B, Lq, embed_dim)``, key/value
+    ``(B, Lk, kdim / vdim)`` (default: the query; self-attention) -> ``(B, Lq, embed_dim)``.
+    ``key_padding_mask`` is bool ``(B, Lk)``, True = padded (as nn.MultiheadAttention).
+    ``mems`` ``(B, M, kdim)`` (Transformer-XL memory, any scheme): prepended to the
+    keys and values without gradient; queries then sit at positions ``M + i``.
+
+    Scheme parameters (created only for the chosen ``scheme``):
+      shaw   ``shaw_wk`` / ``shaw_wv``: ``(2k+1, head_dim)`` shared by heads, or
+             ``(H, 2k+1, head_dim)`` with ``shaw_per_head``; ``shaw_tables`` 'k', 'v'
+             or 'kv'; ``shaw_tied`` uses one table for keys and values (OpenNMT-py).
+      t5     ``t5_table`` ``(H, t5_num_buckets)``; bidirectional (encoder) or causal buckets.
+             T5 itself uses ``scale=1``. Share a stack's table by assigning the parameter.
+      alibi  the paper's slopes, or a learnable ``alibi_slopes`` ``(H,)`` with ``alibi_learnable``.
+      rope   ``rope_base``, ``rope_dims``, ``rope_style`` (no parameters).
+      xl     ``xl_u``, ``xl_v`` ``(H, head_dim)``, ``xl_w_r`` ``(H, head_dim, xl_pos_dim)``.
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        scheme: str = "none",
+        *,
+        head_dim: Optional[int] = None,
+        kdim: Optional[int] = None,
+        vdim: Optional[int] = None,
+        bias: bool = True,
+        scale: Optional[float] = None,
+        shaw_k: int = 16,
+        shaw_tables: str = "kv",
+        shaw_per_head: bool = False,
+        shaw_tied: bool = False,
+        shaw_beyond: str = "clip",
+        t5_num_buckets: int = 32,
+        t5_max_distance: int = 128,
+        t5_bidirectional: bool = True,
+        alibi_learnable: bool = False,
+        rope_base: float = 10000.0,
+        rope_dims: Optional[int] = None,
+        rope_style: str = "half_split",
+        xl_pos_dim: Optional[int] = None,
+        xl_clamp_len: int = 0,
+        algorithm: str = "auto",
+        threads: Optional[int] = None,
+    ):
+        super().__init__()
+        if scheme not in SCHEMES:
+            raise ValueError(f"relpos: scheme: must be one of {', '.join(SCHEMES)}; got {scheme!r}")
+        if head_dim is None:
+            if embed_dim % num_heads:
+                raise ValueError(f"relpos: embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+            head_dim = embed_dim // num_heads
+        if shaw_tables not in ("k", "v", "kv"):
+            raise ValueError(f"relpos: shaw_tables: must be 'k', 'v' or 'kv', got {shaw_tables!r}")
+        self.embed_dim, self.num_heads, self.head_dim, self.scheme = embed_dim, num_heads, head_dim, scheme
+        self.scale, self.algorithm, self.threads = scale, algorithm, threads
+        inner = num_heads * head_dim
+        self.q_proj = nn.Linear(embed_dim, inner, bias=bias)
+        self.k_proj = nn.Linear(kdim or embed_dim, inner, bias=bias)
+        self.v_proj = nn.Linear(vdim or embed_dim, inner, bias=bias)
+        self.out_proj = nn.Linear(inner, embed_dim, bias=bias)
+
+        H, d = num_heads, head_dim
+        self.shaw_wk = self.shaw_wv = self.t5_table = self.alibi_slopes = None
+        self.xl_u = self.xl_v = self.xl_w_r = None
+        if scheme == "shaw":
+            self.shaw_k, self.shaw_beyond, self.shaw_tied = shaw_k, shaw_beyond, shaw_tied
+            shape = ((H,) if shaw_per_head else ()) + (2 * shaw_k + 1, d)
+            if "k" in shaw_tables or shaw_tied:
+                self.shaw_wk = nn.Parameter(torch.randn(shape) * d**-0.5)
+            if "v" in shaw_tables and not shaw_tied:
+                self.shaw_wv = nn.Parameter(torch.randn(shape) * d**-0.5)
+        elif scheme == "t5":
+            self.t5_bidirectional, self.t5_max_distance = t5_bidirectional, t5_max_distance
+            self.t5_table = nn.Parameter(torch.randn(H, t5_num_buckets) * 0.1)
+        elif scheme == "alibi" and alibi_learnable:
+            self.alibi_slopes = nn.Parameter(torch.tensor(relpos.alibi_slopes(H), dtype=torch.get_default_dtype()))
+        elif scheme == "rope":
+            self.rope = relpos.RoPE(base=rope_base, dims=rope_dims, style=rope_style)
+        elif scheme == "xl":
+            pos_dim = xl_pos_dim or embed_dim
+            self.xl_clamp_len = xl_clamp_len
+            self.xl_u = nn.Parameter(torch.randn(H, d) * 0.02)
+            self.xl_v = nn.Parameter(torch.randn(H, d) * 0.02)
+            self.xl_w_r = nn.Parameter(torch.randn(H, d, pos_dim) * pos_dim**-0.5)
+
+    def position_scheme(self):
+        """The relpos scheme record holding this module's parameters (not copies)."""
+        s = self.scheme
+        if s == "shaw":
+            wv = self.shaw_wk if self.shaw_tied else self.shaw_wv
+            return relpos.Shaw(k=self.shaw_k, wk=self.shaw_wk, wv=wv, beyond=self.shaw_beyond)
+        if s == "t5":
+            return relpos.T5(self.t5_table, bidirectional=self.t5_bidirectional, max_distance=self.t5_max_distance)
+        if s == "alibi":
+            return relpos.ALiBi(slopes=self.alibi_slopes)
+        if s == "rope":
+            return self.rope
+        if s == "xl":
+            return relpos.TransformerXL(self.xl_u, self.xl_v, self.xl_w_r, clamp_len=self.xl_clamp_len)
+        return relpos.NoPosition()
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, H * d) -> (B, H, L, d) as a strided view (the core reads it in place)."""
+        B, L, _ = x.shape
+        return x.view(B, L, self.num_heads, -1).transpose(1, 2)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: Optional[torch.Tensor] = None,
+        value: Optional[torch.Tensor] = None,
+        *,
+        key_padding_mask: Optional[torch.Tensor] = None,
+        causal: bool = False,
+        mems: Optional[torch.Tensor] = None,
+        q_offset: int = 0,
+        k_offset: int = 0,
+    ) -> torch.Tensor:
+        key = query if key is None else key
+        value = key if value is None else value
+        if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
+            raise ValueError("relpos: query, key, value: expected (B, L, features) tensors")
+        if mems is not None:
+            # Memory is context only: no gradient flows into the cached states.
+            mems = mems.detach()
+            key, value = torch.cat([mems, key], 1), torch.cat([mems, value], 1)
+            q_offset += mems.shape[1]
+            if key_padding_mask is not None:
+                pad = key_padding_mask.new_zeros(key_padding_mask.shape[0], mems.shape[1])
+                key_padding_mask = torch.cat([pad, key_padding_mask], 1)
+        q = self._heads(self.q_proj(query))
+        k = self._heads(self.k_proj(key))
+        v = self._heads(self.v_proj(value))
+        out = attention(q, k, v, self.position_scheme(), causal=causal, key_padding=key_padding_mask,
+                        q_offset=q_offset, k_offset=k_offset, scale=self.scale, algorithm=self.algorithm,
+                        threads=self.threads)
+        B, _, Lq, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, Lq, -1))
+
+
+# ---------------------------------------------------------------------------
+# Weights of upstream layers (mappings documented in docs/torch.md).
+# ---------------------------------------------------------------------------
+
+
+def _copy(dst: nn.Linear, weight: torch.Tensor, bias: Optional[torch.Tensor] = None):
+    with torch.no_grad():
+        dst.weight.copy_(weight)
+        if dst.bias is not None:
+            dst.bias.copy_(bias)
+
+
+def from_hf_t5(attn, relative_attention_bias: Optional[nn.Embedding] = None) -> RelativeMultiheadAttention:
+    """A module with the weights of a Hugging Face ``T5Attention`` (attribute names
+    ``q, k, v, o, n_heads, key_value_proj_dim, is_decoder, relative_attention_num_buckets,
+    relative_attention_max_distance`` and, on the first layer of a stack,
+    ``relative_attention_bias``). Layers without their own bias take the stack's
+    ``relative_attention_bias`` (the first layer's) as argument.
+
+    ``relative_attention_bias.weight`` ``(num_buckets, H)`` becomes ``t5_table``
+    ``(H, num_buckets)``; scale 1; encoder buckets bidirectional, decoder causal
+    (call the decoder's self-attention with ``causal=True``)."""
+    emb = relative_attention_bias if relative_attention_bias is not None else getattr(attn, "relative_attention_bias", None)
+    if emb is None:
+        raise ValueError("relpos: from_hf_t5: the layer has no relative_attention_bias; pass the stack's first one")
+    H, d = attn.n_heads, attn.key_value_proj_dim
+    m = RelativeMultiheadAttention(attn.q.in_features, H, "t5", head_dim=d, bias=False, scale=1.0,
+                                   t5_num_buckets=attn.relative_attention_num_buckets,
+                                   t5_max_distance=attn.relative_attention_max_distance,
+                                   t5_bidirectional=not attn.is_decoder)
+    for dst, src in ((m.q_proj, attn.q), (m.k_proj, attn.k), (m.v_proj, attn.v), (m.out_proj, attn.o)):
+        _copy(dst, src.weight)
+    with torch.no_grad():
+        m.t5_table.copy_(emb.weight.t())
+    return m
+
+
+def from_transformer_xl(attn, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor, clamp_len: int = 0
+                        ) -> RelativeMultiheadAttention:
+    """A module with the weights of the original Transformer-XL
+    ``RelPartialLearnableMultiHeadAttn`` (``qkv_net``, ``r_net``, ``o_net``, ``n_head``,
+    ``d_head``, ``d_model``; no biases) and the model's ``r_w_bias`` / ``r_r_bias``
+    ``(H, d_head)`` (shared by all layers upstream: pass the same tensors to every layer).
+
+    u = r_w_bias, v = r_r_bias, W_R[h] = r_net.weight.view(H, d_head, d_model)[h]
+    (pos_dim = d_model: the sinusoid ``[sin, cos]`` of size d_model), qkv_net split in
+    q, k, v rows. Dropout, the residual and layer norm stay outside. Call it with
+    ``causal=True`` and ``mems`` as upstream."""
+    H, d, d_model = attn.n_head, attn.d_head, attn.d_model
+    m = RelativeMultiheadAttention(d_model, H, "xl", head_dim=d, bias=False, xl_pos_dim=d_model,
+                                   xl_clamp_len=clamp_len)
+    w_q, w_k, w_v = attn.qkv_net.weight.chunk(3, 0)
+    for dst, w in ((m.q_proj, w_q), (m.k_proj, w_k), (m.v_proj, w_v), (m.out_proj, attn.o_net.weight)):
+        _copy(dst, w)
+    with torch.no_grad():
+        m.xl_u.copy_(r_w_bias)
+        m.xl_v.copy_(r_r_bias)
+        m.xl_w_r.copy_(attn.r_net.weight.view(H, d, d_model))
+    if getattr(attn, "scale", None) is not None and not math.isclose(attn.scale, d**-0.5):
+        m.scale = attn.scale
+    return m
+
+
+def from_opennmt(attn) -> RelativeMultiheadAttention:
+    """A module with the weights of OpenNMT-py's ``MultiHeadedAttention`` with
+    ``max_relative_positions = k > 0`` (``linear_query``, ``linear_keys``,
+    ``linear_values``, ``final_linear`` with biases, ``relative_positions_embeddings``
+    ``nn.Embedding(2k+1, dim_per_head)``, ``head_count``, ``dim_per_head``).
+
+    The one table is Shaw's wK and wV at once (``shaw_tied``), shared by heads,
+    distances clipped at +-k."""
+    H, d = attn.head_count, attn.dim_per_head
+    k = attn.max_relative_positions
+    m = RelativeMultiheadAttention(attn.linear_query.in_features, H, "shaw", head_dim=d, bias=True,
+                                   shaw_k=k, shaw_tied=True)
+    for dst, src in ((m.q_proj, attn.linear_query), (m.k_proj, attn.linear_keys),
+                     (m.v_proj, attn.linear_values), (m.out_proj, attn.final_linear)):
+        _copy(dst, src.weight, src.bias)
+    with torch.no_grad():
+        m.shaw_wk.copy_(attn.relative_positions_embeddings.weight)
+    return m
