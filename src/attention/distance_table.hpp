@@ -6,7 +6,12 @@
 // and the way back: a gradient per distance row summed into the parameters.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
 #include "relpos/gemm.hpp"
+#include "../backend/parallel.hpp"
 #include "unfused.hpp"
 
 namespace relpos::unfused {
@@ -19,13 +24,45 @@ class DistanceTable {
   DistanceTable(const PositionParams<T>& pos, const PositionGrads<T>* grads, const Scratch<T>* sinusoids = nullptr)
       : pos_(pos), grads_(grads), shared_sinusoids_(sinusoids) {}
 
-  // (count, pos_dim) sinusoids R(xl_distance(rmin + m)) of distances m = 0 .. count-1.
-  static Scratch<T> make_sinusoids(const PositionParams<T>& pos, int64_t rmin, int64_t count) {
-    const int64_t pd = pos.xl.w_r.shape[2];
+  // (count, pos_dim) sinusoids R(xl_distance(rmin + m)) of distances m = 0 .. count-1,
+  // on `threads` threads. Consecutive rows differ by one position (or none, where
+  // clamped), so a row follows from the one before by the angle-addition formulas
+  // in double; every kAnchorRows-th row is computed exactly, which keeps the error
+  // within ~1e-14 and lets chunks of rows run in parallel. Exact sin and cos for
+  // every entry cost more than the attention itself at pos_dim 512.
+  static Scratch<T> make_sinusoids(const PositionParams<T>& pos, int64_t rmin, int64_t count, int threads = 1) {
+    constexpr int64_t kAnchorRows = 32;
+    const int64_t pd = pos.xl.w_r.shape[2], half = pd / 2;
     Scratch<T> R(count * pd);
     const std::vector<double> inv_freq = sinusoid_inv_freq(pd);
-    for (int64_t m = 0; m < count; ++m)
-      sinusoid(double(xl_distance(rmin + m, pos.xl.clamp_len)), inv_freq, &R[m * pd]);
+    std::vector<double> step_sin(half), step_cos(half);
+    for (int64_t i = 0; i < half; ++i) step_sin[i] = std::sin(inv_freq[i]), step_cos[i] = std::cos(inv_freq[i]);
+    const auto distance = [&](int64_t m) { return xl_distance(rmin + m, pos.xl.clamp_len); };
+    const int64_t chunks = (count + kAnchorRows - 1) / kAnchorRows;
+    parallel_for(
+        chunks, std::max(1, std::min<int>(threads, int(chunks))), [](int) {},
+        [&](int, int64_t chunk) {
+          std::vector<double> sn(half), cs(half);
+          const int64_t first = chunk * kAnchorRows, last = std::min(count, first + kAnchorRows);
+          for (int64_t m = first; m < last; ++m) {
+            const int64_t step = m == first ? 0 : distance(m) - distance(m - 1);
+            if (m == first || (step != 0 && step != 1 && step != -1)) {
+              for (int64_t i = 0; i < half; ++i) {
+                const double angle = double(distance(m)) * inv_freq[i];
+                sn[i] = std::sin(angle), cs[i] = std::cos(angle);
+              }
+            } else if (step != 0) {  // sin(a +- b), cos(a +- b)
+              const double sign = double(step);
+              for (int64_t i = 0; i < half; ++i) {
+                const double s0 = sn[i], c0 = cs[i];
+                sn[i] = s0 * step_cos[i] + sign * c0 * step_sin[i];
+                cs[i] = c0 * step_cos[i] - sign * s0 * step_sin[i];
+              }
+            }
+            T* row = &R[m * pd];
+            for (int64_t i = 0; i < half; ++i) row[i] = T(sn[i]), row[half + i] = T(cs[i]);
+          }
+        });
     return R;
   }
 

@@ -59,9 +59,10 @@ struct XLKeys {
   explicit XLKeys(const AttentionForward<T>& p) {
     if (p.pos.scheme != Scheme::xl) return;
     const Head<T> first = head_geometry(p, 0, 0);
-    R = unfused::DistanceTable<T>::make_sinusoids(p.pos, first.rmin, first.distances());
-    const unfused::DistanceTable<T> table(p.pos, nullptr, &R);
     const int64_t heads = p.q.shape[1];
+    R = unfused::DistanceTable<T>::make_sinusoids(p.pos, first.rmin, first.distances(),
+                                                  thread_count(p.num_threads, first.distances()));
+    const unfused::DistanceTable<T> table(p.pos, nullptr, &R);
     E.resize(heads);
     // In a parallel region like every GEMM of the kernel: one thread per GEMM, not OpenMP's default team.
     parallel_for(
