@@ -123,9 +123,11 @@ void add_by_row(T* row, int64_t bk, int64_t r0, int64_t k, bool clip, const T* t
 template <class T>
 void sum_by_row(T* table, int64_t bk, int64_t r0, int64_t k, bool clip, const T* row, T alpha) {
   const ShawRow s = shaw_row(r0, bk, k);
-  if (clip) {
+  if (clip) {  // omp simd: the sums may be reassociated into vector lanes (a fixed order, so still deterministic)
     T below = 0, above = 0;
+#pragma omp simd reduction(+ : below)
     for (int64_t jj = 0; jj < s.lo; ++jj) below += row[jj];
+#pragma omp simd reduction(+ : above)
     for (int64_t jj = s.hi; jj < bk; ++jj) above += row[jj];
     table[0] += alpha * below;
     table[2 * k] += alpha * above;
