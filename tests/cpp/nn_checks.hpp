@@ -14,6 +14,14 @@
 
 namespace relpos_nn_test {
 
+// n random bytes (token ids), seeded.
+inline std::vector<uint8_t> random_tokens(std::size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<uint8_t> t(n);
+  for (uint8_t& x : t) x = static_cast<uint8_t>(gen() % 256);
+  return t;
+}
+
 inline std::vector<double> random_values(std::size_t n, uint32_t seed, double scale = 1.0) {
   std::mt19937 gen(seed);
   std::normal_distribution<double> normal(0.0, scale);

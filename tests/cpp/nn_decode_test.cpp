@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "relpos/nn/model.hpp"
+#include "nn_checks.hpp"
 
 using namespace relpos::nn;
+using namespace relpos_nn_test;
 
 namespace {
 
@@ -37,13 +39,6 @@ Model sharp_model(PositionKind kind, int layers) {
   std::normal_distribution<float> normal(0.0f, 0.3f);
   for (float& p : m.parameters()) p += normal(gen);
   return m;
-}
-
-std::vector<uint8_t> random_tokens(std::size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<uint8_t> t(n);
-  for (uint8_t& x : t) x = static_cast<uint8_t>(gen() % 256);
-  return t;
 }
 
 // Tokens [begin, end) of every row of a (batch, row_length) array.

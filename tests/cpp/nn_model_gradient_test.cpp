@@ -29,13 +29,6 @@ ModelConfig tiny_config(PositionKind kind) {
   return c;
 }
 
-std::vector<uint8_t> random_tokens(std::size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::vector<uint8_t> t(n);
-  for (uint8_t& x : t) x = static_cast<uint8_t>(gen() % 256);
-  return t;
-}
-
 // Moves every parameter off its initial value (LayerNorm gains of exactly 1
 // and biases of exactly 0 would hide terms of the gradient).
 void perturb(ModelImpl<double>& m, uint32_t seed) {
