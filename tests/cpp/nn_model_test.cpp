@@ -134,10 +134,17 @@ TEST(NnModel, LearnedPositionsBeyondContextUseTheLastRow) {
   const std::vector<uint8_t> tokens(length, 'a');
   std::vector<float> out(length * 256);
   m.logits(tokens, 1, length, out);
-  auto same = [&](int i, int j) { return std::equal(&out[i * 256], &out[(i + 1) * 256], &out[j * 256]); };
-  for (int i = 4; i < length; ++i) EXPECT_TRUE(same(3, i)) << "position " << i;
+  // Not bitwise: the GEMM library may round tail rows through another kernel
+  // on another CPU. Equal rows agree to float rounding; different table rows
+  // (random initialisation) move the logits by orders of magnitude more.
+  auto row_difference = [&](int i, int j) {
+    float d = 0;
+    for (int c = 0; c < 256; ++c) d = std::max(d, std::abs(out[i * 256 + c] - out[j * 256 + c]));
+    return d;
+  };
+  for (int i = 4; i < length; ++i) EXPECT_LE(row_difference(3, i), 1e-5f) << "position " << i;
   for (int i = 0; i < 3; ++i)
-    for (int j = i + 1; j < 4; ++j) EXPECT_FALSE(same(i, j)) << "positions " << i << ", " << j;
+    for (int j = i + 1; j < 4; ++j) EXPECT_GT(row_difference(i, j), 1e-3f) << "positions " << i << ", " << j;
 }
 
 // The first block's input is embed_scale * E[byte] + the position's embedding,
