@@ -8,6 +8,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "openmp_wait.hpp"
 #include "options.hpp"
 
 namespace {
@@ -39,6 +40,7 @@ void print_usage(std::FILE* to) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  relpos::cli::use_passive_openmp_wait(argv);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
