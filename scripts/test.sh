@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: set everything up (see setup.sh), then
 #   1. the C++ GoogleTest suite (Release build, build/release),
-#   2. the same suite under AddressSanitizer + UBSan (build/asan), but for the
+#   2. the C++ package: install, then the README's C++ example built by an
+#      outside project (find_package and add_subdirectory),
+#   3. the same suite under AddressSanitizer + UBSan (build/asan), but for the
 #      one slow training test (NnOverfit: 500 Adam steps, minutes under ASan),
 #      whose code the gradient, decode and trainer tests run under ASan too,
-#   3. a CLI smoke test (check, train, resume, eval, sample, demo),
-#   4. the Python suite (pytest) against the installed package.
+#   4. a CLI smoke test (check, train, resume, eval, sample, demo),
+#   5. the Python suite (pytest) against the installed package.
 # Builds are incremental, so a re-run only recompiles what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +25,8 @@ configure_and_test() {  # build-dir, tests to leave out (ctest -E regex, "" = no
 
 echo "== C++ tests (Release)"
 configure_and_test build/release "" -DCMAKE_BUILD_TYPE=Release
+echo "== C++ package (find_package on the installed tree, add_subdirectory; the README example)"
+bash tests/package/check.sh build/release
 echo "== C++ tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   configure_and_test build/asan NnOverfit -DCMAKE_BUILD_TYPE=Debug -DRELPOS_SANITIZE=ON
