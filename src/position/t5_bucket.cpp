@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -16,7 +17,20 @@ void check_t5_config(bool bidirectional, int64_t num_buckets, int64_t max_distan
                                 " (and be <= 2^40), got " + std::to_string(max_distance));
 }
 
+namespace {
+
+// The float32 logarithm rounded correctly: computed in long double (64-bit
+// significand on x86-64) and rounded once to float. The platform's float log
+// may be one ulp off (a vectorised one often is), which moves a bucket where
+// the scaled value lies within an ulp of an integer.
+float log_correctly_rounded(float x) { return static_cast<float>(std::log(static_cast<long double>(x))); }
+
+}  // namespace
+
 int64_t t5_bucket(int64_t r, bool bidirectional, int64_t num_buckets, int64_t max_distance) {
+  // Every distance beyond kMaxPosition >= max_distance lands in the last
+  // bucket; clamping first keeps -r defined for r = INT64_MIN.
+  r = std::clamp(r, -kMaxPosition, kMaxPosition);
   int64_t bucket = 0;
   int64_t n = r;  // becomes the non-negative distance
   if (bidirectional) {
@@ -28,11 +42,12 @@ int64_t t5_bucket(int64_t r, bool bidirectional, int64_t num_buckets, int64_t ma
   }
   const int64_t max_exact = num_buckets / 2;
   if (n < max_exact) return bucket + n;
-  // PyTorch evaluates this in float32: the int tensor is cast to float, the
+  // Upstream evaluates this in float32: the distance is cast to float, the
   // Python scalars (max_exact, the double log ratio, the bucket span) are cast
-  // to float, and .to(long) truncates. Matching it keeps bucket edges identical.
+  // to float, and .to(long) truncates. Each float32 step here is IEEE-exact as
+  // there; the logarithm is the correctly rounded one (docs/design.md, section 1).
   const float log_ratio = static_cast<float>(std::log(static_cast<double>(max_distance) / max_exact));
-  const float scaled = std::log(static_cast<float>(n) / static_cast<float>(max_exact)) / log_ratio *
+  const float scaled = log_correctly_rounded(static_cast<float>(n) / static_cast<float>(max_exact)) / log_ratio *
                        static_cast<float>(num_buckets - max_exact);
   int64_t large = max_exact + static_cast<int64_t>(scaled);
   if (large > num_buckets - 1) large = num_buckets - 1;
