@@ -25,19 +25,6 @@ std::vector<SchemeCase> bench_cases() {
 }
 
 
-// Scratch an algorithm needs for forward + backward, from its memory class:
-// per head, reference and split hold one (L, L, d) tensor per relative term
-// (Shaw: key and value, Transformer-XL: key), every algorithm a few (L, L)
-// matrices; times the heads in flight at once (the unfused algorithms run one
-// head per thread). Used to skip runs that would not fit.
-double estimated_bytes(Algorithm a, Scheme scheme, const ProblemShape& s) {
-  const double l2 = double(s.length) * double(s.length);
-  const bool materialises = a == Algorithm::reference || a == Algorithm::split;
-  const double tensors = !materialises ? 0.0 : scheme == Scheme::shaw ? 2.0 : scheme == Scheme::xl ? 1.0 : 0.0;
-  const int64_t threads = a == Algorithm::reference ? 1 : std::min<int64_t>(omp_get_max_threads(), s.heads * s.batch);
-  return 4.0 * l2 * (tensors * double(s.dim) + 8.0) * double(threads);
-}
-
 struct Result {
   std::string scheme, algorithm;
   int64_t length;
@@ -81,12 +68,12 @@ int run_bench_memory(int argc, char** argv, int first) {
       Problem<float> pb = make_problem<float>(shape, c, 1);
       for (Algorithm a : serving_algorithms<float>(pb.params)) {
         const char* name = to_string(a);
-        if (estimated_bytes(a, c.scheme, shape) > budget_gb * 1e9) {
+        pb.params.algorithm = a;
+        if (const double need = estimated_scratch_bytes<float>(pb.params); need > budget_gb * 1e9) {
           std::printf("%-16s %-18s %6lld   skipped: needs ~%s > --budget-gb\n", c.label.c_str(), name, (long long)L,
-                      human_bytes(estimated_bytes(a, c.scheme, shape)).c_str());
+                      human_bytes(need).c_str());
           continue;
         }
-        pb.params.algorithm = a;
         Result r{c.label, name, L, {}, 0, 0};
         r.memory = measure_footprint([&] {
           r.fwd_ms = best_ms([&] { attention_forward<float>(pb.params); }, 1);

@@ -148,6 +148,17 @@ Algorithm resolve_algorithm(const AttentionForward<T>& p);
 template <class T>
 void check_algorithm(const AttentionForward<T>& p);
 
+// Scratch memory (bytes) a call's algorithm needs beyond its inputs and
+// outputs, forward and backward, estimated from the shapes before any work.
+template <class T>
+double estimated_scratch_bytes(const AttentionForward<T>& p);
+
+// Throws std::invalid_argument (naming 'algorithm', the estimate and the
+// machine's memory) when that estimate exceeds the machine's physical memory.
+// Part of validate_forward.
+template <class T>
+void check_scratch_fits(const AttentionForward<T>& p);
+
 // Effective softmax scale of a call.
 template <class T>
 double effective_scale(const AttentionForward<T>& p) {

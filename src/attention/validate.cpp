@@ -5,6 +5,8 @@
 #include <cmath>
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "relpos/attention.hpp"
 
@@ -52,6 +54,101 @@ void check_writable(const char* name, const View<T, N>& v) {
   }
 }
 
+// The memory a view touches, for overlap checks between arguments: the
+// address range, and the element layout for an exact test between views that
+// share their strides (dq, dk, dv interleaved in one (B, L, 3, H, d) buffer).
+struct Region {
+  const char* name = nullptr;
+  uintptr_t base = 0;        // address of element 0
+  uintptr_t lo = 0, hi = 0;  // bytes [lo, hi)
+  std::size_t item = 0;
+  std::vector<int64_t> shape, stride;
+};
+
+template <class T, std::size_t N>
+Region region(const char* name, const View<T, N>& v) {
+  Region r{name, reinterpret_cast<uintptr_t>(v.data), 0, 0, sizeof(T), {v.shape.begin(), v.shape.end()},
+           {v.stride.begin(), v.stride.end()}};
+  if (v.empty()) return r;
+  int64_t lo = 0, hi = 0;  // element offsets of the first and last element touched
+  for (std::size_t a = 0; a < N; ++a) {
+    int64_t reach = 0;
+    if (__builtin_mul_overflow(v.stride[a], v.shape[a] - 1, &reach) ||
+        __builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi))
+      fail(std::string(name) + ": shape " + shape_str<N>(v.shape) + " and strides " + shape_str<N>(v.stride) +
+           " reach beyond the address space");
+  }
+  int64_t lo_bytes = 0, hi_bytes = 0;
+  if (__builtin_mul_overflow(lo, int64_t(sizeof(T)), &lo_bytes) ||
+      __builtin_mul_overflow(hi + 1, int64_t(sizeof(T)), &hi_bytes))
+    fail(std::string(name) + ": shape " + shape_str<N>(v.shape) + " reaches beyond the address space");
+  r.lo = reinterpret_cast<uintptr_t>(v.data) + uintptr_t(lo_bytes);
+  r.hi = reinterpret_cast<uintptr_t>(v.data) + uintptr_t(hi_bytes);
+  return r;
+}
+
+int64_t floor_div(int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); }
+int64_t ceil_div(int64_t a, int64_t b) { return -floor_div(-a, b); }
+
+// One dimension of two views with equal strides: the stride, and the range
+// [-lo, hi] of the index difference c = i_a - i_b.
+struct Difference {
+  int64_t stride, lo, hi;
+};
+
+// Whether delta = sum_d c_d stride_d has a solution within the ranges:
+// largest stride first, trying only the c_d that leave a remainder the
+// smaller dimensions can still reach (one or two values for dense layouts).
+bool reachable(int64_t delta, const std::vector<Difference>& dims, std::size_t i) {
+  if (i == dims.size()) return delta == 0;
+  int64_t rest = 0;  // largest |sum| the dimensions after i can make
+  for (std::size_t j = i + 1; j < dims.size(); ++j) rest += std::llabs(dims[j].stride) * std::max(dims[j].lo, dims[j].hi);
+  const Difference& dim = dims[i];
+  if (dim.stride == 0) return reachable(delta, dims, i + 1);
+  // |delta - c s| <= rest  <=>  c in [(delta - rest) / s, (delta + rest) / s] (bounds swap for s < 0)
+  const int64_t a = dim.stride > 0 ? ceil_div(delta - rest, dim.stride) : ceil_div(delta + rest, dim.stride);
+  const int64_t b = dim.stride > 0 ? floor_div(delta + rest, dim.stride) : floor_div(delta - rest, dim.stride);
+  for (int64_t c = std::max(a, -dim.lo); c <= std::min(b, dim.hi); ++c)
+    if (reachable(delta - c * dim.stride, dims, i + 1)) return true;
+  return false;
+}
+
+bool share_elements(const Region& a, const Region& b) {
+  if (a.hi <= b.lo || b.hi <= a.lo) return false;  // disjoint address ranges
+  const intptr_t bytes = intptr_t(b.base) - intptr_t(a.base);
+  if (a.item != b.item || a.stride != b.stride || bytes % intptr_t(a.item) != 0) return true;  // no exact test
+  // a's element i and b's element j coincide iff b.base - a.base = sum (i - j) * stride.
+  std::vector<Difference> dims;
+  for (std::size_t d = 0; d < a.shape.size(); ++d) dims.push_back({a.stride[d], b.shape[d] - 1, a.shape[d] - 1});
+  std::sort(dims.begin(), dims.end(),
+            [](const Difference& x, const Difference& y) { return std::llabs(x.stride) > std::llabs(y.stride); });
+  return reachable(bytes / intptr_t(a.item), dims, 0);
+}
+
+// Outputs may not share memory with inputs or with each other: a kernel
+// writing one while reading or writing the other races on several threads.
+void check_no_overlap(const std::vector<Region>& inputs, const std::vector<Region>& outputs) {
+  for (std::size_t o = 0; o < outputs.size(); ++o) {
+    if (outputs[o].lo == outputs[o].hi) continue;
+    for (const Region& in : inputs)
+      if (in.lo != in.hi && share_elements(outputs[o], in))
+        fail(std::string(outputs[o].name) + ": shares memory with the input " + in.name +
+             "; outputs need their own buffers");
+    for (std::size_t other = o + 1; other < outputs.size(); ++other)
+      if (outputs[other].lo != outputs[other].hi && share_elements(outputs[o], outputs[other]))
+        fail(std::string(outputs[o].name) + ": shares memory with the output " + outputs[other].name);
+  }
+}
+
+template <class T>
+std::vector<Region> input_regions(const AttentionForward<T>& p) {
+  const PositionParams<T>& pos = p.pos;
+  return {region("q", p.q), region("k", p.k), region("v", p.v), region("key_padding", p.key_padding),
+          region("shaw.wk", pos.shaw.wk), region("shaw.wv", pos.shaw.wv), region("t5.table", pos.t5.table),
+          region("alibi.slopes", pos.alibi.slopes), region("xl.u", pos.xl.u), region("xl.v", pos.xl.v),
+          region("xl.w_r", pos.xl.w_r)};
+}
+
 template <class T, std::size_t N>
 void check_output(const char* name, const View<T, N>& v, const std::array<int64_t, N>& expected,
                   const std::string& meaning) {
@@ -66,6 +163,20 @@ void check_optional_grad(const char* name, const View<T, N>& g, const std::array
 }
 
 std::string dims(const char* what, int64_t n) { return std::string(what) + "=" + std::to_string(n); }
+
+template <class T>
+const char* precision_name() {
+  return sizeof(T) == 4 ? "float32" : "float64";
+}
+
+// The largest |r| among the call's (query, key) pairs (offsets and lengths are
+// bounded by 2^40, so this cannot overflow).
+template <class T>
+int64_t farthest_distance(const AttentionForward<T>& p) {
+  const int64_t first = p.k_offset - (p.q_offset + p.q.shape[2] - 1);  // last query, first key
+  const int64_t last = p.k_offset + p.k.shape[2] - 1 - p.q_offset;     // first query, last key
+  return std::max(std::llabs(first), std::llabs(last));
+}
 
 template <class T>
 void check_position(const AttentionForward<T>& p) {
@@ -106,8 +217,15 @@ void check_position(const AttentionForward<T>& p) {
     case Scheme::alibi:
       if (!pos.alibi.slopes.empty()) {
         check_shape("alibi.slopes", pos.alibi.slopes, {H}, "(" + dims("H", H) + ")");
-        for (int64_t h = 0; h < H; ++h)
-          if (!std::isfinite(double(pos.alibi.slopes(h)))) fail("alibi.slopes: every slope must be finite");
+        // The bias -m |r| is computed in T; the farthest distance of the call must not overflow it.
+        const double far = double(farthest_distance(p));
+        for (int64_t h = 0; h < H; ++h) {
+          const double m = double(pos.alibi.slopes(h));
+          if (!std::isfinite(m)) fail("alibi.slopes: every slope must be finite");
+          if (!std::isfinite(static_cast<T>(std::abs(m) * far)))
+            fail("alibi.slopes: slope " + std::to_string(m) + " of head " + std::to_string(h) + " times the farthest distance " +
+                 std::to_string(int64_t(far)) + " overflows " + precision_name<T>());
+        }
       }
       break;
     case Scheme::rope: {
@@ -151,11 +269,16 @@ void validate_forward(const AttentionForward<T>& p) {
   // positions and distances stay exact in double and int64.
   if (p.q_offset < 0 || p.q_offset > kMaxPosition) fail("q_offset: must be in [0, 2^40], got " + std::to_string(p.q_offset));
   if (p.k_offset < 0 || p.k_offset > kMaxPosition) fail("k_offset: must be in [0, 2^40], got " + std::to_string(p.k_offset));
-  if (p.scale && !(std::isfinite(*p.scale) && *p.scale > 0)) fail("scale: must be finite and > 0");
+  // The kernels compute in T: a scale finite in double may overflow or vanish in float.
+  if (p.scale && !(std::isfinite(static_cast<T>(*p.scale)) && static_cast<T>(*p.scale) > 0))
+    fail("scale: must be finite and > 0 in the inputs' precision (" + std::string(precision_name<T>()) + "), got " +
+         std::to_string(*p.scale));
   if (p.num_threads < 0 || p.num_threads > 4096)
     fail("num_threads: must be in [0, 4096] (0 = OpenMP's maximum), got " + std::to_string(p.num_threads));
   check_position(p);
   check_algorithm(p);
+  check_scratch_fits(p);
+  check_no_overlap(input_regions(p), {region("out", p.out), region("lse", p.lse)});
 }
 
 template <class T>
@@ -188,6 +311,12 @@ void validate_backward(const AttentionBackward<T>& p) {
   check_optional_grad("dpos.xl_u", g.xl_u, pos.xl.u.shape);
   check_optional_grad("dpos.xl_v", g.xl_v, pos.xl.v.shape);
   check_optional_grad("dpos.xl_w_r", g.xl_w_r, pos.xl.w_r.shape);
+  std::vector<Region> inputs = input_regions(p);  // backward reads out, lse and dout too
+  for (Region r : {region("out", p.out), region("lse", p.lse), region("dout", p.dout)}) inputs.push_back(r);
+  check_no_overlap(inputs, {region("dq", p.dq), region("dk", p.dk), region("dv", p.dv),
+                            region("dpos.shaw_wk", g.shaw_wk), region("dpos.shaw_wv", g.shaw_wv),
+                            region("dpos.t5_table", g.t5_table), region("dpos.alibi_slopes", g.alibi_slopes),
+                            region("dpos.xl_u", g.xl_u), region("dpos.xl_v", g.xl_v), region("dpos.xl_w_r", g.xl_w_r)});
 }
 
 template void validate_forward<float>(const AttentionForward<float>&);

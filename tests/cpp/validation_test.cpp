@@ -128,6 +128,21 @@ std::vector<BadInput> bad_inputs() {
       {"t5_gradient_shape_mismatch", S::t5, [](auto&, Args& a) { a.dpos.t5_table.shape[1] -= 1; }, "dpos.t5_table",
        true},
       {"xl_w_r_gradient_stride_zero", S::xl, [](auto&, Args& a) { a.dpos.xl_w_r.stride[2] = 0; }, "dpos.xl_w_r", true},
+      // outputs sharing memory with inputs or with each other (out = v raced on several threads)
+      {"out_aliases_v", S::none,
+       [](auto&, Args& a) { a.out.data = const_cast<double*>(a.v.data), a.out.stride = a.v.stride; }, "out"},
+      {"lse_inside_q", S::none, [](auto&, Args& a) { a.lse.data = const_cast<double*>(a.q.data) + 5; }, "lse"},
+      {"out_aliases_shaw_table", S::shaw, [](auto&, Args& a) { a.out.data = const_cast<double*>(a.pos.shaw.wv.data); },
+       "out"},
+      {"dq_aliases_k", S::none, [](auto&, Args& a) { a.dq.data = const_cast<double*>(a.k.data); }, "dq", true},
+      {"dv_aliases_dout", S::none, [](auto&, Args& a) { a.dv.data = const_cast<double*>(a.dout.data); }, "dv", true},
+      {"dq_overlaps_dk", S::none, [](auto&, Args& a) { a.dk.data = a.dq.data + 7; }, "dq", true},
+      {"dpos_table_aliases_out", S::t5,
+       [](auto&, Args& a) { a.dpos.t5_table.data = a.out.data, a.dpos.t5_table.stride = {1, 1}; }, "dpos.t5_table",
+       true},
+      // extents that overflow the address computation
+      {"k_strides_beyond_address_space", S::none,
+       [](auto&, Args& a) { a.k.stride[0] = std::numeric_limits<int64_t>::max() / 2; }, "k"},
   };
 }
 
@@ -188,6 +203,111 @@ TEST(AcceptsValidInput, BroadcastRowsAndSingleElementDimensions) {
   a.k.stride[2] = 0;  // every key the same row: a read-only broadcast
   EXPECT_NO_THROW(relpos::attention_forward<double>(a));
   EXPECT_NO_THROW(relpos::attention_backward(a));
+}
+
+// dq, dk and dv interleaved in one (B, L, 3, H, d) buffer (a fused QKV
+// projection's gradient) share no element: accepted, and equal to separate buffers.
+TEST(AcceptsValidInput, InterleavedGradientBuffers) {
+  Spec s = base(Scheme::shaw);
+  s.dv = s.d;
+  Problem<double> p(s);
+  p.forward();
+  p.backward();
+  const int64_t B = s.B, H = s.H, L = s.Lq, d = s.d;
+  std::vector<double> dqkv(size_t(B * L * 3 * H * d), 0.0);
+  Args a = p.backward_args();
+  for (int part = 0; part < 3; ++part) {
+    relpos::View4<double> g{dqkv.data() + part * H * d, {B, H, L, d}, {L * 3 * H * d, d, 3 * H * d, 1}};
+    (part == 0 ? a.dq : part == 1 ? a.dk : a.dv) = g;
+  }
+  a.dpos = {};
+  ASSERT_NO_THROW(relpos::attention_backward(a));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t x = 0; x < d; ++x) {
+          const size_t at = size_t(((b * L + i) * 3 * H + h) * d + x);
+          EXPECT_DOUBLE_EQ(dqkv[at], p.dq(b, h, i, x));
+          EXPECT_DOUBLE_EQ(dqkv[at + size_t(H * d)], p.dk(b, h, i, x));
+          EXPECT_DOUBLE_EQ(dqkv[at + size_t(2 * H * d)], p.dv(b, h, i, x));
+        }
+}
+
+// ---- limits of the inputs' precision --------------------------------------------
+
+// A scale finite in double can overflow float32 (scale = 1e300 gave NaN).
+TEST(Float32Limits, ScaleMustBeFiniteInFloat) {
+  Problem<float> f(base(Scheme::none));
+  relpos::AttentionForward<float> a = f.forward_args();
+  a.scale = 1e300;
+  EXPECT_TRUE(throws_naming([&] { relpos::attention_forward(a); }, "scale"));
+  a.scale = 1e-300;  // rounds to 0 in float
+  EXPECT_TRUE(throws_naming([&] { relpos::attention_forward(a); }, "scale"));
+  Problem<double> p(base(Scheme::none));
+  relpos::AttentionForward<double> ad = p.forward_args();
+  ad.scale = 1e300;
+  EXPECT_NO_THROW(relpos::validate_forward(ad));
+}
+
+// slope * |r| must stay finite in float: slopes 1e30 at distances near 2^39
+// turned every bias into -inf, and rows into zeros with lse -inf.
+TEST(Float32Limits, AlibiSlopeTimesFarthestDistanceMustBeFinite) {
+  Spec s = base(Scheme::alibi);
+  s.q_offset = int64_t(1) << 39;
+  Problem<float> f(s);
+  for (int64_t h = 0; h < s.H; ++h) f.alibi_slopes(h) = 1e30f;
+  EXPECT_TRUE(throws_naming([&] { f.forward(); }, "alibi.slopes"));
+  // In double the same call is exact: every query attends to its nearest unpadded key only.
+  Problem<double> p(s);
+  for (int64_t h = 0; h < s.H; ++h) p.alibi_slopes(h) = 1e30;
+  ASSERT_NO_THROW(p.forward());
+  for (int64_t b = 0; b < s.B; ++b) {
+    int64_t nearest = s.Lk - 1;
+    while (s.padded(b, nearest)) --nearest;
+    for (int64_t h = 0; h < s.H; ++h)
+      for (int64_t i = 0; i < s.Lq; ++i)
+        for (int64_t x = 0; x < s.dv; ++x) EXPECT_DOUBLE_EQ(p.out(b, h, i, x), p.v(b, h, nearest, x));
+  }
+}
+
+// ---- memory estimated before any work -------------------------------------------
+
+// An L^2 algorithm at L = 10^6 needs terabytes: refused with the size, not std::bad_alloc.
+TEST(ScratchEstimate, QuadraticAlgorithmsAtAMillionKeysAreRefusedWithTheSize) {
+  const int64_t L = 1000000, d = 4;
+  std::vector<float> row(d, 0.5f), out(size_t(L * d)), lse(static_cast<size_t>(L));
+  relpos::AttentionForward<float> a;
+  const relpos::View4<const float> broadcast{row.data(), {1, 1, L, d}, {0, 0, 0, 1}};  // every row the same
+  a.q = a.k = a.v = broadcast;
+  a.out = relpos::View4<float>::contiguous(out.data(), {1, 1, L, d});
+  a.lse = relpos::View3<float>::contiguous(lse.data(), {1, 1, L});
+  for (relpos::Algorithm alg : {relpos::Algorithm::reference, relpos::Algorithm::gather}) {
+    a.algorithm = alg;
+    EXPECT_TRUE(throws_naming([&] { relpos::attention_forward(a); }, "algorithm"));
+    try {
+      relpos::validate_forward(a);
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("GB of scratch memory"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("Lk=1000000"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(relpos::estimated_scratch_bytes(a), 1e13);
+  a.algorithm = relpos::Algorithm::fused;  // no (L, L) buffer: fits
+  EXPECT_LT(relpos::estimated_scratch_bytes(a), 1e9);
+  EXPECT_NO_THROW(relpos::validate_forward(a));
+}
+
+// A Shaw table of 2^41 + 1 rows broadcast from one row (stride 0) takes no
+// memory, but the kernels' per-distance buffers would: refused up front.
+TEST(ScratchEstimate, HugeBroadcastShawTableIsRefusedWithTheSize) {
+  Problem<float> f(base(Scheme::shaw));
+  relpos::AttentionForward<float> a = f.forward_args();
+  a.pos.shaw.k = int64_t(1) << 40;
+  for (relpos::View3<const float>* t : {&a.pos.shaw.wk, &a.pos.shaw.wv}) t->shape[1] = 2 * a.pos.shaw.k + 1, t->stride[1] = 0;
+  for (relpos::Algorithm alg : {relpos::Algorithm::fused, relpos::Algorithm::gather}) {
+    a.algorithm = alg;
+    EXPECT_TRUE(throws_naming([&] { relpos::attention_forward(a); }, "algorithm")) << relpos::to_string(alg);
+  }
 }
 
 // ---- names of schemes and algorithms ------------------------------------------

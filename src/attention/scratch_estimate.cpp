@@ -1,0 +1,79 @@
+// How much scratch memory a call needs, estimated from its shapes before any
+// work: validation refuses a call that cannot fit this machine's memory with
+// the size in the message (instead of std::bad_alloc, or the kernel's
+// out-of-memory killer, minutes later), and the memory benchmark skips runs
+// over its budget. The per-algorithm classes are those of docs/design.md,
+// section 2, with constants read off `relpos bench memory`.
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "relpos/attention.hpp"
+
+namespace relpos {
+
+template <class T>
+double estimated_scratch_bytes(const AttentionForward<T>& p) {
+  const double Lq = double(p.q.shape[2]), Lk = double(p.k.shape[2]), d = double(p.q.shape[3]),
+               dv = double(p.v.shape[3]);
+  const double heads = double(p.q.shape[0]) * double(p.q.shape[1]);
+  const double threads = std::min(heads, double(p.num_threads > 0 ? p.num_threads : omp_get_max_threads()));
+  const PositionParams<T>& pos = p.pos;
+  const bool shaw = pos.scheme == Scheme::shaw, xl = pos.scheme == Scheme::xl;
+  const double shaw_rows = shaw ? 2.0 * double(pos.shaw.k) + 1.0 : 0.0;
+  // Relative tensors (Lq, Lk, width) that reference and split materialise.
+  const double relative_terms = shaw ? double(!pos.shaw.wk.empty()) * d + double(!pos.shaw.wv.empty()) * dv
+                                : xl  ? d
+                                      : 0.0;
+  const double pairs = Lq * Lk;
+  double elements = 0;  // of T
+  switch (resolve_algorithm(p)) {
+    case Algorithm::reference:  // one head at a time
+      elements = pairs * (relative_terms + 8.0);
+      break;
+    case Algorithm::split:
+      elements = threads * pairs * (relative_terms + 8.0);
+      break;
+    case Algorithm::fused: {
+      // Per thread: a head's rows, tiles of 128, Shaw's per-row bucket sums
+      // and table slices; per call: Transformer-XL's positional keys per head.
+      const double tile = 128.0;
+      elements = threads * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * shaw_rows) * 4.0 + shaw_rows * (d + dv));
+      if (xl) elements += (double(p.q.shape[1]) * d + double(pos.xl.w_r.shape[2])) * (Lq + Lk);
+      break;
+    }
+    default:  // gather, skew, generalized_skew, relshift: a few (Lq, Lk) matrices and (Lq, 2k+1) buckets
+      elements = threads * (pairs * 8.0 + Lq * shaw_rows * 2.0 + (Lq + Lk) * (d + dv) * 2.0);
+      break;
+  }
+  return elements * double(sizeof(T));
+}
+
+template <class T>
+void check_scratch_fits(const AttentionForward<T>& p) {
+  const double physical = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  const double need = estimated_scratch_bytes(p);
+  if (physical <= 0 || need <= physical) return;
+  char sizes[160];
+  std::snprintf(sizes, sizeof sizes, "about %.3g GB of scratch memory, more than this machine's %.3g GB", need / 1e9,
+                physical / 1e9);
+  std::string shape = "B=" + std::to_string(p.q.shape[0]) + ", H=" + std::to_string(p.q.shape[1]) +
+                      ", Lq=" + std::to_string(p.q.shape[2]) + ", Lk=" + std::to_string(p.k.shape[2]) +
+                      ", d=" + std::to_string(p.q.shape[3]);
+  if (p.pos.scheme == Scheme::shaw) shape += ", Shaw table rows 2k+1=" + std::to_string(2 * p.pos.shaw.k + 1);
+  const Algorithm a = resolve_algorithm(p);
+  throw std::invalid_argument(std::string("relpos: algorithm: '") + to_string(a) + "' needs " + sizes + " for " +
+                              shape +
+                              (a == Algorithm::fused ? "" : "; the fused algorithm holds no (Lq, Lk) buffer"));
+}
+
+template double estimated_scratch_bytes<float>(const AttentionForward<float>&);
+template double estimated_scratch_bytes<double>(const AttentionForward<double>&);
+template void check_scratch_fits<float>(const AttentionForward<float>&);
+template void check_scratch_fits<double>(const AttentionForward<double>&);
+
+}  // namespace relpos
