@@ -5,12 +5,15 @@
     y = layer(x, causal=True)                 # x (B, L, 512) -> y (B, L, 512)
     y.sum().backward()                        # gradients for projections and wK, wV
 
-``attention`` is one ``torch.autograd.Function`` call: the library's forward
-(fused where available) saves ``out`` and the row logsumexp, and its backward
-returns gradients for q, k, v and every learnable tensor of the scheme (Shaw
-wk/wv, T5 table, ALiBi slopes if given, Transformer-XL u/v/w_r). Tensors reach
-the core in place (DLPack), so strided views such as ``(B, L, H, d)``
-projections seen as ``(B, H, L, d)`` are not copied.
+``attention`` is one registered operator, ``torch.ops.relpos.attention_forward``
+(``relpos.torch_op``): the library's forward (fused where available) saves
+``out`` and the row logsumexp, and its autograd formula, the operator
+``relpos::attention_backward``, returns gradients for q, k, v and every
+learnable tensor of the scheme (Shaw wk/wv, T5 table, ALiBi slopes if given,
+Transformer-XL u/v/w_r). Being an operator with fake implementations, it runs
+under ``torch.compile(fullgraph=True)``, ``torch.export``, ``torch.jit.trace``
+and ``torch.vmap``. Tensors reach the core in place (DLPack), so strided views
+such as ``(B, L, H, d)`` projections seen as ``(B, H, L, d)`` are not copied.
 
 ``from_hf_t5``, ``from_transformer_xl`` and ``from_opennmt`` build a module
 holding the weights of the upstream attention layers (docs/torch.md gives the
@@ -25,29 +28,9 @@ import torch
 from torch import nn
 
 import relpos
+from relpos import torch_op
 
 __all__ = ["attention", "RelativeMultiheadAttention", "from_hf_t5", "from_transformer_xl", "from_opennmt"]
-
-
-class _RelposAttention(torch.autograd.Function):
-    """out = attention(q, k, v; scheme); the scheme's learnable tensors come as ``*params``
-    in ``scheme._params()`` order so autograd routes their gradients (a tensor passed
-    twice, e.g. one Shaw table tied for keys and values, gets the sum)."""
-
-    @staticmethod
-    def forward(ctx, scheme, call, q, k, v, key_padding, *params):
-        out, lse = relpos.forward(q, k, v, scheme, key_padding=key_padding, **call)
-        ctx.scheme, ctx.call = scheme, call
-        ctx.save_for_backward(q, k, v, out, lse, key_padding, *params)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, key_padding, *_ = ctx.saved_tensors
-        grads = relpos.backward(q, k, v, out, lse, dout, ctx.scheme, key_padding=key_padding, **ctx.call)
-        param_grads = [grads[name] for name in ctx.scheme._params()]
-        return (None, None, grads["q"], grads["k"], grads["v"], None, *param_grads)
 
 
 def attention(
@@ -71,11 +54,8 @@ def attention(
     scheme = relpos.NoPosition() if scheme is None else scheme
     if not hasattr(scheme, "_params"):
         raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
-    for name, p in scheme._params().items():
-        if not isinstance(p, torch.Tensor):
-            raise ValueError(f"relpos: {name}: expected a torch tensor, got {type(p).__name__}")
-    call = dict(causal=causal, q_offset=q_offset, k_offset=k_offset, scale=scale, algorithm=algorithm, threads=threads)
-    out, _ = _RelposAttention.apply(scheme, call, q, k, v, key_padding, *scheme._params().values())
+    name, params, ints, floats = torch_op._encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads)
+    out, _ = torch.ops.relpos.attention_forward(q, k, v, key_padding, params, name, ints, floats)
     return out
 
 

@@ -1,0 +1,202 @@
+"""relpos attention as registered PyTorch operators (``torch.ops.relpos.*``).
+
+``relpos::attention_forward`` and ``relpos::attention_backward`` are
+``torch.library`` custom ops with fake (meta) implementations, an autograd
+formula and a vmap rule, so ``torch.compile(fullgraph=True)``,
+``torch.export``, ``torch.jit.trace`` and ``torch.vmap`` see one opaque op
+instead of a Python call they cannot trace.
+
+An op's arguments can only be tensors, numbers, bools, strings and lists of
+them, so a scheme travels as its name, its learnable tensors in a fixed order
+per scheme (``None`` where absent) and its options packed into an int list and
+a float list; ``_encode`` and ``_decode`` are the two ends of that packing.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+import relpos
+from relpos.schemes import ALiBi, NoPosition, RoPE, Shaw, T5, TransformerXL, choice, integer, number
+
+__all__ = ["attention_forward", "attention_backward"]
+
+# The learnable tensors of each scheme, in the order the ops take them.
+_PARAMS = {
+    "none": (),
+    "shaw": ("wk", "wv"),
+    "t5": ("table",),
+    "alibi": ("slopes",),
+    "rope": (),
+    "xl": ("u", "v", "w_r"),
+}
+_BEYOND = ("clip", "zero")
+_ROPE_STYLES = ("half_split", "interleaved")
+
+
+def _encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
+    """(name, params, ints, floats) for a scheme record and call options.
+
+    ints  = [causal, q_offset, k_offset, threads (0: default), algorithm index,
+             presence bit per parameter, *scheme options]
+    floats = [scale (NaN: default), *scheme options]"""
+    scheme._args()  # validates the scheme's options, with errors naming them
+    for role, p in scheme._params().items():
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"relpos: {role}: expected a torch tensor, got {type(p).__name__}")
+    name = scheme.name
+    params = [getattr(scheme, field) for field in _PARAMS[name]]
+    present = sum(1 << i for i, p in enumerate(params) if p is not None)
+    if threads is not None and not 1 <= integer(threads, "threads") <= 4096:
+        raise ValueError(f"relpos: threads: must be in [1, 4096], got {threads}")
+    ints = [int(bool(causal)), integer(q_offset, "q_offset"), integer(k_offset, "k_offset"),
+            0 if threads is None else threads, relpos.ALGORITHMS.index(choice(algorithm, "algorithm", relpos.ALGORITHMS)),
+            present]
+    floats = [math.nan if scale is None else number(scale, "scale")]
+    if name == "shaw":
+        ints += [scheme.k, _BEYOND.index(scheme.beyond)]
+    elif name == "t5":
+        ints += [int(bool(scheme.bidirectional)), scheme.max_distance]
+    elif name == "rope":
+        ints += [-1 if scheme.dims is None else scheme.dims, _ROPE_STYLES.index(scheme.style)]
+        floats += [float(scheme.base)]
+    elif name == "xl":
+        ints += [scheme.clamp_len]
+    return name, [p for p in params if p is not None], ints, floats
+
+
+def _decode(name: str, params: Sequence[torch.Tensor], ints: Sequence[int], floats: Sequence[float]):
+    """The scheme record and the keyword options of relpos.forward / backward."""
+    causal, q_offset, k_offset, threads, algorithm, present = ints[:6]
+    options, extra_ints, extra_floats = {}, ints[6:], floats[1:]
+    it = iter(params)
+    tensors = [next(it) if present >> i & 1 else None for i in range(len(_PARAMS[name]))]
+    if name == "shaw":
+        scheme = Shaw(k=extra_ints[0], wk=tensors[0], wv=tensors[1], beyond=_BEYOND[extra_ints[1]])
+    elif name == "t5":
+        scheme = T5(tensors[0], bidirectional=bool(extra_ints[0]), max_distance=extra_ints[1])
+    elif name == "alibi":
+        scheme = ALiBi(slopes=tensors[0])
+    elif name == "rope":
+        scheme = RoPE(base=extra_floats[0], dims=None if extra_ints[0] < 0 else extra_ints[0],
+                      style=_ROPE_STYLES[extra_ints[1]])
+    elif name == "xl":
+        scheme = TransformerXL(*tensors, clamp_len=extra_ints[0])
+    else:
+        scheme = NoPosition()
+    options = dict(causal=bool(causal), q_offset=q_offset, k_offset=k_offset,
+                   scale=None if math.isnan(floats[0]) else floats[0],
+                   algorithm=relpos.ALGORITHMS[algorithm], threads=threads or None)
+    return scheme, options
+
+
+@torch.library.custom_op("relpos::attention_forward", mutates_args=())
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding: Optional[torch.Tensor],
+                      params: list[torch.Tensor], scheme: str, ints: list[int], floats: list[float]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """out (B, H, Lq, dv) and the row logsumexp (B, H, Lq)."""
+    record, options = _decode(scheme, params, ints, floats)
+    return relpos.forward(q, k, v, record, key_padding=key_padding, **options)
+
+
+@attention_forward.register_fake
+def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats):
+    B, H, Lq, _ = q.shape
+    return q.new_empty(B, H, Lq, v.shape[-1]), q.new_empty(B, H, Lq)
+
+
+@torch.library.custom_op("relpos::attention_backward", mutates_args=())
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       dout: torch.Tensor, key_padding: Optional[torch.Tensor], params: list[torch.Tensor],
+                       scheme: str, ints: list[int], floats: list[float]
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """dq, dk, dv and the gradient of each tensor of ``params`` (same order)."""
+    record, options = _decode(scheme, params, ints, floats)
+    grads = relpos.backward(q, k, v, out, lse, dout, record, key_padding=key_padding, **options)
+    names = list(record._params())
+    # A tensor given twice (one Shaw table tied for keys and values) is one
+    # entry of _params per role; params holds it once per role too.
+    return grads["q"], grads["k"], grads["v"], [grads[n] for n in names]
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats):
+    # relpos.backward returns new contiguous tensors whatever the inputs' strides.
+    fresh = [x.new_empty(x.shape) for x in (q, k, v, *params)]
+    return fresh[0], fresh[1], fresh[2], fresh[3:]
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, key_padding, params, scheme, ints, floats = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, *(() if key_padding is None else (key_padding,)), *params)
+    ctx.has_padding, ctx.scheme, ctx.ints, ctx.floats = key_padding is not None, scheme, ints, floats
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, *rest = ctx.saved_tensors
+    key_padding = rest.pop(0) if ctx.has_padding else None
+    dq, dk, dv, dparams = attention_backward(q, k, v, out, lse, dout, key_padding, rest,
+                                             ctx.scheme, ctx.ints, ctx.floats)
+    return dq, dk, dv, None, list(dparams), None, None, None
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("relpos: attention has no double backward: a gradient of its gradient "
+                       "(create_graph=True, then a second backward) is not supported")
+
+
+def _setup_nothing(ctx, inputs, output):
+    pass
+
+
+attention_backward.register_autograd(_no_double_backward, setup_context=_setup_nothing)
+
+
+# ---- vmap: a mapped dimension of q, k, v (and key_padding) folds into the batch.
+
+def _fold(x: Optional[torch.Tensor], dim: Optional[int], n: int) -> Optional[torch.Tensor]:
+    """(.., n at dim, ..) -> (n * B, ...); an unmapped x is repeated n times."""
+    if x is None:
+        return None
+    x = x.movedim(dim, 0) if dim is not None else x.expand(n, *x.shape)
+    return x.reshape(n * x.shape[1], *x.shape[2:])
+
+
+def _unfold(x: torch.Tensor, n: int) -> torch.Tensor:
+    return x.reshape(n, x.shape[0] // n, *x.shape[1:])
+
+
+def _check_unmapped_params(param_dims) -> None:
+    if param_dims is not None and any(d is not None for d in param_dims):
+        raise ValueError("relpos: vmap over the scheme's parameters is not supported; "
+                         "map over q, k, v (and key_padding) only")
+
+
+@torch.library.register_vmap("relpos::attention_forward")
+def _attention_forward_vmap(info, in_dims, q, k, v, key_padding, params, scheme, ints, floats):
+    q_dim, k_dim, v_dim, pad_dim, param_dims = in_dims[:5]
+    _check_unmapped_params(param_dims)
+    n = info.batch_size
+    out, lse = attention_forward(_fold(q, q_dim, n), _fold(k, k_dim, n), _fold(v, v_dim, n),
+                                 _fold(key_padding, pad_dim, n), params, scheme, ints, floats)
+    return (_unfold(out, n), _unfold(lse, n)), (0, 0)
+
+
+@torch.library.register_vmap("relpos::attention_backward")
+def _attention_backward_vmap(info, in_dims, q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats):
+    *tensor_dims, pad_dim, param_dims = in_dims[:8]
+    _check_unmapped_params(param_dims)
+    if params:
+        # The folded call sums the parameter gradients over the mapped entries;
+        # a mapped backward may want them per entry, which one call cannot give.
+        raise ValueError("relpos: vmap of the backward with learnable positional parameters is not supported")
+    n = info.batch_size
+    folded = [_fold(x, d, n) for x, d in zip((q, k, v, out, lse, dout), tensor_dims)]
+    dq, dk, dv, _ = attention_backward(*folded, _fold(key_padding, pad_dim, n), params, scheme, ints, floats)
+    return (_unfold(dq, n), _unfold(dk, n), _unfold(dv, n), []), (0, 0, 0, None)

@@ -1,0 +1,114 @@
+"""relpos attention as a registered torch op: torch.compile(fullgraph=True),
+torch.export, torch.jit.trace and torch.vmap see one op and give the eager
+results; double backward is refused with a clear error."""
+import pytest
+import torch
+
+import relpos
+import relpos.torch as rt
+
+
+def model(scheme: str, **kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return rt.RelativeMultiheadAttention(32, 4, scheme, **kw).double()
+
+
+CONFIGS = [("shaw", dict(shaw_k=3, shaw_per_head=True)), ("t5", dict(t5_bidirectional=False)),
+           ("alibi", dict(alibi_learnable=True)), ("rope", dict(rope_dims=4)), ("xl", dict(xl_clamp_len=5))]
+
+
+class Causal(torch.nn.Module):
+    """A module calling relpos with keyword options, as model code does."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x, pad):
+        return self.inner(x, causal=True, key_padding_mask=pad)
+
+
+def inputs():
+    torch.manual_seed(1)
+    x = torch.randn(2, 11, 32, dtype=torch.float64)
+    pad = torch.zeros(2, 11, dtype=torch.bool)
+    pad[1, -3:] = True
+    return x, pad
+
+
+def output_and_grads(fn, m, x, pad):
+    """fn(x, pad) and the gradients it leaves on m's parameters."""
+    m.zero_grad()
+    y = fn(x, pad)
+    y.square().sum().backward()
+    return y.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}
+
+
+@pytest.mark.parametrize("scheme,kw", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_compile_fullgraph_equals_eager_with_gradients(scheme, kw):
+    m = Causal(model(scheme, **kw))
+    x, pad = inputs()
+    want_y, want_g = output_and_grads(m, m, x, pad)
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    got_y, got_g = output_and_grads(compiled, m, x, pad)
+    torch.testing.assert_close(got_y, want_y, rtol=0, atol=0)
+    for name, g in want_g.items():
+        torch.testing.assert_close(got_g[name], g, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_compile_with_inductor_has_no_graph_break():
+    m = Causal(model("shaw", shaw_k=3)).float()
+    x, pad = inputs()
+    x = x.float()
+    explanation = torch._dynamo.explain(m)(x, pad)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    torch._dynamo.reset()
+    got = torch.compile(m, fullgraph=True)(x, pad)
+    torch.testing.assert_close(got, m(x, pad), rtol=1e-5, atol=1e-5)
+
+
+def test_export_runs_the_op():
+    m = Causal(model("t5"))
+    x, pad = inputs()
+    ep = torch.export.export(m, (x, pad))
+    assert any("relpos.attention_forward" in str(n.target) for n in ep.graph.nodes)
+    torch.testing.assert_close(ep.module()(x, pad), m(x, pad), rtol=0, atol=0)
+
+
+def test_jit_trace_keeps_working():
+    m = Causal(model("alibi"))
+    x, pad = inputs()
+    traced = torch.jit.trace(m, (x, pad))
+    torch.testing.assert_close(traced(x, pad), m(x, pad), rtol=0, atol=0)
+
+
+def test_vmap_folds_the_mapped_dimension_into_the_batch():
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(3, 2, 4, 9, 8, dtype=torch.float64) for _ in range(3))
+    table = torch.randn(4, 8, dtype=torch.float64)
+
+    def f(q, k, v):
+        return rt.attention(q, k, v, relpos.T5(table, bidirectional=False), causal=True, scale=1.0)
+
+    got = torch.vmap(f)(q, k, v)
+    want = torch.stack([f(q[i], k[i], v[i]) for i in range(3)])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # k and v shared by every mapped q
+    got = torch.vmap(f, in_dims=(0, None, None))(q, k[0], v[0])
+    torch.testing.assert_close(got, torch.stack([f(q[i], k[0], v[0]) for i in range(3)]), rtol=0, atol=0)
+
+
+def test_vmap_over_positional_parameters_is_refused():
+    q = k = v = torch.randn(2, 4, 9, 8)
+    tables = torch.randn(3, 4, 8)
+    with pytest.raises(ValueError, match="vmap over the scheme's parameters"):
+        torch.vmap(lambda t: rt.attention(q, k, v, relpos.T5(t)))(tables)
+
+
+def test_double_backward_is_refused():
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out = rt.attention(q, k, v, relpos.ALiBi(), causal=True)
+    (g,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        g.sum().backward()
