@@ -48,11 +48,22 @@ void check_dtype(const nb::dlpack::dtype& got, const char* key) {
          "); convert it first");
 }
 
+// The array behind dict entry `key`; nanobind refuses what it cannot view in
+// place (a foreign object, a non-CPU device) with std::bad_cast, named here.
+template <class Array>
+Array array(const nb::dict& a, const char* key) {
+  try {
+    return nb::cast<Array>(a[key]);
+  } catch (const std::bad_cast&) {
+    fail(std::string(key) + ": cannot be read in place as a CPU array (NumPy array or CPU torch tensor)");
+  }
+}
+
 // A read-only view of dict entry `key`, or an empty view when absent.
 template <class T, size_t N>
 View<const T, N> input(const nb::dict& a, const char* key) {
   if (!has(a, key)) return {};
-  InArray arr = nb::cast<InArray>(a[key]);
+  InArray arr = array<InArray>(a, key);
   check_dtype<T>(arr.dtype(), key);
   return make_view<View<const T, N>>(arr, key, const_cast<void*>(arr.data()));
 }
@@ -60,7 +71,7 @@ View<const T, N> input(const nb::dict& a, const char* key) {
 template <class T, size_t N>
 View<T, N> output(const nb::dict& a, const char* key) {
   if (!has(a, key)) return {};
-  OutArray arr = nb::cast<OutArray>(a[key]);
+  OutArray arr = array<OutArray>(a, key);
   check_dtype<T>(arr.dtype(), key);
   return make_view<View<T, N>>(arr, key, arr.data());
 }
@@ -84,14 +95,14 @@ void fill_forward(const nb::dict& a, AttentionForward<T>& p) {
   p.lse = output<T, 3>(a, "lse");
   p.causal = option<bool>(a, "causal", false);
   if (has(a, "key_padding")) {
-    InArray kp = nb::cast<InArray>(a["key_padding"]);
+    InArray kp = array<InArray>(a, "key_padding");
     if (kp.dtype() != nb::dtype<uint8_t>() && kp.dtype() != nb::dtype<bool>())
       fail("key_padding: dtype must be bool or uint8");
     p.key_padding = make_view<View2<const uint8_t>>(kp, "key_padding", const_cast<void*>(kp.data()));
   }
   p.q_offset = option<int64_t>(a, "q_offset", 0);
   p.k_offset = option<int64_t>(a, "k_offset", 0);
-  if (has(a, "scale")) p.scale = nb::cast<double>(a["scale"]);
+  if (has(a, "scale")) p.scale = option<double>(a, "scale", 0.0);
   p.algorithm = parse_algorithm(option<std::string>(a, "algorithm", "auto"));
   p.num_threads = option<int>(a, "threads", 0);
 
@@ -131,7 +142,7 @@ template <class T>
 void run_check(const nb::dict& a) {
   AttentionForward<T> p;
   fill_forward(a, p);
-  check_algorithm(p);
+  validate_forward(p);
 }
 
 template <class T>
@@ -157,7 +168,7 @@ void run_backward(const nb::dict& a) {
 template <template <class> class Run>
 void by_dtype(const nb::dict& a) {
   if (!has(a, "q")) fail("q: missing");
-  const nb::dlpack::dtype dt = nb::cast<InArray>(a["q"]).dtype();
+  const nb::dlpack::dtype dt = array<InArray>(a, "q").dtype();
   if (dt == nb::dtype<float>()) return Run<float>{}(a);
   if (dt == nb::dtype<double>()) return Run<double>{}(a);
   fail("q: dtype must be float32 or float64");
@@ -181,7 +192,8 @@ struct Backward {
 NB_MODULE(_relpos, m) {
   m.doc() = "relpos C++ core: use the relpos package, not this module directly";
   m.def("forward", &by_dtype<Forward>, nb::arg("args"), "Fill args['out'] and args['lse'].");
-  m.def("check_algorithm", &by_dtype<Check>, nb::arg("args"), "Raise ValueError if args['algorithm'] cannot serve the call.");
+  m.def("check_algorithm", &by_dtype<Check>, nb::arg("args"),
+        "Validate a forward call without running it: ValueError naming 'algorithm' if it cannot serve the call.");
   m.def("backward", &by_dtype<Backward>, nb::arg("args"), "Add gradients into args['d*'] arrays.");
   m.def(
       "t5_bucket",

@@ -16,12 +16,34 @@ the argument. ``relpos.torch`` (needs torch) adds autograd and an nn.Module.
 """
 from __future__ import annotations
 
+import os
 import sys
+import warnings
 from typing import Any, Optional
 
 import numpy as np
 
-from . import _relpos
+
+def _prefer_passive_openmp_wait() -> None:
+    """Idle OpenMP threads spin by default, taking cores from whatever else runs
+    (7-14x slower training beside another busy process). The extension links
+    the system's libgomp, which reads OMP_WAIT_POLICY once, when it loads:
+    set it to passive before that, unless the user chose a policy or the
+    runtime is already loaded (then it keeps the policy it started with)."""
+    if "OMP_WAIT_POLICY" in os.environ or "GOMP_SPINCOUNT" in os.environ:
+        return
+    try:
+        with open("/proc/self/maps") as maps:
+            if any("/libgomp.so" in line for line in maps):
+                return
+    except OSError:
+        pass
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+
+
+_prefer_passive_openmp_wait()
+
+from . import _relpos  # noqa: E402  (after the wait policy is set)
 from .schemes import ALiBi, NoPosition, RoPE, Shaw, T5, TransformerXL, choice, integer, number
 
 __all__ = [
@@ -60,18 +82,41 @@ def _array(x: Any, name: str):
     """``x`` as an array the core reads in place: a NumPy array, or a detached torch
     tensor (same storage; DLPack refuses tensors that require grad)."""
     if _is_torch(x):
-        if x.device.type != "cpu":
-            raise ValueError(f"relpos: {name}: tensor must be on the CPU, got device {x.device}")
         torch = sys.modules["torch"]
         if x.dtype not in (torch.float32, torch.float64):
             raise ValueError(f"relpos: {name}: dtype must be float32 or float64, got {x.dtype}")
-        return x.detach()
+        return _torch_in_place(x, name)
     try:
         a = np.asarray(x)
     except Exception as e:
         raise ValueError(f"relpos: {name}: cannot be read as an array ({e})") from None
     if a.dtype not in (np.float32, np.float64):
         raise ValueError(f"relpos: {name}: dtype must be float32 or float64, got {a.dtype}")
+    return _whole_items(a, name)
+
+
+def _torch_in_place(x, name: str):
+    """A CPU strided tensor the core can read through DLPack: refuses sparse and
+    non-CPU tensors, and resolves torch's lazy negation (``x.conj().imag`` of a
+    complex tensor is a view whose values are negated on read; the core reads
+    memory, so it gets a resolved copy)."""
+    torch = sys.modules["torch"]
+    if x.layout != torch.strided:
+        raise ValueError(f"relpos: {name}: {x.layout} tensors are not supported; pass a dense tensor (.to_dense())")
+    if x.device.type != "cpu":
+        raise ValueError(f"relpos: {name}: tensor must be on the CPU, got device {x.device}")
+    if x.requires_grad and torch.is_grad_enabled():
+        warnings.warn(f"relpos: {name} requires grad, but relpos.forward/backward record no gradient; "
+                      "use relpos.torch.attention for autograd", stacklevel=4)
+    x = x.detach()
+    return x.resolve_neg() if x.is_neg() else x
+
+
+def _whole_items(a: np.ndarray, name: str) -> np.ndarray:
+    """The core counts strides in elements: byte strides must be multiples of the item size."""
+    if any(s % a.itemsize for s in a.strides):
+        raise ValueError(f"relpos: {name}: byte strides {a.strides} are not multiples of the item size "
+                         f"{a.itemsize}; pass a copy (np.ascontiguousarray)")
     return a
 
 
@@ -88,6 +133,14 @@ def _as_core_param(name: str, a: np.ndarray) -> np.ndarray:
     return a[None] if name.startswith("shaw_") and a.ndim == 2 else a
 
 
+def check_threads(threads) -> int:
+    """threads as an int in [0, 4096]; 0 means OpenMP's maximum, as on the command line."""
+    n = integer(threads, "threads")
+    if not 0 <= n <= 4096:
+        raise ValueError(f"relpos: threads: must be in [0, 4096] (0 = all cores), got {threads}")
+    return n
+
+
 def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads=None) -> dict:
     scheme = NoPosition() if scheme is None else scheme
     if not hasattr(scheme, "_args"):
@@ -98,14 +151,12 @@ def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, 
     if scale is not None:
         args["scale"] = number(scale, "scale")
     if threads is not None:
-        args["threads"] = integer(threads, "threads")
-        if not 1 <= args["threads"] <= 4096:
-            raise ValueError(f"relpos: threads: must be in [1, 4096], got {threads}")
+        args["threads"] = check_threads(threads)
     if key_padding is not None:
-        kp = key_padding.detach() if _is_torch(key_padding) else np.asarray(key_padding)
+        kp = _torch_in_place(key_padding, "key_padding") if _is_torch(key_padding) else np.asarray(key_padding)
         if str(kp.dtype) not in ("bool", "uint8", "torch.bool", "torch.uint8"):
             raise ValueError(f"relpos: key_padding: dtype must be bool or uint8, got {kp.dtype}")
-        args["key_padding"] = kp
+        args["key_padding"] = kp if _is_torch(kp) else _whole_items(kp, "key_padding")
     args.update(scheme._args())
     for name, p in scheme._params().items():
         args[name] = _as_core_param(name, _array(p, name))
@@ -140,7 +191,7 @@ def forward(
     or uint8 ``(B, Lk)`` array, true for padded keys. Query row ``i`` sits at
     absolute position ``q_offset + i`` and key row ``j`` at ``k_offset + j``.
     ``scale`` defaults to ``1/sqrt(d)``. ``algorithm`` is one of ``ALGORITHMS``
-    (see ``available_algorithms``); ``threads`` (default: OpenMP's maximum)
+    (see ``available_algorithms``); ``threads`` (default or 0: OpenMP's maximum)
     splits batch x heads over threads; results do not depend on it except for
     the summation order of shared parameter gradients.
     """
@@ -169,6 +220,10 @@ def available_algorithms(
     names = []
     for algorithm in ALGORITHMS[1:]:
         args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm)
+        qa, va = args["q"], args["v"]
+        # Validated as a forward call (shapes, options, memory), on outputs never written.
+        args["out"] = _new(qa, tuple(qa.shape[:3]) + tuple(va.shape[3:]), zero=False)
+        args["lse"] = _new(qa, qa.shape[:3], zero=False)
         try:
             _relpos.check_algorithm(args)
         except ValueError as e:

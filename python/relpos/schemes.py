@@ -131,9 +131,16 @@ class RoPE:
     def _args(self) -> dict[str, Any]:
         return {
             "rope_base": number(self.base, "rope.base"),
-            "rope_dims": 0 if self.dims is None else integer(self.dims, "rope.dims"),
+            "rope_dims": 0 if self.dims is None else self._rotary_dims(),
             "rope_style": choice(self.style, "rope.style", ("half_split", "interleaved")),
         }
+
+    def _rotary_dims(self) -> int:
+        # The core reads 0 as "all of d"; here that is None, and 0 a mistake.
+        dims = integer(self.dims, "rope.dims")
+        if dims < 2 or dims % 2:
+            raise ValueError(f"relpos: rope.dims: must be even and >= 2 (None rotates all of d), got {dims}")
+        return dims
 
     def _params(self) -> dict[str, np.ndarray]:
         return {}

@@ -50,7 +50,8 @@ def attention(
     """Differentiable ``relpos.forward``: q ``(B, H, Lq, d)``, k ``(B, H, Lk, d)``,
     v ``(B, H, Lk, dv)`` -> out ``(B, H, Lq, dv)``. ``scheme`` is a relpos scheme
     record (``relpos.Shaw``, ``T5``, ...) whose arrays are torch tensors; those
-    that require grad receive gradients. Options as in ``relpos.forward``."""
+    that require grad receive gradients. Options as in ``relpos.forward``;
+    ``threads`` defaults to ``torch.get_num_threads()``."""
     scheme = relpos.NoPosition() if scheme is None else scheme
     if not hasattr(scheme, "_params"):
         raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
@@ -114,6 +115,14 @@ class RelativeMultiheadAttention(nn.Module):
         super().__init__()
         if scheme not in SCHEMES:
             raise ValueError(f"relpos: scheme: must be one of {', '.join(SCHEMES)}; got {scheme!r}")
+        for arg, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("head_dim", head_dim),
+                           ("kdim", kdim), ("vdim", vdim), ("xl_pos_dim", xl_pos_dim)):
+            if value is not None and relpos.integer(value, arg) < 1:
+                raise ValueError(f"relpos: {arg}: must be >= 1, got {value}")
+        if scheme == "shaw" and relpos.integer(shaw_k, "shaw_k") < 0:
+            raise ValueError(f"relpos: shaw_k: must be >= 0, got {shaw_k}")
+        if threads is not None:
+            relpos.check_threads(threads)
         if head_dim is None:
             if embed_dim % num_heads:
                 raise ValueError(f"relpos: embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
@@ -187,8 +196,18 @@ class RelativeMultiheadAttention(nn.Module):
     ) -> torch.Tensor:
         key = query if key is None else key
         value = key if value is None else value
-        if query.dim() != 3 or key.dim() != 3 or value.dim() != 3:
-            raise ValueError("relpos: query, key, value: expected (B, L, features) tensors")
+        widths = (("query", query, self.q_proj.in_features), ("key", key, self.k_proj.in_features),
+                  ("value", value, self.v_proj.in_features))
+        for name, x, width in widths:
+            if x.dim() != 3 or x.shape[2] != width:
+                raise ValueError(f"relpos: {name}: expected (B, L, {width}), got {tuple(x.shape)}")
+        if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
+            raise ValueError(f"relpos: query, key, value: batch and key lengths disagree: {tuple(query.shape)}, "
+                             f"{tuple(key.shape)}, {tuple(value.shape)}")
+        if mems is not None and (mems.dim() != 3 or mems.shape[0] != key.shape[0] or mems.shape[2] != key.shape[2]
+                                 or key is not value and mems.shape[2] != value.shape[2]):
+            raise ValueError(f"relpos: mems: expected (B={key.shape[0]}, M, {key.shape[2]}) like the keys, "
+                             f"got {tuple(mems.shape)}")
         if mems is not None:
             # Memory is context only: no gradient flows into the cached states.
             mems = mems.detach()

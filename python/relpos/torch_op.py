@@ -39,7 +39,8 @@ _ROPE_STYLES = ("half_split", "interleaved")
 def _encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
     """(name, params, ints, floats) for a scheme record and call options.
 
-    ints  = [causal, q_offset, k_offset, threads (0: default), algorithm index,
+    ints  = [causal, q_offset, k_offset, threads (-1 for None: torch.get_num_threads(),
+             read when the op runs, so compiled graphs follow it too; 0: OpenMP's maximum), algorithm index,
              presence bit per parameter, *scheme options]
     floats = [scale (NaN: default), *scheme options]"""
     scheme._args()  # validates the scheme's options, with errors naming them
@@ -49,10 +50,9 @@ def _encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
     name = scheme.name
     params = [getattr(scheme, field) for field in _PARAMS[name]]
     present = sum(1 << i for i, p in enumerate(params) if p is not None)
-    if threads is not None and not 1 <= integer(threads, "threads") <= 4096:
-        raise ValueError(f"relpos: threads: must be in [1, 4096], got {threads}")
+    threads = None if threads is None else relpos.check_threads(threads)
     ints = [int(bool(causal)), integer(q_offset, "q_offset"), integer(k_offset, "k_offset"),
-            0 if threads is None else threads, relpos.ALGORITHMS.index(choice(algorithm, "algorithm", relpos.ALGORITHMS)),
+            -1 if threads is None else threads, relpos.ALGORITHMS.index(choice(algorithm, "algorithm", relpos.ALGORITHMS)),
             present]
     floats = [math.nan if scale is None else number(scale, "scale")]
     if name == "shaw":
@@ -88,7 +88,8 @@ def _decode(name: str, params: Sequence[torch.Tensor], ints: Sequence[int], floa
         scheme = NoPosition()
     options = dict(causal=bool(causal), q_offset=q_offset, k_offset=k_offset,
                    scale=None if math.isnan(floats[0]) else floats[0],
-                   algorithm=relpos.ALGORITHMS[algorithm], threads=threads or None)
+                   algorithm=relpos.ALGORITHMS[algorithm],
+                   threads=torch.get_num_threads() if threads < 0 else threads or None)
     return scheme, options
 
 

@@ -34,8 +34,15 @@ def test_thread_counts_agree_and_repeat_bitwise(case):
         assert_matches_oracle(two, run_oracle(pb, np.float32), np.float32)
 
 
-@pytest.mark.parametrize("threads", [0, -1, 5000, 1.5])
+@pytest.mark.parametrize("threads", [-1, 5000, 1.5, True, "2"])
 def test_bad_thread_counts_are_refused(threads):
     q = np.zeros((1, 1, 2, 4))
     with pytest.raises(ValueError, match="threads"):
         relpos.forward(q, q, q, threads=threads)
+
+
+def test_zero_threads_means_all_cores_as_on_the_command_line():
+    q = np.random.default_rng(0).standard_normal((2, 2, 5, 4))
+    out0, _ = relpos.forward(q, q, q, relpos.ALiBi(), threads=0)
+    out, _ = relpos.forward(q, q, q, relpos.ALiBi())
+    np.testing.assert_array_equal(out0, out)
