@@ -80,7 +80,7 @@ int run_bench_attention(int argc, char** argv, int first) {
   if (!opts.parse(argc, argv, first)) return 0;
   const auto lengths = parse_int_list(lengths_text, "--lengths");
   const auto dims = parse_int_list(dims_text, "--dims");
-  const auto thread_counts = parse_int_list(threads_text, "--threads");
+  const auto thread_counts = parse_int_list(threads_text, "--threads", kMaxThreads);
   for (int64_t d : dims)
     if (d % 2) throw UsageError{"--dims: must be even (RoPE rotates pairs)"};
 

@@ -49,7 +49,8 @@ int run_bench_memory(int argc, char** argv, int first) {
   opts.add_int("--heads", &shape.heads, "attention heads", 1);
   opts.add_int("--dim", &shape.dim, "head dimension d (even)", 2);
   opts.add_int("--batch", &shape.batch, "batch size", 1);
-  opts.add_double("--budget-gb", &budget_gb, "skip runs estimated to need more scratch than this");
+  opts.add_double("--budget-gb", &budget_gb, "skip runs estimated to need more scratch than this",
+                  std::numeric_limits<double>::min());
   opts.add_flag("--no-backward", &no_backward, "measure forward only");
   opts.add_string("--json", &json_path, "where to write the results (empty: nowhere)");
   if (!opts.parse(argc, argv, first)) return 0;

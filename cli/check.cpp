@@ -52,7 +52,8 @@ int run_check(int argc, char** argv, int first) {
   opts.add_int("--dim", &shape.dim, "head dimension d (even, for RoPE)", 2);
   opts.add_int("--seed", &seed, "random seed", 0);
   opts.add_flag("--no-causal", &no_causal, "attend to all keys instead of the causal mask");
-  opts.add_double("--tolerance", &tolerance, "largest relative float32 error that passes");
+  opts.add_double("--tolerance", &tolerance, "largest relative float32 error that passes",
+                  std::numeric_limits<double>::min());
   opts.add_string("--json", &json_path, "also write the results to this JSON file");
   if (!opts.parse(argc, argv, first)) return 0;
   if (shape.dim % 2 != 0) throw UsageError{"--dim: must be even (RoPE rotates pairs), got " + std::to_string(shape.dim)};

@@ -97,7 +97,7 @@ int run_demo(int argc, char** argv, int first) {
   opts.add_string("--out", &out_dir, "folder for demo.json, bits_per_byte.svg and the checkpoints");
   opts.add_string("--json", &json_path, "write the results here instead of <out>/demo.json");
   if (!opts.parse(argc, argv, first)) return 0;
-  eval.multiples = parse_int_list(multiples_text, "--multiples");
+  eval.multiples = parse_int_list(multiples_text, "--multiples", kMaxMultiple);
   eval.sliding = !no_sliding;
   std::vector<nn::PositionKind> kinds(std::begin(kAllSchemes), std::end(kAllSchemes));
   if (!positions_text.empty()) {

@@ -18,7 +18,7 @@ int run_eval(int argc, char** argv, int first) {
   std::string checkpoint_path, data_path, json_path, multiples_text = "1,2,4,8,16";
   EvalSettings settings;
   bool no_sliding = false;
-  int64_t threads = 0;
+  int threads = 0;
   Options opts("relpos eval",
                "Scores a trained model (a 'relpos train' checkpoint) on the validation split of its data (the\n"
                "last 10%) at multiples of its training length L, in bits per byte:\n"
@@ -33,11 +33,11 @@ int run_eval(int argc, char** argv, int first) {
   opts.add_flag("--no-sliding", &no_sliding, "skip the sliding-window evaluation");
   opts.add_int("--batch", &settings.batch, "windows per forward pass", 1);
   opts.add_int("--max-bytes", &settings.max_bytes, "score only the first N validation bytes (0 = all)", 0);
-  opts.add_int("--threads", &threads, "threads (0 = all cores)", 0);
+  opts.add_int("--threads", &threads, "threads (0 = all cores)", 0, kMaxThreads);
   opts.add_string("--json", &json_path, "also write the results to this JSON file");
   if (!opts.parse(argc, argv, first)) return 0;
   if (checkpoint_path.empty()) throw UsageError{"--checkpoint: required"};
-  settings.multiples = parse_int_list(multiples_text, "--multiples");
+  settings.multiples = parse_int_list(multiples_text, "--multiples", kMaxMultiple);
   settings.sliding = !no_sliding;
 
   const train::Checkpoint checkpoint = train::load_checkpoint(checkpoint_path);

@@ -14,6 +14,10 @@
 
 namespace relpos::cli {
 
+// Evaluation lengths are multiples of the training length; more than this
+// would not fit any corpus relpos reads (and could overflow the window size).
+inline constexpr int64_t kMaxMultiple = int64_t(1) << 20;
+
 struct EvalSettings {
   std::vector<int64_t> multiples{1, 2, 4, 8, 16};
   int64_t stride = 0;     // sliding-window stride in bytes; 0 = half the window

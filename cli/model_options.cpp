@@ -15,7 +15,7 @@ void ModelOptions::add_to(Options& o, bool with_position) {
   o.add_int("--shaw-k", &shaw_k, "Shaw clipping distance k", 1);
   o.add_int("--t5-buckets", &t5_buckets, "T5 relative-position buckets", 2);
   o.add_int("--t5-max-distance", &t5_max_distance, "T5 distance of the last bucket", 1);
-  o.add_double("--rope-base", &rope_base, "RoPE frequency base");
+  o.add_double("--rope-base", &rope_base, "RoPE frequency base", 1.0);
   o.add_int("--xl-memory", &xl_memory, "Transformer-XL memory in training (0 = the training length)", 0);
 }
 
@@ -29,17 +29,17 @@ nn::PositionKind ModelOptions::parsed_position() const {
 
 nn::ModelConfig ModelOptions::config(nn::PositionKind kind, uint64_t seed) const {
   nn::ModelConfig c;
-  c.layers = int(layers);
-  c.width = int(width);
-  c.heads = int(heads);
-  c.ffn = int(ffn);
-  c.context = int(length);
+  c.layers = layers;
+  c.width = width;
+  c.heads = heads;
+  c.ffn = ffn;
+  c.context = length;
   c.position = kind;
-  c.shaw_k = int(shaw_k);
-  c.t5_buckets = int(t5_buckets);
-  c.t5_max_distance = int(t5_max_distance);
+  c.shaw_k = shaw_k;
+  c.t5_buckets = t5_buckets;
+  c.t5_max_distance = t5_max_distance;
   c.rope_base = rope_base;
-  c.xl_memory = int(xl_memory);
+  c.xl_memory = xl_memory;
   c.seed = seed;
   try {
     c.validate();
@@ -52,13 +52,13 @@ nn::ModelConfig ModelOptions::config(nn::PositionKind kind, uint64_t seed) const
 void TrainOptions::add_to(Options& o) {
   o.add_int("--steps", &steps, "optimizer steps", 1);
   o.add_int("--batch", &batch, "sequences per step", 1);
-  o.add_double("--lr", &lr, "peak learning rate (AdamW)");
+  o.add_double("--lr", &lr, "peak learning rate (AdamW)", 0.0);
   o.add_int("--warmup", &warmup, "linear warmup steps, then cosine decay", 0);
-  o.add_double("--min-lr-ratio", &min_lr_ratio, "the cosine ends at this fraction of --lr");
-  o.add_double("--weight-decay", &weight_decay, "decoupled weight decay of the weight matrices");
-  o.add_double("--clip", &clip, "global gradient-norm limit (0 = none)");
+  o.add_double("--min-lr-ratio", &min_lr_ratio, "the cosine ends at this fraction of --lr", 0.0, 1.0);
+  o.add_double("--weight-decay", &weight_decay, "decoupled weight decay of the weight matrices", 0.0);
+  o.add_double("--clip", &clip, "global gradient-norm limit (0 = none)", 0.0);
   o.add_int("--seed", &seed, "seed of the initialisation and the batch sampling", 0);
-  o.add_int("--threads", &threads, "threads (0 = all cores)", 0);
+  o.add_int("--threads", &threads, "threads (0 = all cores)", 0, kMaxThreads);
 }
 
 train::TrainConfig TrainOptions::config() const {

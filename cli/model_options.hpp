@@ -11,9 +11,10 @@
 namespace relpos::cli {
 
 struct ModelOptions {
-  int64_t layers = 2, width = 128, heads = 4, ffn = 512, length = 64;
+  // int, as ModelConfig holds them: a value beyond int is refused, not narrowed.
+  int layers = 2, width = 128, heads = 4, ffn = 512, length = 64;
   std::string position = "alibi";
-  int64_t shaw_k = 16, t5_buckets = 32, t5_max_distance = 128, xl_memory = 0;
+  int shaw_k = 16, t5_buckets = 32, t5_max_distance = 128, xl_memory = 0;
   double rope_base = 10000;
 
   // with_position: also --position (the demo trains every scheme instead).
@@ -23,7 +24,8 @@ struct ModelOptions {
 };
 
 struct TrainOptions {
-  int64_t steps = 1000, batch = 16, warmup = 100, seed = 1, threads = 0;
+  int64_t steps = 1000, batch = 16, warmup = 100, seed = 1;
+  int threads = 0;
   double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
 
   void add_to(Options& options);

@@ -1,112 +1,102 @@
 #include "options.hpp"
 
+#include <CLI/CLI.hpp>
+
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
 namespace relpos::cli {
 
 namespace {
-template <class T>
-std::string text(const T& v) {
-  std::ostringstream o;
-  o << v;
-  return o.str();
+
+template <class Int>
+void add_integer(CLI::App& app, const std::string& name, Int* target, const std::string& help, Int lo, Int hi) {
+  // CLI11 parses into Int itself and refuses what does not fit it; the range
+  // check gives the option's own limits.
+  app.add_option(name, *target, help)->capture_default_str()->check(CLI::Range(lo, hi));
 }
+
 }  // namespace
 
-std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option) {
+std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option, int64_t max_value) {
   std::vector<int64_t> values;
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
-    size_t used = 0;
     int64_t v = 0;
-    try {
-      v = std::stoll(item, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (used != item.size() || v < 1) throw UsageError{option + ": expected positive integers, got '" + item + "'"};
+    if (!CLI::detail::lexical_cast(item, v) || v < 1 || v > max_value)
+      throw UsageError{option + ": expected integers in [1, " + std::to_string(max_value) + "], got '" + item + "'"};
     values.push_back(v);
   }
   if (values.empty()) throw UsageError{option + ": empty list"};
   return values;
 }
 
-void Options::add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value) {
-  options_.push_back({name, help, text(*target), true, [name, target, min_value](const std::string& s) {
-                        size_t used = 0;
-                        int64_t v = 0;
-                        try {
-                          v = std::stoll(s, &used);
-                        } catch (...) {
-                          used = 0;
-                        }
-                        if (used != s.size() || s.empty()) throw UsageError{name + ": expected an integer, got '" + s + "'"};
-                        if (v < min_value) throw UsageError{name + ": must be >= " + text(min_value) + ", got " + s};
-                        *target = v;
-                      }});
+Options::Options(const std::string& command, const std::string& summary)
+    : app_(std::make_unique<CLI::App>(summary, command)) {
+  app_->get_formatter()->column_width(34);
+  // An option given twice takes the last value, as most tools do (so a script
+  // can append an override to a shared list of options).
+  app_->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 }
 
-void Options::add_double(const std::string& name, double* target, const std::string& help) {
-  options_.push_back({name, help, text(*target), true, [name, target](const std::string& s) {
-                        size_t used = 0;
-                        try {
-                          *target = std::stod(s, &used);
-                        } catch (...) {
-                          used = 0;
-                        }
-                        if (used != s.size() || s.empty()) throw UsageError{name + ": expected a number, got '" + s + "'"};
-                      }});
+Options::~Options() = default;
+
+void Options::add_int(const std::string& name, int* target, const std::string& help, int min_value, int max_value) {
+  add_integer(*app_, name, target, help, min_value, max_value);
+}
+
+void Options::add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value,
+                      int64_t max_value) {
+  add_integer(*app_, name, target, help, min_value, max_value);
+}
+
+void Options::add_double(const std::string& name, double* target, const std::string& help, double min_value,
+                         double max_value) {
+  char bounds[96];
+  if (max_value < std::numeric_limits<double>::max())
+    std::snprintf(bounds, sizeof bounds, "a finite number in [%g, %g]", min_value, max_value);
+  else if (min_value == std::numeric_limits<double>::min())
+    std::snprintf(bounds, sizeof bounds, "a finite number > 0");
+  else if (min_value > -std::numeric_limits<double>::max())
+    std::snprintf(bounds, sizeof bounds, "a finite number >= %g", min_value);
+  else
+    std::snprintf(bounds, sizeof bounds, "a finite number");
+  const std::string expected = bounds;
+  const CLI::Validator in_range(
+      [=](std::string& text) {
+        double v = 0;
+        const bool ok = CLI::detail::lexical_cast(text, v) && std::isfinite(v) && v >= min_value && v <= max_value;
+        return ok ? std::string() : "must be " + expected + ", got " + text;
+      },
+      "NUMBER");
+  app_->add_option(name, *target, help)->capture_default_str()->check(in_range);
 }
 
 void Options::add_string(const std::string& name, std::string* target, const std::string& help) {
-  options_.push_back({name, help, *target, true, [target](const std::string& s) { *target = s; }});
+  app_->add_option(name, *target, help)->capture_default_str();
 }
 
 void Options::add_flag(const std::string& name, bool* target, const std::string& help) {
-  options_.push_back({name, help, "", false, [target](const std::string&) { *target = true; }});
+  app_->add_flag(name, *target, help);
 }
 
 bool Options::parse(int argc, char** argv, int first) {
-  for (int a = first; a < argc; ++a) {
-    std::string arg = argv[a], value;
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(usage().c_str(), stdout);
-      return false;
-    }
-    const size_t eq = arg.find('=');
-    const bool inline_value = arg.rfind("--", 0) == 0 && eq != std::string::npos;
-    if (inline_value) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-    }
-    const Option* match = nullptr;
-    for (const Option& o : options_)
-      if (o.name == arg) match = &o;
-    if (!match) throw UsageError{"unknown option '" + arg + "'"};
-    if (match->takes_value && !inline_value) {
-      if (a + 1 >= argc) throw UsageError{arg + ": missing value"};
-      value = argv[++a];
-    }
-    if (!match->takes_value && inline_value) throw UsageError{arg + ": takes no value"};
-    match->set(value);
+  // CLI11 reads arguments in reverse order from a vector.
+  std::vector<std::string> args(argv + first, argv + argc);
+  std::reverse(args.begin(), args.end());
+  try {
+    app_->parse(args);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app_->help().c_str(), stdout);
+    return false;
+  } catch (const CLI::ParseError& e) {
+    throw UsageError{e.what()};
   }
   return true;
 }
 
-std::string Options::usage() const {
-  std::ostringstream o;
-  o << "usage: " << command_ << " [options]\n\n" << summary_ << "\n\noptions:\n";
-  for (const Option& opt : options_) {
-    std::string left = "  " + opt.name + (opt.takes_value ? " VALUE" : "");
-    if (left.size() < 26) left.resize(26, ' ');
-    o << left << ' ' << opt.help;
-    if (opt.takes_value && !opt.default_text.empty()) o << " (default: " << opt.default_text << ")";
-    o << '\n';
-  }
-  o << "  -h, --help               show this help\n";
-  return o.str();
-}
+bool Options::given(const std::string& name) const { return app_->get_option(name)->count() > 0; }
 
 }  // namespace relpos::cli

@@ -42,18 +42,19 @@ uint8_t draw_byte(std::span<const float> logits, double temperature, int top_k, 
 
 int run_sample(int argc, char** argv, int first) {
   std::string checkpoint_path, prompt = "The ", json_path;
-  int64_t length = 200, top_k = 0, seed = 1, threads = 0;
+  int64_t length = 200, top_k = 0, seed = 1;
+  int threads = 0;
   double temperature = 0.8;
   Options opts("relpos sample",
                "Generates --length bytes after --prompt from a trained model ('relpos train' checkpoint),\n"
                "decoding one byte at a time with a key/value cache. Writes prompt + text to stdout.");
   opts.add_string("--checkpoint", &checkpoint_path, "checkpoint written by 'relpos train' (required)");
   opts.add_string("--prompt", &prompt, "text to continue (at least one byte)");
-  opts.add_int("--length", &length, "bytes to generate", 1);
-  opts.add_double("--temperature", &temperature, "sampling temperature (0 = always the most likely byte)");
-  opts.add_int("--top-k", &top_k, "sample among the k most likely bytes only (0 = all 256)", 0);
+  opts.add_int("--length", &length, "bytes to generate (prompt + length at most 2^24)", 1, int64_t(1) << 24);
+  opts.add_double("--temperature", &temperature, "sampling temperature (0 = always the most likely byte)", 0.0);
+  opts.add_int("--top-k", &top_k, "sample among the k most likely bytes only (0 = all 256)", 0, 256);
   opts.add_int("--seed", &seed, "sampling seed", 0);
-  opts.add_int("--threads", &threads, "threads (0 = all cores)", 0);
+  opts.add_int("--threads", &threads, "threads (0 = all cores)", 0, kMaxThreads);
   opts.add_string("--json", &json_path, "also write prompt and text to this JSON file");
   if (!opts.parse(argc, argv, first)) return 0;
   if (checkpoint_path.empty()) throw UsageError{"--checkpoint: required"};

@@ -19,6 +19,10 @@
 namespace relpos {
 
 enum class Scheme { none, shaw, t5, alibi, rope, xl };
+
+// Largest thread count relpos accepts anywhere (0 = OpenMP's maximum); checked
+// before OpenMP or the GEMM library sees it (100000 crashed inside libgomp).
+inline constexpr int kMaxThreads = 4096;
 // How attention is computed (DESIGN.md section 2); every algorithm equals the
 // reference. automatic picks the fused kernel.
 //   reference         the formula, O(L^2 d) relative tensors; every scheme

@@ -273,8 +273,9 @@ void validate_forward(const AttentionForward<T>& p) {
   if (p.scale && !(std::isfinite(static_cast<T>(*p.scale)) && static_cast<T>(*p.scale) > 0))
     fail("scale: must be finite and > 0 in the inputs' precision (" + std::string(precision_name<T>()) + "), got " +
          std::to_string(*p.scale));
-  if (p.num_threads < 0 || p.num_threads > 4096)
-    fail("num_threads: must be in [0, 4096] (0 = OpenMP's maximum), got " + std::to_string(p.num_threads));
+  if (p.num_threads < 0 || p.num_threads > kMaxThreads)
+    fail("num_threads: must be in [0, " + std::to_string(kMaxThreads) + "] (0 = OpenMP's maximum), got " +
+         std::to_string(p.num_threads));
   check_position(p);
   check_algorithm(p);
   check_scratch_fits(p);

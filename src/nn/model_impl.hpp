@@ -31,6 +31,7 @@
 #include "layer_norm.hpp"
 #include "linear.hpp"
 #include "parameter_layout.hpp"
+#include "relpos/attention.hpp"
 #include "relpos/position.hpp"
 #include "residual.hpp"
 
@@ -128,7 +129,12 @@ class ModelImpl {
 
  private:
   int64_t head_dim() const { return config_.width / config_.heads; }
-  int threads() const { return num_threads > 0 ? num_threads : omp_get_max_threads(); }
+  int threads() const {
+    if (num_threads < 0 || num_threads > kMaxThreads)
+      throw std::invalid_argument("relpos: num_threads: must be in [0, " + std::to_string(kMaxThreads) + "], got " +
+                                  std::to_string(num_threads));
+    return num_threads > 0 ? num_threads : omp_get_max_threads();
+  }
   const T* param(int64_t offset) const { return params_.data() + offset; }
   T* grad(int64_t offset) { return grads_.data() + offset; }
 

@@ -1,5 +1,7 @@
 #include "relpos/train/trainer.hpp"
 
+#include "relpos/attention.hpp"
+
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -116,6 +118,9 @@ int Trainer::memory_capacity() const {
 }
 
 void Trainer::set_threads(int n) {
+  if (n < 0 || n > relpos::kMaxThreads)
+    throw std::invalid_argument("relpos: threads: must be in [0, " + std::to_string(relpos::kMaxThreads) + "], got " +
+                                std::to_string(n));
   model_.num_threads = n;
   optimizer_.num_threads = n;
 }
