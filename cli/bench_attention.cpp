@@ -7,10 +7,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <sstream>
 
 #include "relpos/gemm.hpp"
 #include "commands.hpp"
+#include "json_output.hpp"
 #include "measure.hpp"
 #include "options.hpp"
 #include "problem.hpp"
@@ -130,18 +130,14 @@ int run_bench_attention(int argc, char** argv, int first) {
   }
 
   if (!json_path.empty()) {
-    std::ostringstream js;
-    js << "{\"batch\": " << shape.batch << ", \"heads\": " << shape.heads << ", \"causal\": true, \"rows\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      js << (i ? ",\n  " : "\n  ") << "{\"scheme\": \"" << r.scheme << "\", \"length\": " << r.length
-         << ", \"dim\": " << r.dim << ", \"threads\": " << r.threads << ", \"fwd_ms\": " << r.fwd_ms
-         << ", \"bwd_ms\": " << r.bwd_ms << ", \"fwd_gflops\": " << r.gflops << ", \"sgemm_gflops\": "
-         << r.sgemm_gflops << ", \"peak_sgemm_gflops\": " << r.peak_gflops << ", \"fwd_vs_plain\": " << r.vs_plain << ", \"unfused_over_fused\": " << r.vs_unfused
-         << ", \"scratch_bytes\": " << r.scratch << "}";
-    }
-    js << "\n]}\n";
-    write_file(json_path, js.str());
+    Json json = {{"batch", shape.batch}, {"heads", shape.heads}, {"causal", true}, {"rows", Json::array()}};
+    for (const Row& r : rows)
+      json["rows"].push_back({{"scheme", r.scheme}, {"length", r.length}, {"dim", r.dim}, {"threads", r.threads},
+                              {"fwd_ms", r.fwd_ms}, {"bwd_ms", r.bwd_ms}, {"fwd_gflops", r.gflops},
+                              {"sgemm_gflops", r.sgemm_gflops}, {"peak_sgemm_gflops", r.peak_gflops},
+                              {"fwd_vs_plain", r.vs_plain}, {"unfused_over_fused", r.vs_unfused},
+                              {"scratch_bytes", r.scratch}});
+    write_json(json_path, json);
     std::printf("\nwrote %s\n", json_path.c_str());
   }
   return 0;

@@ -6,9 +6,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <sstream>
 
 #include "commands.hpp"
+#include "json_output.hpp"
 #include "measure.hpp"
 #include "options.hpp"
 #include "problem.hpp"
@@ -91,19 +91,13 @@ int run_bench_memory(int argc, char** argv, int first) {
   }
 
   if (!json_path.empty()) {
-    std::ostringstream js;
-    js << "{\"batch\": " << shape.batch << ", \"heads\": " << shape.heads << ", \"dim\": " << shape.dim
-       << ", \"causal\": true, \"dtype\": \"float32\", \"backward\": " << (no_backward ? "false" : "true")
-       << ", \"rows\": [";
-    for (size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      js << (i ? ",\n  " : "\n  ") << "{\"scheme\": \"" << r.scheme << "\", \"algorithm\": \"" << r.algorithm
-         << "\", \"length\": " << r.length << ", \"scratch_peak_bytes\": " << r.memory.scratch_peak
-         << ", \"rss_growth_bytes\": " << r.memory.rss_growth << ", \"fwd_ms\": " << r.fwd_ms
-         << ", \"bwd_ms\": " << r.bwd_ms << "}";
-    }
-    js << "\n]}\n";
-    write_file(json_path, js.str());
+    Json json = {{"batch", shape.batch}, {"heads", shape.heads}, {"dim", shape.dim}, {"causal", true},
+                 {"dtype", "float32"}, {"backward", !no_backward}, {"rows", Json::array()}};
+    for (const Result& r : results)
+      json["rows"].push_back({{"scheme", r.scheme}, {"algorithm", r.algorithm}, {"length", r.length},
+                              {"scratch_peak_bytes", r.memory.scratch_peak}, {"rss_growth_bytes", r.memory.rss_growth},
+                              {"fwd_ms", r.fwd_ms}, {"bwd_ms", r.bwd_ms}});
+    write_json(json_path, json);
     std::printf("\nwrote %s\n", json_path.c_str());
   }
   return 0;

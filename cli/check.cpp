@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <sstream>
 
 #include "commands.hpp"
+#include "json_output.hpp"
 #include "measure.hpp"
 #include "options.hpp"
 #include "problem.hpp"
@@ -101,18 +101,13 @@ int run_check(int argc, char** argv, int first) {
               rows.size(), tolerance);
 
   if (!json_path.empty()) {
-    std::ostringstream js;
-    js << "{\"batch\": " << shape.batch << ", \"heads\": " << shape.heads << ", \"length\": " << shape.length
-       << ", \"dim\": " << shape.dim << ", \"causal\": " << (shape.causal ? "true" : "false") << ", \"rows\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      js << (i ? ", " : "") << "{\"scheme\": \"" << r.scheme << "\", \"algorithm\": \"" << r.algorithm
-         << "\", \"auto\": " << (r.is_auto ? "true" : "false") << ", \"fwd_error\": " << r.fwd_err
-         << ", \"bwd_error\": " << r.bwd_err << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms
-         << ", \"scratch_bytes\": " << r.scratch << ", \"ok\": " << (r.ok ? "true" : "false") << "}";
-    }
-    js << "]}\n";
-    write_file(json_path, js.str());
+    Json json = {{"batch", shape.batch}, {"heads", shape.heads}, {"length", shape.length}, {"dim", shape.dim},
+                 {"causal", shape.causal}, {"rows", Json::array()}};
+    for (const Row& r : rows)
+      json["rows"].push_back({{"scheme", r.scheme}, {"algorithm", r.algorithm}, {"auto", r.is_auto},
+                              {"fwd_error", r.fwd_err}, {"bwd_error", r.bwd_err}, {"fwd_ms", r.fwd_ms},
+                              {"bwd_ms", r.bwd_ms}, {"scratch_bytes", r.scratch}, {"ok", r.ok}});
+    write_json(json_path, json);
   }
   return all_ok ? 0 : 1;
 }

@@ -202,27 +202,22 @@ int run_demo(int argc, char** argv, int first) {
   }
   const std::string svg_path = out_dir + "/bits_per_byte.svg";
   if (json_path.empty()) json_path = out_dir + "/demo.json";
-  write_file(svg_path,
+  train::write_file_atomic(svg_path,
              line_plot_svg({"Train at " + std::to_string(model.length) + " bytes, evaluate longer",
                             "evaluation length / training length (log scale)",
                             "validation bits per byte (non-overlapping windows)", true},
                            series));
-  std::ostringstream js;
-  js << "{\"data\": " << json_string(corpus.source) << ", \"train_bytes\": " << split.train.size()
-     << ", \"validation_bytes\": " << split.validation.size() << ", \"max_bytes\": " << eval.max_bytes
-     << ", \"length\": " << model.length << ", \"layers\": " << model.layers << ", \"width\": " << model.width
-     << ", \"heads\": " << model.heads << ", \"ffn\": " << model.ffn << ", \"steps\": " << train_config.steps
-     << ", \"batch\": " << train_config.batch << ", \"lr\": " << train_config.lr << ", \"seed\": " << training.seed
-     << ", \"workers\": " << workers << ", \"threads_per_worker\": " << threads_each << ", \"seconds\": " << seconds
-     << ", \"schemes\": [";
-  for (size_t i = 0; i < results.size(); ++i) {
-    const SchemeResult& r = results[i];
-    js << (i ? ", " : "") << "{\"position\": \"" << nn::to_string(r.kind) << "\", \"parameters\": " << r.parameters
-       << ", \"final_train_loss\": " << r.final_loss << ", \"train_seconds\": " << r.train_seconds
-       << ", \"eval_seconds\": " << r.eval_seconds << ", \"scores\": " << scores_json(r.scores) << "}";
-  }
-  js << "]}\n";
-  write_file(json_path, js.str());
+  Json json = {{"data", corpus.source}, {"train_bytes", split.train.size()},
+               {"validation_bytes", split.validation.size()}, {"max_bytes", eval.max_bytes},
+               {"length", model.length}, {"layers", model.layers}, {"width", model.width}, {"heads", model.heads},
+               {"ffn", model.ffn}, {"steps", train_config.steps}, {"batch", train_config.batch},
+               {"lr", train_config.lr}, {"seed", training.seed}, {"workers", workers},
+               {"threads_per_worker", threads_each}, {"seconds", seconds}, {"schemes", Json::array()}};
+  for (const SchemeResult& r : results)
+    json["schemes"].push_back({{"position", nn::to_string(r.kind)}, {"parameters", r.parameters},
+                               {"final_train_loss", r.final_loss}, {"train_seconds", r.train_seconds},
+                               {"eval_seconds", r.eval_seconds}, {"scores", scores_json(r.scores)}});
+  write_json(json_path, json);
   std::printf("wrote %s, %s and the checkpoints in %s/\n", json_path.c_str(), svg_path.c_str(), out_dir.c_str());
   return 0;
 }

@@ -3,7 +3,6 @@
 // sliding windows, and for Transformer-XL segments with a longer memory).
 #include <cmath>
 #include <cstdio>
-#include <sstream>
 
 #include "commands.hpp"
 #include "extrapolation.hpp"
@@ -70,12 +69,9 @@ int run_eval(int argc, char** argv, int first) {
   }
   std::printf("(bits per byte; lower is better)\n");
   if (!json_path.empty()) {
-    std::ostringstream js;
-    js << "{\"checkpoint\": " << json_string(checkpoint_path) << ", \"position\": \"" << nn::to_string(config.position)
-       << "\", \"train_length\": " << config.context << ", \"steps\": " << checkpoint.step
-       << ", \"data\": " << json_string(corpus.source) << ", \"validation_bytes\": " << split.validation.size()
-       << ", \"scores\": " << scores_json(scores) << "}\n";
-    write_file(json_path, js.str());
+    write_json(json_path, Json{{"checkpoint", checkpoint_path}, {"position", nn::to_string(config.position)},
+                               {"train_length", config.context}, {"steps", checkpoint.step}, {"data", corpus.source},
+                               {"validation_bytes", split.validation.size()}, {"scores", scores_json(scores)}});
   }
   return 0;
 }

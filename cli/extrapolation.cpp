@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <sstream>
 #include <stdexcept>
 
 namespace relpos::cli {
@@ -53,43 +52,18 @@ std::vector<LengthScore> evaluate_lengths(nn::Model& model, std::span<const uint
 }
 
 namespace {
-std::string score_json(const train::Score& s) {
-  std::ostringstream o;
-  o << "{\"bits_per_byte\": " << s.bits_per_byte << ", \"bytes_scored\": " << s.bytes_scored << "}";
-  return o.str();
-}
+Json score_json(const train::Score& s) { return {{"bits_per_byte", s.bits_per_byte}, {"bytes_scored", s.bytes_scored}}; }
 }  // namespace
 
-std::string scores_json(const std::vector<LengthScore>& scores) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < scores.size(); ++i) {
-    const LengthScore& r = scores[i];
-    o << (i ? ", " : "") << "{\"multiple\": " << r.multiple << ", \"length\": " << r.length
-      << ", \"windows\": " << score_json(r.windows);
-    if (r.stride > 0) o << ", \"sliding\": " << score_json(r.sliding) << ", \"stride\": " << r.stride;
-    if (r.has_memory) o << ", \"memory\": " << score_json(r.memory) << ", \"memory_length\": " << r.length - r.length / r.multiple;
-    o << "}";
+Json scores_json(const std::vector<LengthScore>& scores) {
+  Json rows = Json::array();
+  for (const LengthScore& r : scores) {
+    Json row = {{"multiple", r.multiple}, {"length", r.length}, {"windows", score_json(r.windows)}};
+    if (r.stride > 0) row["sliding"] = score_json(r.sliding), row["stride"] = r.stride;
+    if (r.has_memory) row["memory"] = score_json(r.memory), row["memory_length"] = r.length - r.length / r.multiple;
+    rows.push_back(row);
   }
-  o << "]";
-  return o.str();
-}
-
-std::string json_string(const std::string& text) {
-  std::string out = "\"";
-  for (unsigned char c : text) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20 || c >= 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += char(c);
-    }
-  }
-  return out + "\"";
+  return rows;
 }
 
 train::Corpus corpus_from_source(const std::string& source) {

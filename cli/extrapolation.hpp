@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "json_output.hpp"
+
 #include "relpos/nn/model.hpp"
 #include "relpos/train/data.hpp"
 #include "relpos/train/evaluate.hpp"
@@ -46,12 +48,7 @@ std::vector<LengthScore> evaluate_lengths(nn::Model& model, std::span<const uint
                                           const EvalSettings& settings,
                                           const std::function<void(size_t)>& on_done = nullptr);
 
-std::string scores_json(const std::vector<LengthScore>& scores);
-
-// A JSON string literal for arbitrary bytes: quotes, backslashes, control
-// bytes and bytes >= 0x80 escaped, each byte as one code point (Latin-1), so
-// generated text that is not UTF-8 still gives valid JSON.
-std::string json_string(const std::string& text);
+Json scores_json(const std::vector<LengthScore>& scores);
 
 // The corpus a checkpoint was trained on, from its data_source: a file
 // path, or "fortunes:<dir>" for the default corpus.

@@ -29,19 +29,6 @@ bool reset_peak_rss() {
   return static_cast<bool>(clear);
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  const std::filesystem::path target(path);
-  if (target.has_parent_path()) std::filesystem::create_directories(target.parent_path());
-  const std::string temp = path + ".tmp";
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    if (!out) throw std::runtime_error("cannot write " + temp);
-    out << text;
-    if (!out.flush()) throw std::runtime_error("error writing " + temp);
-  }
-  std::filesystem::rename(temp, target);
-}
-
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "kB", "MB", "GB", "TB"};
   int u = 0;

@@ -65,10 +65,6 @@ std::vector<Algorithm> serving_algorithms(AttentionForward<T> p) {
   return out;
 }
 
-// Writes text to path, creating its folder; through a temporary file and a
-// rename, so an existing file is never left half-written. Throws on error.
-void write_file(const std::string& path, const std::string& text);
-
 // "1.5 GB", "12.0 MB", "640 kB"
 std::string human_bytes(double bytes);
 

@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
-#include <sstream>
 
 #include "commands.hpp"
 #include "extrapolation.hpp"
@@ -83,11 +82,8 @@ int run_sample(int argc, char** argv, int first) {
   }
   std::fputc('\n', stdout);
   if (!json_path.empty()) {
-    std::ostringstream js;
-    js << "{\"checkpoint\": " << json_string(checkpoint_path) << ", \"prompt\": " << json_string(prompt)
-       << ", \"text\": " << json_string(text) << ", \"temperature\": " << temperature << ", \"top_k\": " << top_k
-       << ", \"seed\": " << seed << "}\n";
-    write_file(json_path, js.str());
+    write_json(json_path, Json{{"checkpoint", checkpoint_path}, {"prompt", prompt}, {"text", text},
+                               {"temperature", temperature}, {"top_k", top_k}, {"seed", seed}});
   }
   return 0;
 }

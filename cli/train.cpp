@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <sstream>
 
 #include "commands.hpp"
 #include "extrapolation.hpp"
@@ -86,18 +85,12 @@ int run_train(int argc, char** argv, int first) {
               model_config.context, (long long)valid.windows.bytes_scored, checkpoint_path.c_str());
 
   if (!json_path.empty()) {
-    std::ostringstream js;
-    js.precision(9);
-    js << "{\"position\": " << json_string(nn::to_string(kind)) << ", \"parameters\": " << params
-       << ", \"data\": " << json_string(corpus.source) << ", \"train_bytes\": " << split.train.size()
-       << ", \"validation_bytes\": " << split.validation.size() << ", \"length\": " << model_config.context
-       << ", \"batch\": " << train_config.batch << ", \"steps\": " << train_config.steps
-       << ", \"first_step\": " << first_step << ", \"seconds\": " << seconds
-       << ", \"checkpoint\": " << json_string(checkpoint_path)
-       << ", \"validation_bits_per_byte\": " << valid.windows.bits_per_byte << ", \"losses\": [";
-    for (size_t i = 0; i < losses.size(); ++i) js << (i ? ", " : "") << losses[i];
-    js << "]}\n";
-    write_file(json_path, js.str());
+    write_json(json_path, Json{{"position", nn::to_string(kind)}, {"parameters", params}, {"data", corpus.source},
+                               {"train_bytes", split.train.size()}, {"validation_bytes", split.validation.size()},
+                               {"length", model_config.context}, {"batch", train_config.batch},
+                               {"steps", train_config.steps}, {"first_step", first_step}, {"seconds", seconds},
+                               {"checkpoint", checkpoint_path}, {"validation_bits_per_byte", valid.windows.bits_per_byte},
+                               {"losses", losses}});
   }
   return 0;
 }

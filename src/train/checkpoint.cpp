@@ -1,5 +1,7 @@
 #include "relpos/train/checkpoint.hpp"
 
+#include "relpos/train/files.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -87,56 +89,7 @@ std::runtime_error io_error(const std::string& what, const std::string& path) {
   return std::runtime_error(what + " '" + path + "': " + std::strerror(errno));
 }
 
-void write_all(int fd, const uint8_t* p, size_t n, const std::string& path) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) throw io_error("cannot write", path);
-    p += w;
-    n -= size_t(w);
-  }
-}
-
 }  // namespace
-
-void write_file_atomic(const std::string& path, std::span<const uint8_t> bytes) {
-  namespace fs = std::filesystem;
-  const fs::path target(path);
-  const fs::path folder = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(folder, ec);
-  if (ec) throw std::runtime_error("cannot create folder '" + folder.string() + "': " + ec.message());
-  // A hidden name in the target's folder, so the rename never crosses file systems.
-  std::string temp_name(".");
-  temp_name.append(target.filename().string()).append(".XXXXXX");
-  std::string temp = (folder / temp_name).string();
-  const int fd = ::mkstemp(temp.data());
-  if (fd < 0) throw io_error("cannot create a temporary file next to", path);
-  try {
-    write_all(fd, bytes.data(), bytes.size(), temp);
-    if (::fsync(fd) != 0) throw io_error("cannot sync", temp);
-    if (::fchmod(fd, 0644) != 0) throw io_error("cannot set the mode of", temp);
-  } catch (...) {
-    ::close(fd);
-    ::unlink(temp.c_str());
-    throw;
-  }
-  if (::close(fd) != 0) {
-    ::unlink(temp.c_str());
-    throw io_error("cannot close", temp);
-  }
-  if (::rename(temp.c_str(), path.c_str()) != 0) {
-    const auto error = io_error("cannot rename a temporary file onto", path);
-    ::unlink(temp.c_str());
-    throw error;
-  }
-  // The rename is durable only once the folder's entry is on disk.
-  const int dir = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir < 0) throw io_error("cannot open folder", folder.string());
-  const int synced = ::fsync(dir);
-  ::close(dir);
-  if (synced != 0) throw io_error("cannot sync folder", folder.string());
-}
 
 void save_checkpoint(const std::string& path, const Checkpoint& c) {
   if (c.adam_m.size() != c.parameters.size() || c.adam_v.size() != c.parameters.size())

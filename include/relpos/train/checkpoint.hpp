@@ -49,10 +49,6 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 // mismatch, malformed payload.
 Checkpoint load_checkpoint(const std::string& path);
 
-// Writes bytes to path atomically (temporary file, fsync, rename, fsync of
-// the folder). Creates the folder if needed.
-void write_file_atomic(const std::string& path, std::span<const uint8_t> bytes);
-
 // A model with the configuration and parameters of a checkpoint (for eval and sample).
 nn::Model model_from_checkpoint(const Checkpoint& checkpoint);
 
