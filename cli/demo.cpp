@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "commands.hpp"
+#include "interrupt.hpp"
 #include "extrapolation.hpp"
 #include "measure.hpp"
 #include "model_options.hpp"
@@ -46,10 +47,30 @@ void set_preset(bool full, ModelOptions& m, TrainOptions& t, EvalSettings& e) {
 
 struct SchemeResult {
   nn::PositionKind kind;
-  int64_t parameters = 0;
+  int64_t parameters = 0, steps = 0;  // steps: trained so far (fewer when a signal stopped the demo)
   double train_seconds = 0, eval_seconds = 0, final_loss = 0;
   std::vector<LengthScore> scores;
 };
+
+// After SIGINT / SIGTERM: every model that started training is checkpointed
+// at the step it reached; the JSON lists them, and the exit status says why.
+int report_interrupted(const std::vector<SchemeResult>& results, const std::string& json_path,
+                       const std::string& out_dir, int64_t steps) {
+  Json json = {{"interrupted_by", StopOnSignal::signal_name()}, {"steps", steps}, {"schemes", Json::array()}};
+  std::fprintf(stderr, "relpos demo: stopped by %s; checkpoints in %s/:\n", StopOnSignal::signal_name(),
+               out_dir.c_str());
+  for (const SchemeResult& r : results) {
+    if (r.parameters == 0) continue;  // never started
+    const std::string checkpoint = out_dir + "/" + nn::to_string(r.kind) + ".ckpt";
+    json["schemes"].push_back({{"position", nn::to_string(r.kind)}, {"steps_trained", r.steps},
+                               {"checkpoint", checkpoint}, {"scores", scores_json(r.scores)}});
+    std::fprintf(stderr, "  %-10s step %lld of %lld  (relpos train --checkpoint %s --resume continues it)\n",
+                 nn::to_string(r.kind), (long long)r.steps, (long long)steps, checkpoint.c_str());
+  }
+  write_json(json_path, json);
+  std::fprintf(stderr, "results so far: %s; run relpos demo again for the whole comparison\n", json_path.c_str());
+  return StopOnSignal::exit_status();
+}
 
 void print_table(const char* title, const std::vector<SchemeResult>& results, const EvalSettings& e, int64_t length,
                  train::Score LengthScore::*score, bool memory_rows) {
@@ -140,8 +161,9 @@ int run_demo(int argc, char** argv, int first) {
   std::vector<size_t> order(kinds.size());
   std::iota(order.begin(), order.end(), size_t(0));
   std::stable_partition(order.begin(), order.end(), [&](size_t i) { return kinds[i] == nn::PositionKind::xl; });
+  const StopOnSignal stop;
   auto work = [&] {
-    for (size_t claim; (claim = next++) < kinds.size();) {
+    for (size_t claim; !StopOnSignal::requested() && (claim = next++) < kinds.size();) {
       const size_t i = order[claim];
       try {
         SchemeResult& r = results[i];
@@ -150,13 +172,15 @@ int run_demo(int argc, char** argv, int first) {
         train::Trainer trainer(model.config(r.kind, uint64_t(training.seed)), train_config, split.train, corpus.source);
         trainer.set_threads(threads_each);
         r.parameters = int64_t(trainer.model().parameters().size());
-        while (!trainer.done()) {
+        while (!trainer.done() && !StopOnSignal::requested()) {
           r.final_loss = trainer.step();
           const int64_t done = ++steps_done;
           progress.update(done, done * tokens_per_step, r.final_loss);
         }
         const auto t1 = std::chrono::steady_clock::now();
+        r.steps = trainer.steps_taken();
         trainer.save(out_dir + "/" + nn::to_string(r.kind) + ".ckpt");
+        if (!trainer.done()) continue;  // stopped by a signal: saved, not evaluated
         r.scores = evaluate_lengths(trainer.model(), split.validation, eval);
         r.train_seconds = std::chrono::duration<double>(t1 - t0).count();
         r.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
@@ -178,6 +202,8 @@ int run_demo(int argc, char** argv, int first) {
   for (const std::exception_ptr& e : errors)
     if (e) std::rethrow_exception(e);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (json_path.empty()) json_path = out_dir + "/demo.json";
+  if (StopOnSignal::requested()) return report_interrupted(results, json_path, out_dir, train_config.steps);
 
   print_table("bits per byte, non-overlapping windows (lower is better; trained at the 1x length)", results, eval,
               model.length, &LengthScore::windows, false);
@@ -201,7 +227,6 @@ int run_demo(int argc, char** argv, int first) {
     if (!m.x.empty()) series.push_back(m);
   }
   const std::string svg_path = out_dir + "/bits_per_byte.svg";
-  if (json_path.empty()) json_path = out_dir + "/demo.json";
   train::write_file_atomic(svg_path,
              line_plot_svg({"Train at " + std::to_string(model.length) + " bytes, evaluate longer",
                             "evaluation length / training length (log scale)",

@@ -49,6 +49,22 @@ nn::ModelConfig ModelOptions::config(nn::PositionKind kind, uint64_t seed) const
   return c;
 }
 
+ModelOptions ModelOptions::from_config(const nn::ModelConfig& c) {
+  ModelOptions o;
+  o.layers = c.layers, o.width = c.width, o.heads = c.heads, o.ffn = c.ffn, o.length = c.context;
+  o.position = nn::to_string(c.position);
+  o.shaw_k = c.shaw_k, o.t5_buckets = c.t5_buckets, o.t5_max_distance = c.t5_max_distance;
+  o.rope_base = c.rope_base, o.xl_memory = c.xl_memory;
+  return o;
+}
+
+TrainOptions TrainOptions::from_config(const train::TrainConfig& c) {
+  TrainOptions o;
+  o.steps = c.steps, o.batch = c.batch, o.warmup = c.warmup, o.seed = int64_t(c.seed);
+  o.lr = c.lr, o.min_lr_ratio = c.min_lr_ratio, o.weight_decay = c.weight_decay, o.clip = c.clip;
+  return o;
+}
+
 void TrainOptions::add_to(Options& o) {
   o.add_int("--steps", &steps, "optimizer steps", 1);
   o.add_int("--batch", &batch, "sequences per step", 1);

@@ -20,6 +20,8 @@ struct ModelOptions {
   // with_position: also --position (the demo trains every scheme instead).
   void add_to(Options& options, bool with_position);
   nn::ModelConfig config(nn::PositionKind position, uint64_t seed) const;
+  // The options that give `c` (the defaults of a resumed run).
+  static ModelOptions from_config(const nn::ModelConfig& c);
   nn::PositionKind parsed_position() const;  // UsageError for an unknown name
 };
 
@@ -30,6 +32,7 @@ struct TrainOptions {
 
   void add_to(Options& options);
   train::TrainConfig config() const;
+  static TrainOptions from_config(const train::TrainConfig& c);
 };
 
 }  // namespace relpos::cli

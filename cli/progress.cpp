@@ -17,9 +17,10 @@ std::string clock_text(double seconds) {
   return buf;
 }
 
-Progress::Progress(std::string label, int64_t total, std::FILE* to)
+Progress::Progress(std::string label, int64_t total, int64_t first, std::FILE* to)
     : label_(std::move(label)),
       total_(total > 0 ? total : 1),
+      first_(first),
       to_(to),
       tty_(isatty(fileno(to)) != 0),
       start_(std::chrono::steady_clock::now()),
@@ -55,7 +56,7 @@ void Progress::draw(int64_t done, int64_t tokens, double loss, bool last) {
   last_drawn_ = done;
   const double elapsed = std::chrono::duration<double>(now - start_).count();
   const double rate = elapsed > 0 ? double(tokens) / elapsed : 0;
-  const double eta = done > 0 ? elapsed * double(total_ - done) / double(done) : NAN;
+  const double eta = done > first_ ? elapsed * double(total_ - done) / double(done - first_) : NAN;
   // Loss and speed only when the caller reports them (NaN loss / zero tokens: not).
   std::string stats = std::to_string(done) + "/" + std::to_string(total_);
   char buf[96];

@@ -15,7 +15,9 @@ namespace relpos::cli {
 
 class Progress {
  public:
-  Progress(std::string label, int64_t total, std::FILE* to = stderr);
+  // `first`: the step the run starts at (a resumed run), so that speed and
+  // time left come from the steps of this invocation.
+  Progress(std::string label, int64_t total, int64_t first = 0, std::FILE* to = stderr);
   // `done` steps of `total`, after `tokens` tokens in all (0: no speed shown);
   // `loss` is shown as is (NaN: not shown).
   void update(int64_t done, int64_t tokens, double loss);
@@ -28,7 +30,7 @@ class Progress {
   void draw(int64_t done, int64_t tokens, double loss, bool last);
 
   std::string label_;
-  int64_t total_;
+  int64_t total_, first_;
   std::FILE* to_;
   bool tty_;
   std::mutex mutex_;

@@ -132,6 +132,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& c) {
 }
 
 Checkpoint load_checkpoint(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    throw std::runtime_error("checkpoint '" + path + "' is a folder, not a checkpoint file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw io_error("cannot open checkpoint", path);
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -165,13 +165,19 @@ void Trainer::resume(const Checkpoint& c) {
   };
   if (const std::string d = config_difference(c.model_config, model_.config().to_text()); !d.empty())
     refuse("model configuration differs (" + d + ")");
-  if (const std::string d = config_difference(c.train_config, config_.to_text()); !d.empty())
+  // Only the step count may differ: a finished run can be extended.
+  TrainConfig stored = TrainConfig::from_text(c.train_config);
+  stored.steps = config_.steps;
+  if (const std::string d = config_difference(stored.to_text(), config_.to_text()); !d.empty())
     refuse("training configuration differs (" + d + ")");
+  if (c.step > config_.steps)
+    refuse("it has taken " + std::to_string(c.step) + " steps, more than the " + std::to_string(config_.steps) +
+           " requested");
   if (c.data_bytes != int64_t(data_.size()) || c.data_hash != data_hash_)
     refuse("it was trained on other data (" + std::to_string(c.data_bytes) + " training bytes from '" +
            c.data_source + "', now " + std::to_string(data_.size()) + " bytes from '" + data_source_ + "')");
   if (c.parameters.size() != model_.parameters().size()) refuse("parameter count differs");
-  if (c.step < 0 || c.step > config_.steps || c.adam_steps != c.step) refuse("inconsistent step counts");
+  if (c.step < 0 || c.adam_steps != c.step) refuse("inconsistent step counts");
   if (c.has_memory != uses_memory()) refuse("Transformer-XL memory present in only one of checkpoint and model");
   if (c.has_memory) {
     const nn::KVCache fresh = model_.make_cache(int(config_.batch), memory_capacity());

@@ -52,7 +52,10 @@ class Trainer {
 
   // Checkpoints. resume() restores a checkpoint written by a trainer with the
   // same model configuration, training configuration and training data, and
-  // throws std::runtime_error naming the first difference otherwise.
+  // throws std::runtime_error naming the first difference otherwise. The step
+  // count may be larger than the checkpoint's (a finished run extended): the
+  // warmup + cosine schedule is then the one over the new count, from the
+  // checkpoint's step on.
   Checkpoint checkpoint() const;
   void save(const std::string& path) const { save_checkpoint(path, checkpoint()); }
   void resume(const Checkpoint& checkpoint);

@@ -1,0 +1,146 @@
+"""The relpos command on bad input and interruptions: every probe ends in a
+message naming the problem and a non-zero exit (2 for a bad command line),
+never a crash, a hang, a narrowed number or lost work."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+RELPOS = str(pathlib.Path(sys.executable).parent / "relpos")
+TINY = ["--length", "16", "--layers", "1", "--width", "32", "--heads", "2", "--ffn", "64", "--batch", "4",
+        "--threads", "1", "--position", "alibi"]
+
+
+def run(*args, timeout=60, **kw):
+    return subprocess.run([RELPOS, *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_text("".join(f"line {i}: the quick brown fox {i * i % 97}\n" for i in range(400)))
+    return path
+
+
+@pytest.mark.parametrize("args,option", [
+    (["train", "--layers", "4294967297"], "--layers"),
+    (["train", "--width", "4294967328"], "--width"),
+    (["train", "--length", "4294967312"], "--length"),
+    (["train", "--threads", "100000"], "--threads"),
+    (["eval", "--checkpoint", "x", "--threads", "100000"], "--threads"),
+    (["eval", "--checkpoint", "x", "--multiples", "1152921504606846977"], "--multiples"),
+    (["sample", "--checkpoint", "x", "--length", "9223372036854775807"], "--length"),
+    (["check", "--tolerance", "-1"], "--tolerance"),
+    (["check", "--tolerance", "nan"], "--tolerance"),
+    (["bench", "memory", "--budget-gb", "-1"], "--budget-gb"),
+    (["bench", "memory", "--budget-gb", "nan"], "--budget-gb"),
+    (["train", "--lr", "inf"], "--lr"),
+    (["demo", "--steps", "0"], "--steps"),
+])
+def test_out_of_range_options_are_refused_naming_them(args, option):
+    r = run(*args, timeout=20)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert option in r.stderr
+
+
+def test_checkpoint_that_cannot_be_written_is_refused_before_training(data, tmp_path):
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    for target, why in ((folder, "is a folder"), (blocker / "run.ckpt", "cannot create folder")):
+        start = time.monotonic()
+        r = run("train", "--data", data, *TINY, "--steps", "1000000", "--checkpoint", target)
+        assert r.returncode == 1 and why in r.stderr, r.stderr
+        assert time.monotonic() - start < 20  # refused at once, not after a million steps
+
+
+def test_checkpoint_path_that_is_a_folder_is_named(tmp_path):
+    r = run("eval", "--checkpoint", tmp_path)
+    assert r.returncode == 1 and "is a folder, not a checkpoint file" in r.stderr
+
+
+def test_existing_checkpoint_of_another_run_needs_force(data, tmp_path):
+    ckpt = tmp_path / "run.ckpt"
+    assert run("train", "--data", data, *TINY, "--steps", "3", "--checkpoint", ckpt).returncode == 0
+    before = ckpt.read_bytes()
+    r = run("train", "--data", data, *TINY, "--steps", "3", "--seed", "2", "--checkpoint", ckpt)
+    assert r.returncode == 2 and "--force" in r.stderr and ckpt.read_bytes() == before
+    assert run("train", "--data", data, *TINY, "--steps", "3", "--seed", "2", "--checkpoint", ckpt,
+               "--force").returncode == 0
+    assert ckpt.read_bytes() != before
+
+
+def test_resume_takes_the_options_from_the_checkpoint_and_extends_a_finished_run(data, tmp_path):
+    ckpt, part = tmp_path / "r.ckpt", tmp_path / "part.json"
+    assert run("train", "--data", data, *TINY, "--steps", "4", "--checkpoint", ckpt).returncode == 0
+    # only --resume and the new step count: every other option comes from the checkpoint
+    r = run("train", "--checkpoint", ckpt, "--resume", "--steps", "8", "--json", part)
+    assert r.returncode == 0, r.stderr
+    assert "extended from 4" in r.stderr
+    assert json.loads(part.read_text())["first_step"] == 4
+    r = run("train", "--checkpoint", ckpt, "--resume", "--width", "64")
+    assert r.returncode == 2 and "width: 32 in the checkpoint, 64 requested" in r.stderr
+    r = run("train", "--checkpoint", ckpt, "--resume", "--steps", "5")
+    assert r.returncode == 2 and "8 steps already" in r.stderr
+
+
+def test_sigint_writes_the_checkpoint_and_json_and_a_resume_finishes(data, tmp_path):
+    ckpt, report = tmp_path / "s.ckpt", tmp_path / "s.json"
+    proc = subprocess.Popen([RELPOS, "train", "--data", str(data), *TINY, "--steps", "10000000", "--checkpoint",
+                             str(ckpt), "--json", str(report), "--checkpoint-every", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err
+    assert "stopped by SIGINT" in err and "--resume" in err
+    got = json.loads(report.read_text())
+    assert got["interrupted_by"] == "SIGINT" and got["last_step"] > 0 and len(got["losses"]) == got["last_step"]
+    r = run("train", "--checkpoint", ckpt, "--resume", "--steps", got["last_step"] + 3)
+    assert r.returncode == 0, r.stderr
+    assert f"resuming at step {got['last_step']}" in r.stderr
+
+
+def test_stale_temporaries_of_dead_writers_are_removed(data, tmp_path):
+    ckpt = tmp_path / "t.ckpt"
+    child = subprocess.Popen(["true"])  # a writer that has ended, as after kill -9 during a save
+    child.wait()
+    stale = tmp_path / f".t.ckpt.{child.pid}.Ab12Cd"
+    stale.write_bytes(b"half a checkpoint")
+    assert run("train", "--data", data, *TINY, "--steps", "2", "--checkpoint", ckpt).returncode == 0
+    assert not stale.exists() and ckpt.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".t.ckpt")] == []
+
+
+def test_json_output_is_valid_utf8_with_full_precision(data, tmp_path):
+    ckpt, out, report = tmp_path / "u.ckpt", tmp_path / "u.json", tmp_path / "t.json"
+    assert run("train", "--data", data, *TINY, "--steps", "2", "--checkpoint", ckpt, "--json", report).returncode == 0
+    losses = json.loads(report.read_text())["losses"]
+    assert all(float(np.float32(x)) == x for x in losses)  # each loss exactly, not rounded to a few digits
+    assert any(len(repr(x)) > 12 for x in losses)
+    # generated bytes need not be UTF-8; the JSON stays valid UTF-8 and keeps the prompt's characters
+    r = subprocess.run([RELPOS, "sample", "--checkpoint", str(ckpt), "--prompt", "Grüße ", "--length", "40",
+                        "--threads", "1", "--json", str(out)], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_bytes().decode("utf-8"))
+    assert got["prompt"] == "Grüße " and len(got["text"]) > 0
+
+
+def test_the_command_runs_openmp_with_the_passive_wait_policy(data, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    proc = subprocess.Popen([RELPOS, "train", "--data", str(data), *TINY, "--steps", "10000000", "--checkpoint",
+                             str(tmp_path / "p.ckpt")], stderr=subprocess.DEVNULL, env=env)
+    try:
+        time.sleep(1.0)
+        environ = pathlib.Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+        assert b"OMP_WAIT_POLICY=passive" in environ
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
