@@ -7,7 +7,9 @@
 #      one slow training test (NnOverfit: 500 Adam steps, minutes under ASan),
 #      whose code the gradient, decode and trainer tests run under ASan too,
 #   4. a CLI smoke test (check, train, resume, eval, sample, demo),
-#   5. the Python suite (pytest) against the installed package.
+#   5. the AVX2 stage: a second build for x86-64-v3, its C++ suite and the Python
+#      suite on it, with oneDNN and torch limited to AVX2,
+#   6. the Python suite (pytest) against the installed package.
 # Builds are incremental, so a re-run only recompiles what changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,5 +52,18 @@ quiet .venv/bin/relpos sample --checkpoint "$smoke/xl.ckpt" --length 20 --thread
 quiet .venv/bin/relpos demo --data "$smoke/data.txt" --positions alibi,learned --length 8 --layers 1 --width 16 \
   --heads 2 --ffn 32 --steps 5 --batch 2 --multiples 1,2 --out "$smoke/demo"
 test -s "$smoke/demo/demo.json" && test -s "$smoke/demo/bits_per_byte.svg"
+echo "== AVX2 stage: the C++ and Python suites as an AVX2-only CPU runs them"
+# relpos compiled for x86-64-v3 (AVX2 + FMA), oneDNN and torch limited to AVX2:
+# on an AVX-512 machine this runs the code paths of an AVX2 machine (on an AVX2
+# machine it runs the suites a second time, on a second build).
+avx2=(ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2)
+cmake -S . -B build/avx2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DRELPOS_MARCH=x86-64-v3 -DRELPOS_BUILD_TESTS=ON \
+  -DRELPOS_BUILD_CLI=ON -DRELPOS_BUILD_PYTHON=ON -DPython_EXECUTABLE="$PWD/.venv/bin/python" >/dev/null
+cmake --build build/avx2 -j "$jobs"
+env "${avx2[@]}" ctest --test-dir build/avx2 -j "$jobs" --output-on-failure
+pkg="$PWD/build/avx2/python-package"  # the Python package with the x86-64-v3 extension
+rm -rf "$pkg" && mkdir -p "$pkg/relpos" && cp python/relpos/*.py build/avx2/_relpos*.so "$pkg/relpos/"
+test "$(PYTHONPATH="$pkg" .venv/bin/python -c 'import relpos; print(relpos.__file__)')" = "$pkg/relpos/__init__.py"
+env "${avx2[@]}" PYTHONPATH="$pkg" RELPOS_CLI="$PWD/build/avx2/relpos" .venv/bin/python -m pytest -q tests/python
 echo "== Python tests"
 .venv/bin/python -m pytest -q tests/python

@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-RELPOS = str(pathlib.Path(sys.executable).parent / "relpos")
+# The installed command, or the one RELPOS_CLI names (the AVX2 stage of scripts/test.sh).
+RELPOS = os.environ.get("RELPOS_CLI", str(pathlib.Path(sys.executable).parent / "relpos"))
 TINY = ["--length", "16", "--layers", "1", "--width", "32", "--heads", "2", "--ffn", "64", "--batch", "4",
         "--threads", "1", "--position", "alibi"]
 
