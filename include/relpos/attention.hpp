@@ -1,6 +1,6 @@
 // The attention API: one params struct for forward, extended by backward.
 //
-// Semantics (DESIGN.md section 1), per batch b and head h:
+// Semantics (docs/design.md section 1), per batch b and head h:
 //   r(i, j)     = (k_offset + j) - (q_offset + i)        key minus query
 //   logits(i,j) = scale * (q_i . k_j + score terms) + bias terms, masked to -inf
 //   out_i       = sum_j softmax_j(logits)(i, j) * (v_j + value terms)
@@ -23,7 +23,7 @@ enum class Scheme { none, shaw, t5, alibi, rope, xl };
 // Largest thread count relpos accepts anywhere (0 = OpenMP's maximum); checked
 // before OpenMP or the GEMM library sees it (100000 crashed inside libgomp).
 inline constexpr int kMaxThreads = 4096;
-// How attention is computed (DESIGN.md section 2); every algorithm equals the
+// How attention is computed (docs/design.md section 2); every algorithm equals the
 // reference. automatic picks the fused kernel.
 //   reference         the formula, O(L^2 d) relative tensors; every scheme
 //   split             Shaw: A^K, A^V materialised once, shared by batch and heads

@@ -1,6 +1,6 @@
 // Position math shared by every algorithm: the small, exact functions that
 // turn a relative distance r = key_pos - query_pos (or an absolute position)
-// into a table index, a bias, a rotation or a sinusoid. DESIGN.md section 1.
+// into a table index, a bias, a rotation or a sinusoid. docs/design.md section 1.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // (L, L) buffer anywhere. Per (batch, head) it keeps O((Lq + Lk) d) prepared
 // inputs and, for Shaw, O(Lq (2k+1)) bucket matrices; per tile a (Bq, Bk) block.
 //
-// Relative terms per tile (DESIGN.md section 2):
+// Relative terms per tile (docs/design.md section 2):
 //   T5, ALiBi   one bias per distance, precomputed per head
 //   RoPE        q and k rotated once, before the tiles
 //   Shaw key    R = qp wk^T (Bq, 2k+1) per query tile, gathered by c(r)

@@ -1,4 +1,4 @@
-// The reference algorithm: the formulas of DESIGN.md section 1 written out
+// The reference algorithm: the formulas of docs/design.md section 1 written out
 // literally, one (batch, head) at a time, materialising every relative term
 // as an (Lq, Lk, ...) tensor. It is the oracle every other algorithm is tested
 // against, so it favours obviousness over speed and is kept forever.

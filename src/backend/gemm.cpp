@@ -1,8 +1,8 @@
-// GEMM backend. float goes to oneDNN's dnnl_sgemm, which reaches this CPU's
-// AVX-512 rate without configuration (the default OpenBLAS dispatch runs at a
-// fraction of it here unless OPENBLAS_CORETYPE is forced before it loads;
-// DESIGN.md section 5, measured again in bench). double, used by tests and
-// the oracle path, goes to a portable blocked loop.
+// GEMM backend. float goes to oneDNN's dnnl_sgemm, which picks the CPU's best
+// ISA (AVX-512 or AVX2) at run time without configuration; measured on a Zen 5
+// at 211 GFLOP/s on one core against 100 for OpenBLAS's default dispatch
+// (which needs OPENBLAS_CORETYPE forced before it loads). double, used by
+// tests and the oracle path, goes to a portable blocked loop.
 #include "relpos/gemm.hpp"
 
 #include <oneapi/dnnl/dnnl.h>

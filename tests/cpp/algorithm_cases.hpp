@@ -1,4 +1,4 @@
-// Which algorithm serves which call, stated here from DESIGN.md section 2 and
+// Which algorithm serves which call, stated here from docs/design.md section 2 and
 // the Algorithm enum's comment, independently of the library's
 // check_algorithm, and the cases that run every algorithm: problem.hpp's
 // generator plus the geometries it lacks, the ones skew and rel-shift need

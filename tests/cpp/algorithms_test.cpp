@@ -1,4 +1,4 @@
-// Every algorithm against the reference (DESIGN.md sections 2 and 4.1, 4.6),
+// Every algorithm against the reference (docs/design.md sections 2 and 4),
 // on every case of problem.hpp's generator plus the geometries of
 // algorithm_cases.hpp (in groups, one test each), every algorithm on each case:
 //  * one the rule serves (automatic included) gives out, lse, dq, dk, dv and
@@ -159,21 +159,17 @@ TEST_P(EveryAlgorithm, ServedOnesEqualTheReferenceTheOthersThrow) {
 
 INSTANTIATE_TEST_SUITE_P(AllCases, EveryAlgorithm, ::testing::ValuesIn(algorithm_problem_groups()), group_name);
 
-// Heads (and fused's query tiles) run in parallel: with 2 and 4 threads every
-// served algorithm gives the single-threaded result, for every scheme variant
-// over B x H = 6 heads (4 threads: an uneven split), causal with key padding
-// (skew and rel-shift serve it); and fused on the single-head L = 97 cases
-// (two query tiles).
+// Heads run in parallel: with 2 and 4 threads every served algorithm gives
+// the single-threaded result, for every scheme variant over B x H = 6 heads
+// (4 threads: an uneven split), causal with key padding (skew and rel-shift
+// serve it). One head split over its query tiles: fused_multi_tile_test.cpp.
 TEST(EveryAlgorithmThreaded, ThreadCountDoesNotChangeTheResult) {
   std::vector<Spec> cases;
   for (const Spec& variant : scheme_variants())
     cases.push_back(with_mask_and_geometry(variant, masks()[3], geometries()[0]));
-  for (const CaseGroup& g : algorithm_problem_groups())
-    for (const Spec& s : g.cases)
-      if (s.Lq == 97) cases.push_back(s);
   for (const Spec& c : cases) {
     for (Algorithm a : every_algorithm()) {
-      if (!serves(a, c) || (c.B * c.H == 1 && a != Algorithm::fused)) continue;
+      if (!serves(a, c)) continue;
       Spec spec = with_algorithm(c, a);
       SCOPED_TRACE(spec.label);
       spec.num_threads = 1;
@@ -242,7 +238,7 @@ constexpr bool kSanitized = false;
 constexpr bool kSanitized = false;
 #endif
 
-// Gather and fused at L = 1025 (DESIGN.md 4.1's longest odd shape), Shaw K+V
+// Gather and fused at L = 1025 (the longest odd shape of docs/design.md 4.1), Shaw K+V
 // with the window well inside the sequence, causal with key padding, in float.
 // The reference they are measured against materialises (L, L, d + dv): a
 // second in an optimised build, too slow under the sanitizers, which run the

@@ -1,4 +1,4 @@
-// Each index trick of DESIGN.md section 2 worked out by hand on a 4 x 4 (or
+// Each index trick of docs/design.md section 2 worked out by hand on a 4 x 4 (or
 // 2 x 4) problem, with the numbers written out below, then checked through the
 // public API. The problems are engineered so the output reveals the softmax:
 // B = H = 1, d = 1, every key zero (q . k = 0, so the logits are the relative

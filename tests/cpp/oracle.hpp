@@ -1,4 +1,4 @@
-// An independent restatement of DESIGN.md section 1 for double problems,
+// An independent restatement of docs/design.md section 1 for double problems,
 // written from the formulas, not from the library: it shares no code with
 // src/ (no shaw_index, t5_bucket, alibi_slopes, rope_rotate or sinusoid), and
 // computes the softmax directly, one (b, h, i) row at a time.

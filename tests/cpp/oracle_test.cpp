@@ -1,6 +1,6 @@
 // The reference forward against oracles built in the tests (oracle.hpp):
 //  * every scheme x mask x geometry against a direct softmax of the
-//    DESIGN.md formulas, computed without any library position code;
+//    docs/design.md formulas, computed without any library position code;
 //  * T5, ALiBi, Shaw K-only and Transformer-XL against the library's plain
 //    attention (scheme none) with the scheme's score / bias matrix folded into
 //    extra feature dimensions of q and k.

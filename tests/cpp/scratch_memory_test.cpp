@@ -1,4 +1,4 @@
-// Scratch memory of the algorithms (DESIGN.md section 2's "extra memory per
+// Scratch memory of the algorithms (docs/design.md section 2's "extra memory per
 // head" column), from the library's own counters (relpos/memory.hpp). Shaw
 // K+V, causal self-attention, L = 128, d = dv = 16, k = 4, double, one head
 // on one thread (the peak is then one head's, on any machine):

@@ -1,0 +1,132 @@
+// The fused kernel (and `auto`, which runs it) against the reference in double
+// at sizes that span several of its 128 x 128 tiles in both directions: the
+// online-softmax rescale across key tiles, the causal tile skip, Transformer-XL's
+// band offsets across tiles, Shaw's bucket sums and T5's far buckets spanning
+// tiles. Every scheme variant x mask x multi-tile geometry, forward and every
+// gradient; errors judged per head and per parameter entry, so a small head or
+// a rarely reached bucket cannot be wrong unseen behind a large one.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "problem.hpp"
+
+namespace relpos_test {
+namespace {
+
+constexpr double kTol = 1e-12;
+
+// Sizes beyond one tile (128) in queries, keys or both.
+const std::vector<Geometry>& multi_tile_geometries() {
+  static const std::vector<Geometry> g = {
+      {"L129", [](Spec& s) { s.Lq = s.Lk = 129; }},
+      {"L300_offsets_strided",
+       [](Spec& s) { s.Lq = s.Lk = 300, s.q_offset = s.k_offset = 7, s.layout = Layout::strided; }},
+      // 130 memory keys before 200 current ones (k_offset = 0, q_offset = mem_len)
+      {"cross_200x330_memory", [](Spec& s) { s.Lq = 200, s.Lk = 330, s.q_offset = 130, s.k_offset = 0; }},
+  };
+  return g;
+}
+
+// Positional options widened so that their structure spans tiles too: a Shaw
+// window wider than a tile, T5 buckets distinct up to distance 200, a
+// Transformer-XL clamp inside the sequence.
+Spec multi_tile(Spec s) {
+  s.B = 1, s.H = 2, s.d = 8, s.dv = 4;
+  s.shaw_k = 70;
+  s.t5_num_buckets = s.t5_bidirectional ? 32 : 16, s.t5_max_distance = 200;
+  if (s.xl_clamp_len > 0) s.xl_clamp_len = 150;
+  return s;
+}
+
+std::vector<Spec> multi_tile_cases() {
+  std::vector<Spec> out;
+  for (const Spec& variant : scheme_variants())
+    for (const NamedMask& m : masks())
+      for (const Geometry& g : multi_tile_geometries()) out.push_back(with_mask_and_geometry(multi_tile(variant), m, g));
+  return out;
+}
+
+// out, lse, dq, dk, dv: each (batch, head) slice within kTol of its own largest
+// value; parameter gradients: each entry within kTol of its own magnitude
+// (plus kTol: entries that cancel to about zero).
+::testing::AssertionResult equal_per_head(const Outcome& actual, const Outcome& expected, int64_t heads) {
+  if (actual.size() != expected.size()) return ::testing::AssertionFailure() << "different tensors";
+  for (std::size_t n = 0; n < expected.size(); ++n) {
+    const auto& [name, values] = expected[n];
+    const std::vector<double>& got = actual[n].second;
+    if (actual[n].first != name || got.size() != values.size())
+      return ::testing::AssertionFailure() << actual[n].first << " vs " << name;
+    const bool per_head = name == "out" || name == "lse" || name == "dq" || name == "dk" || name == "dv";
+    const std::size_t slice = per_head ? values.size() / std::size_t(heads) : 1;
+    for (std::size_t start = 0; start < values.size(); start += slice) {
+      double scale = 0;
+      for (std::size_t i = start; i < start + slice; ++i)
+        if (std::isfinite(values[i])) scale = std::max(scale, std::abs(values[i]));
+      const std::vector<double> a(got.begin() + long(start), got.begin() + long(start + slice));
+      const std::vector<double> e(values.begin() + long(start), values.begin() + long(start + slice));
+      const std::string where = name + (per_head ? " head " + std::to_string(start / slice) : "");
+      if (auto r = all_near(where, a, e, kTol * std::max(1.0, scale), kTol); !r) return r;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+class FusedMultiTile : public ::testing::TestWithParam<Spec> {};
+
+TEST_P(FusedMultiTile, EqualsTheReferenceInDouble) {
+  Spec spec = GetParam();
+  spec.algorithm = relpos::Algorithm::reference;
+  Problem<double> reference(spec);
+  const Outcome expected = run_forward_backward(reference);
+  for (relpos::Algorithm a : {relpos::Algorithm::fused, relpos::Algorithm::automatic}) {
+    spec.algorithm = a;
+    Problem<double> fused(spec);
+    EXPECT_TRUE(equal_per_head(run_forward_backward(fused), expected, spec.B * spec.H)) << relpos::to_string(a);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllVariants, FusedMultiTile, ::testing::ValuesIn(multi_tile_cases()), spec_name);
+
+// L = 1100 (nine tiles each way), one variant per scheme, causal with padding.
+TEST(FusedMultiTile, NineTilesEachWay) {
+  for (const Spec& variant : scheme_variants()) {
+    if (variant.label != "none" && variant.label != "shaw_kv_per_head_zero" && variant.label != "t5_causal" &&
+        variant.label != "alibi_explicit_slopes" && variant.label != "rope_interleaved_rot4" &&
+        variant.label != "xl_clamp2")
+      continue;
+    Spec spec = with_mask_and_geometry(multi_tile(variant), masks()[3], {"L1100", [](Spec& s) { s.Lq = s.Lk = 1100; }});
+    spec.H = 1;
+    SCOPED_TRACE(spec.label);
+    spec.algorithm = relpos::Algorithm::reference;
+    Problem<double> reference(spec);
+    const Outcome expected = run_forward_backward(reference);
+    spec.algorithm = relpos::Algorithm::fused;
+    Problem<double> fused(spec);
+    EXPECT_TRUE(equal_per_head(run_forward_backward(fused), expected, 1));
+  }
+}
+
+// One head (B * H = 1): the forward splits its query tiles over threads; the
+// results equal one thread's bit for bit (each tile is computed by one
+// thread, whatever the count). The backward runs over (batch, head), so one
+// head stays on one thread: compared too, it cannot differ.
+TEST(FusedMultiTile, OneHeadSplitOverThreadsGivesTheSameBits) {
+  for (const Spec& variant : scheme_variants()) {
+    Spec spec = with_mask_and_geometry(multi_tile(variant), masks()[3], multi_tile_geometries()[1]);
+    spec.H = 1;
+    spec.algorithm = relpos::Algorithm::fused;
+    SCOPED_TRACE(spec.label);
+    spec.num_threads = 1;
+    Problem<double> one(spec);
+    const Outcome expected = run_forward_backward(one);
+    for (int threads : {2, 3}) {
+      spec.num_threads = threads;
+      Problem<double> many(spec);
+      EXPECT_TRUE(same_outcome(run_forward_backward(many), expected, 0.0)) << threads << " threads";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace relpos_test
