@@ -16,11 +16,12 @@
 #include <thread>
 
 #include "commands.hpp"
-#include "interrupt.hpp"
 #include "extrapolation.hpp"
+#include "interrupt.hpp"
 #include "measure.hpp"
 #include "model_options.hpp"
 #include "progress.hpp"
+#include "relpos/train/files.hpp"
 #include "svg_plot.hpp"
 
 namespace relpos::cli {
@@ -137,6 +138,9 @@ int run_demo(int argc, char** argv, int first) {
   const int workers = int(std::clamp<int64_t>(jobs > 0 ? jobs : threads, 1, int64_t(kinds.size())));
   const int threads_each = std::max(1, threads / workers);
 
+  // Refuse before training what would fail after it.
+  train::check_writable_file(out_dir + "/demo.json");
+  if (!json_path.empty()) train::check_writable_file(json_path);
   const train::Corpus corpus = train::load_corpus(data_path);
   const train::Split split = train::split_corpus(corpus.bytes);
   check_evaluation_fits(split.validation.size(), eval, model.length);

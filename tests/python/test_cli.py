@@ -62,6 +62,13 @@ def test_checkpoint_that_cannot_be_written_is_refused_before_training(data, tmp_
         assert time.monotonic() - start < 20  # refused at once, not after a million steps
 
 
+def test_demo_output_that_cannot_be_written_is_refused_before_training(data, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    r = run("demo", "--data", data, "--out", blocker / "demo", "--steps", "100000", "--length", "8")
+    assert r.returncode == 1 and "cannot create folder" in r.stderr and "demo 1/" not in r.stderr
+
+
 def test_checkpoint_path_that_is_a_folder_is_named(tmp_path):
     r = run("eval", "--checkpoint", tmp_path)
     assert r.returncode == 1 and "is a folder, not a checkpoint file" in r.stderr
