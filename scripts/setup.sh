@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(g++ libgtest-dev libdnnl-dev libcli11-dev nlohmann-json3-dev fortunes)
+APT_PACKAGES=(g++ libgtest-dev libdnnl-dev libhwy-dev libcli11-dev nlohmann-json3-dev fortunes)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

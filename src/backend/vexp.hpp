@@ -1,13 +1,15 @@
-// Vectorisable exponentials for the softmax. float: Cody-Waite range
-// reduction and a degree-6 polynomial, written as plain arithmetic so the
-// compiler turns a loop of them into AVX-512 code (std::exp stays a scalar
-// libm call); max error about 2 ulp, exp(-inf) = 0 exactly. double (tests,
-// the oracle path) uses std::exp.
+// Exponentials for the softmax. float: Cody-Waite range reduction and a
+// degree-6 polynomial (about 2 ulp near 0, a relative 4e-6 near -87 where
+// the range reduction's error grows; exp(-inf) = 0 exactly), the
+// scalar form here and its vector form in simd.hpp, dispatched at run time to
+// the CPU's best target. double (tests, the oracle path) uses std::exp.
 #pragma once
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
+
+#include "simd.hpp"
 
 namespace relpos {
 
@@ -27,15 +29,10 @@ inline float exp_approx(float x) {
   return x < -87.0f ? 0.0f : p * two_k;
 }
 
-// out[i] = exp(x[i] - shift); returns the sum of out.
+// out[i] = exp(x[i] - shift); returns the sum of out. float: the run-time
+// dispatched vector loop of simd.hpp, exp_approx in every lane.
 inline float exp_shifted_sum(const float* x, float shift, float* out, int64_t n) {
-  float sum = 0;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = exp_approx(x[i] - shift);
-    sum += out[i];
-  }
-  return sum;
+  return simd::exp_shifted_sum(x, shift, out, n);
 }
 
 inline double exp_shifted_sum(const double* x, double shift, double* out, int64_t n) {
@@ -43,6 +40,8 @@ inline double exp_shifted_sum(const double* x, double shift, double* out, int64_
   for (int64_t i = 0; i < n; ++i) sum += (out[i] = std::exp(x[i] - shift));
   return sum;
 }
+
+inline float max_of(const float* x, int64_t n, float init) { return simd::max_of(x, n, init); }
 
 template <class T>
 T max_of(const T* x, int64_t n, T init) {

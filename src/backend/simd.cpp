@@ -1,0 +1,199 @@
+// Highway's dynamic dispatch: this file is compiled once per target
+// (foreach_target.h), and HWY_DYNAMIC_DISPATCH calls the best compiled target
+// the CPU supports. See simd.hpp.
+#include "simd.hpp"
+
+// Every target this compiler can build, also those below the build's -march
+// (so that RELPOS_SIMD=sse4 runs an SSE4 variant on any machine).
+#ifndef HWY_COMPILE_ALL_ATTAINABLE
+#define HWY_COMPILE_ALL_ATTAINABLE
+#endif
+
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "src/backend/simd.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace relpos::simd::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// exp(x) as vexp.hpp's exp_approx, lane-wise: Cody-Waite reduction by ln 2
+// and a degree-6 polynomial; 0 below -87 (and for -inf).
+template <class D, class V>
+V Exp(D d, V x) {
+  const hn::RebindToSigned<D> di;
+  const V xc = hn::Min(hn::Max(x, hn::Set(d, -87.0f)), hn::Set(d, 88.0f));
+  const V magic = hn::Set(d, 12582912.0f);
+  const V k = hn::Sub(hn::Add(hn::Mul(xc, hn::Set(d, 1.44269504f)), magic), magic);
+  V r = hn::Sub(xc, hn::Mul(k, hn::Set(d, 0.693359375f)));
+  r = hn::Sub(r, hn::Mul(k, hn::Set(d, -2.12194440e-4f)));
+  V p = hn::Set(d, 1.0f / 720);
+  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = hn::Add(hn::Mul(p, r), hn::Set(d, c));
+  const V two_k = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, k), hn::Set(di, 127))));
+  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), hn::Mul(p, two_k));
+}
+
+// Phi(x) and phi(x) as gelu.hpp's normal_cdf_pdf(float), lane-wise.
+template <class D, class V>
+void NormalCdfPdf(D d, V x, V& cdf, V& pdf) {
+  const V z = hn::Mul(hn::Abs(x), hn::Set(d, 0.70710678f));
+  const V one = hn::Set(d, 1.0f);
+  const V t = hn::Div(one, hn::Add(one, hn::Mul(hn::Set(d, 0.3275911f), z)));
+  V poly = hn::Set(d, 1.061405429f);
+  for (float c : {-1.453152027f, 1.421413741f, -0.284496736f, 0.254829592f}) poly = hn::Add(hn::Set(d, c), hn::Mul(t, poly));
+  poly = hn::Mul(t, poly);
+  const V gauss = Exp(d, hn::Neg(hn::Mul(z, z)));
+  const V half = hn::IfThenElse(hn::Lt(x, hn::Zero(d)), hn::Set(d, -0.5f), hn::Set(d, 0.5f));
+  cdf = hn::Add(hn::Set(d, 0.5f), hn::Mul(half, hn::Sub(one, hn::Mul(poly, gauss))));
+  pdf = hn::Mul(hn::Set(d, 0.39894228f), gauss);
+}
+
+float ExpShiftedSum(const float* x, float shift, float* out, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  const auto s = hn::Set(d, shift);
+  auto sum = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto e = Exp(d, hn::Sub(hn::LoadU(d, x + i), s));
+    hn::StoreU(e, d, out + i);
+    sum = hn::Add(sum, e);
+  }
+  float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  const hn::CappedTag<float, 1> d1;  // the tail, one lane at a time: the same arithmetic
+  for (; i < n; ++i) {
+    const float e = hn::GetLane(Exp(d1, hn::Set(d1, x[i] - shift)));
+    out[i] = e;
+    total += e;
+  }
+  return total;
+}
+
+float MaxOf(const float* x, int64_t n, float init) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  auto m = hn::Set(d, init);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) m = hn::Max(m, hn::LoadU(d, x + i));
+  float best = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+  return best;
+}
+
+template <class Body>
+void ForEachLane(int64_t n, Body body) {
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) body(d, i);
+  for (; i < n; ++i) body(d1, i);
+}
+
+void GeluForward(const float* x, float* y, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const auto v = hn::LoadU(d, x + i);
+    decltype(hn::Zero(d)) cdf, pdf;
+    NormalCdfPdf(d, v, cdf, pdf);
+    hn::StoreU(hn::Mul(v, cdf), d, y + i);
+  });
+}
+
+void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const auto v = hn::LoadU(d, x + i);
+    decltype(hn::Zero(d)) cdf, pdf;
+    NormalCdfPdf(d, v, cdf, pdf);
+    const auto grad = hn::Mul(hn::LoadU(d, dy + i), hn::Add(cdf, hn::Mul(v, pdf)));
+    hn::StoreU(hn::Add(hn::LoadU(d, dx + i), grad), d, dx + i);
+  });
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace relpos::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace relpos::simd {
+
+HWY_EXPORT(ExpShiftedSum);
+HWY_EXPORT(MaxOf);
+HWY_EXPORT(GeluForward);
+HWY_EXPORT(GeluBackward);
+HWY_EXPORT(TargetName);
+
+namespace {
+
+// Targets by the name RELPOS_SIMD and limit_targets take, each with the
+// targets no better than it.
+int64_t targets_up_to(const std::string& name) {
+  struct Named {
+    const char* name;
+    int64_t target;
+  };
+  const Named order[] = {{"scalar", HWY_SCALAR | HWY_EMU128}, {"sse4", HWY_SSSE3 | HWY_SSE4},
+                         {"avx2", HWY_AVX2}, {"avx512", HWY_AVX3 | HWY_AVX3_DL}};
+  int64_t mask = 0;
+  for (const Named& n : order) {
+    mask |= n.target;
+    if (name == n.name) return mask;
+  }
+  throw std::invalid_argument("relpos: RELPOS_SIMD: unknown target '" + name + "' (avx512, avx2, sse4, scalar)");
+}
+
+std::vector<std::string> names(int64_t targets) {
+  std::vector<std::string> out;
+  for (int64_t t = targets; t != 0; t &= t - 1) out.push_back(hwy::TargetName(t & -t));
+  return out;
+}
+
+// Applies RELPOS_SIMD once, before the first dispatch.
+void apply_environment() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (const char* limit = std::getenv("RELPOS_SIMD"); limit && *limit) limit_targets(limit);
+  });
+}
+
+}  // namespace
+
+float exp_shifted_sum(const float* x, float shift, float* out, int64_t n) {
+  apply_environment();
+  return HWY_DYNAMIC_DISPATCH(ExpShiftedSum)(x, shift, out, n);
+}
+float max_of(const float* x, int64_t n, float init) {
+  apply_environment();
+  return HWY_DYNAMIC_DISPATCH(MaxOf)(x, n, init);
+}
+void gelu_forward(const float* x, float* y, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(GeluForward)(x, y, n);
+}
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(GeluBackward)(x, dy, dx, n);
+}
+
+std::string active_target() {
+  apply_environment();
+  return HWY_DYNAMIC_DISPATCH(TargetName)();
+}
+std::vector<std::string> compiled_targets() { return names(HWY_TARGETS); }
+std::vector<std::string> supported_targets() { return names(hwy::SupportedTargets() & HWY_TARGETS); }
+
+void limit_targets(const std::string& name) {
+  hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
+  if (name.empty()) return;
+  const int64_t allowed = targets_up_to(name) & hwy::SupportedTargets() & HWY_TARGETS;
+  if (allowed == 0) throw std::invalid_argument("relpos: RELPOS_SIMD: no target up to '" + name + "' runs here");
+  hwy::SetSupportedTargetsForTest(allowed);
+}
+
+}  // namespace relpos::simd
+#endif  // HWY_ONCE

@@ -1,0 +1,40 @@
+// The float loops of the softmax and GELU, vectorised with Highway for every
+// x86-64 target (SSE4, AVX2, AVX-512) and dispatched at run time to the best
+// one the CPU has, so their speed does not depend on what the compiler's
+// auto-vectoriser made of a loop on the build machine (on AVX2 it left the
+// softmax's exponentials scalar: 4.5 ns each instead of about 1).
+//
+// Each vector lane computes exactly what the scalar functions of vexp.hpp and
+// gelu.hpp compute (the same operations in the same order, no contraction),
+// so every target gives the same elements; sums and maxima over a row are
+// reduced lane-wise, then across lanes.
+//
+// The environment variable RELPOS_SIMD (avx512, avx2, sse4, scalar) limits the
+// targets, to test or measure a lesser CPU's path on a better one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace relpos::simd {
+
+// out[i] = exp(x[i] - shift) (exp(-inf) = 0); returns the sum of out. out may be x.
+float exp_shifted_sum(const float* x, float shift, float* out, int64_t n);
+// max(init, x[0], ..., x[n-1]).
+float max_of(const float* x, int64_t n, float init);
+// y = gelu(x), the erf form; dx += dy * gelu'(x).
+void gelu_forward(const float* x, float* y, int64_t n);
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
+
+// The target the functions above run on now ("AVX2", "AVX3", ...), the
+// targets compiled in, and those this CPU supports.
+std::string active_target();
+std::vector<std::string> compiled_targets();
+std::vector<std::string> supported_targets();
+
+// Limits dispatch to targets no better than `name` (as RELPOS_SIMD does);
+// "" restores the best. Throws std::invalid_argument for an unknown name.
+void limit_targets(const std::string& name);
+
+}  // namespace relpos::simd

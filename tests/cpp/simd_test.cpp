@@ -1,0 +1,108 @@
+// The run-time dispatched SIMD loops on every target this machine can run
+// (RELPOS_SIMD's names: avx512, avx2, sse4, scalar), each checked against a
+// double-precision formula and against the scalar form of the same
+// arithmetic (vexp.hpp's exp_approx, gelu.hpp's normal_cdf_pdf), bit for bit.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../../src/backend/simd.hpp"
+#include "../../src/backend/vexp.hpp"
+#include "../../src/nn/gelu.hpp"
+
+namespace {
+
+using relpos::simd::active_target;
+using relpos::simd::limit_targets;
+
+// The Highway target names each RELPOS_SIMD name may run as.
+bool runs_as(const std::string& name, const std::string& target) {
+  if (name == "avx512") return target.rfind("AVX3", 0) == 0;
+  if (name == "avx2") return target == "AVX2";
+  if (name == "sse4") return target == "SSE4" || target == "SSSE3";
+  return target == "EMU128" || target == "SCALAR";
+}
+
+std::vector<float> random_row(int64_t n, float lo, float hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = u(rng);
+  return x;
+}
+
+void check_current_target() {
+  // Lengths around the vector widths (4, 8, 16 lanes) and a softmax row.
+  for (int64_t n : {1, 3, 7, 8, 9, 15, 16, 17, 33, 128, 129}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    std::vector<float> x = random_row(n, -95.0f, 12.0f, uint64_t(n));
+    if (n > 2) x[1] = -std::numeric_limits<float>::infinity();  // a masked logit
+    const float shift = 3.5f;
+    std::vector<float> out(static_cast<size_t>(n));
+    const float sum = relpos::simd::exp_shifted_sum(x.data(), shift, out.data(), n);
+    double exact_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double exact = x[i] - shift < -87.0 ? 0.0 : std::exp(double(x[i]) - shift);
+      exact_sum += out[i];
+      EXPECT_EQ(out[i], relpos::exp_approx(x[i] - shift)) << i;  // the scalar arithmetic, bit for bit
+      // about 2 ulp near 0; the range reduction's error grows with |x| to ~4e-6 near -87
+      EXPECT_NEAR(out[i], exact, (x[i] - shift > -10 ? 3e-7 : 5e-6) * exact) << i;
+    }
+    EXPECT_NEAR(sum, exact_sum, 1e-6 * exact_sum);
+    float biggest = -1e30f;
+    for (float v : x) biggest = v > biggest ? v : biggest;
+    EXPECT_EQ(relpos::simd::max_of(x.data(), n, -1e30f), biggest);
+    EXPECT_EQ(relpos::simd::max_of(x.data(), n, 1e30f), 1e30f);
+
+    const std::vector<float> g = random_row(n, -9.0f, 9.0f, uint64_t(n) + 100);
+    const std::vector<float> dy = random_row(n, -1.0f, 1.0f, uint64_t(n) + 200);
+    std::vector<float> y(static_cast<size_t>(n)), dx(static_cast<size_t>(n), 0.25f);
+    relpos::simd::gelu_forward(g.data(), y.data(), n);
+    relpos::simd::gelu_backward(g.data(), dy.data(), dx.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      float cdf = 0, pdf = 0;
+      relpos::nn::normal_cdf_pdf(g[i], cdf, pdf);
+      EXPECT_EQ(y[i], g[i] * cdf) << i;
+      EXPECT_EQ(dx[i], 0.25f + dy[i] * (cdf + g[i] * pdf)) << i;
+      double cdf_exact = 0, pdf_exact = 0;
+      relpos::nn::normal_cdf_pdf(double(g[i]), cdf_exact, pdf_exact);
+      EXPECT_NEAR(y[i], g[i] * cdf_exact, 2e-6 * (1 + std::abs(g[i]))) << i;
+      EXPECT_NEAR(dx[i], 0.25 + dy[i] * (cdf_exact + g[i] * pdf_exact), 4e-6 * (1 + std::abs(g[i]))) << i;
+    }
+  }
+}
+
+TEST(Simd, EveryTargetThisMachineRunsAgreesWithTheFormulas) {
+  int exercised = 0;
+  for (const std::string name : {"avx512", "avx2", "sse4", "scalar"}) {
+    try {
+      limit_targets(name);
+    } catch (const std::invalid_argument&) {
+      continue;  // the CPU has no such target
+    }
+    if (!runs_as(name, active_target())) continue;  // this CPU's best is below `name`
+    SCOPED_TRACE(name + " runs as " + active_target());
+    check_current_target();
+    ++exercised;
+  }
+  limit_targets("");
+  EXPECT_GE(exercised, 2) << "every x86-64 runs sse4 and scalar";
+  for (const std::string name : {"sse4", "scalar"}) {  // below every x86-64 CPU: always what is asked
+    limit_targets(name);
+    EXPECT_TRUE(runs_as(name, active_target())) << name << " runs as " << active_target();
+  }
+  limit_targets("");
+}
+
+TEST(Simd, UnknownTargetNamesAreRefused) {
+  EXPECT_THROW(limit_targets("avx1024"), std::invalid_argument);
+  limit_targets("");
+  EXPECT_FALSE(active_target().empty());
+}
+
+}  // namespace
