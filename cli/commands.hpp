@@ -8,6 +8,7 @@ int run_check(int argc, char** argv, int first);  // every scheme x algorithm ag
 int run_train(int argc, char** argv, int first);
 int run_eval(int argc, char** argv, int first);
 int run_sample(int argc, char** argv, int first);
+int run_info(int argc, char** argv, int first);          // version, SIMD target, GEMM, threads
 int run_bench(int argc, char** argv, int first);         // dispatches to the benchmarks below
 int run_bench_memory(int argc, char** argv, int first);
 int run_bench_attention(int argc, char** argv, int first);

@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "openmp_wait.hpp"
 #include "options.hpp"
+#include "relpos/info.hpp"
 
 namespace {
 
@@ -26,6 +27,7 @@ constexpr Command kCommands[] = {
     {"sample", relpos::cli::run_sample, "generate text from a trained model (key/value cache decoding)"},
     {"check", relpos::cli::run_check, "every scheme x algorithm on a small problem, checked against float64"},
     {"bench", relpos::cli::run_bench, "benchmarks: 'relpos bench memory', 'relpos bench attention'"},
+    {"info", relpos::cli::run_info, "version, the SIMD target and GEMM path in use, threads"},
 };
 
 void print_usage(std::FILE* to) {
@@ -34,13 +36,17 @@ void print_usage(std::FILE* to) {
                "relpos: attention with relative position representations (Shaw, T5, ALiBi, RoPE,\n"
                "Transformer-XL), forward and backward.\n\ncommands:\n");
   for (const Command& c : kCommands) std::fprintf(to, "  %-10s %s\n", c.name, c.summary);
-  std::fprintf(to, "\n'relpos <command> --help' describes a command's options.\n");
+  std::fprintf(to, "\n'relpos <command> --help' describes a command's options; 'relpos --version' the version.\n");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   relpos::cli::use_passive_openmp_wait(argv);
+  if (argc >= 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V"))) {
+    std::printf("relpos %s\n", relpos::build_info().version.c_str());
+    return 0;
+  }
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
     print_usage(argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "relpos/attention.hpp"
+#include "relpos/info.hpp"
 
 namespace nb = nanobind;
 using namespace relpos;
@@ -217,4 +218,20 @@ NB_MODULE(_relpos, m) {
       "(address, shape, strides in elements) of an array as the core receives it: lets tests check that "
       "NumPy arrays and torch tensors reach the core in place, not copied.");
   m.def("alibi_slopes", &alibi_slopes, nb::arg("num_heads"), "ALiBi head slopes of the paper, any head count.");
+  m.def(
+      "build_info",
+      [] {
+        const BuildInfo i = build_info();
+        nb::dict d;
+        d["version"] = i.version;
+        d["simd_target"] = i.simd_target;
+        d["simd_compiled"] = i.simd_compiled;
+        d["simd_supported"] = i.simd_supported;
+        d["gemm"] = i.gemm;
+        d["gemm_isa"] = i.gemm_isa;
+        d["threads"] = i.max_threads;
+        d["openmp_wait_policy"] = i.openmp_wait_policy;
+        return d;
+      },
+      "What this build runs on (see relpos.info()).");
 }

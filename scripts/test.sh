@@ -53,10 +53,11 @@ quiet .venv/bin/relpos demo --data "$smoke/data.txt" --positions alibi,learned -
   --heads 2 --ffn 32 --steps 5 --batch 2 --multiples 1,2 --out "$smoke/demo"
 test -s "$smoke/demo/demo.json" && test -s "$smoke/demo/bits_per_byte.svg"
 echo "== AVX2 stage: the C++ and Python suites as an AVX2-only CPU runs them"
-# relpos compiled for x86-64-v3 (AVX2 + FMA), oneDNN and torch limited to AVX2:
+# relpos compiled for x86-64-v3 (AVX2 + FMA) with its SIMD dispatch, oneDNN and
+# torch limited to AVX2:
 # on an AVX-512 machine this runs the code paths of an AVX2 machine (on an AVX2
 # machine it runs the suites a second time, on a second build).
-avx2=(ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2)
+avx2=(RELPOS_SIMD=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2)
 cmake -S . -B build/avx2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DRELPOS_MARCH=x86-64-v3 -DRELPOS_BUILD_TESTS=ON \
   -DRELPOS_BUILD_CLI=ON -DRELPOS_BUILD_PYTHON=ON -DPython_EXECUTABLE="$PWD/.venv/bin/python" >/dev/null
 cmake --build build/avx2 -j "$jobs"

@@ -59,9 +59,12 @@ __all__ = [
     "alibi_slopes",
     "ALGORITHMS",
     "available_algorithms",
+    "info",
 ]
 
 ALGORITHMS = ("auto", "reference", "split", "gather", "skew", "generalized_skew", "relshift", "fused")
+
+__version__ = _relpos.build_info()["version"]
 
 t5_bucket = _relpos.t5_bucket
 alibi_slopes = _relpos.alibi_slopes
@@ -277,3 +280,11 @@ def backward(
         args["d_" + name] = _as_core_param(name, g)
     _relpos.backward(args)
     return grads
+
+
+def info() -> dict:
+    """What this build runs on: ``version``, ``simd_target`` (the target its vector
+    loops run on, chosen at run time; the environment variable RELPOS_SIMD limits
+    it), ``simd_compiled``, ``simd_supported``, ``gemm`` and ``gemm_isa`` (oneDNN and
+    the instruction set it uses), ``threads`` and ``openmp_wait_policy``."""
+    return _relpos.build_info()

@@ -2,6 +2,7 @@
 the argument (and the size where memory is the problem), or in the documented
 correct result; never a crash, std::bad_cast, NaN or a silently wrong value."""
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -159,3 +160,18 @@ def test_openmp_wait_policy_is_passive_unless_the_user_chose():
     env["OMP_WAIT_POLICY"] = "active"
     got = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert got.strip() == "active"
+
+
+def test_version_and_info_agree_everywhere():
+    import importlib.metadata
+
+    assert relpos.__version__ == importlib.metadata.version("relpos")
+    cli = pathlib.Path(sys.executable).parent / "relpos"
+    out = subprocess.run([str(cli), "--version"], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"relpos {relpos.__version__}"
+    info = relpos.info()
+    assert info["simd_target"] in info["simd_supported"] and info["gemm"].startswith("oneDNN")
+    code = "import relpos; print(relpos.info()['simd_target'])"
+    limited = subprocess.run([sys.executable, "-c", code], env={**os.environ, "RELPOS_SIMD": "sse4"},
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert limited in ("SSE4", "SSSE3")

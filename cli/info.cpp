@@ -1,0 +1,42 @@
+// `relpos info` (and `relpos --version`): what this build runs on.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "json_output.hpp"
+#include "options.hpp"
+#include "relpos/info.hpp"
+
+namespace relpos::cli {
+
+namespace {
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+}  // namespace
+
+int run_info(int argc, char** argv, int first) {
+  std::string json_path;
+  Options opts("relpos info",
+               "Prints relpos's version, the SIMD target its vector loops run on (chosen at run time; the\n"
+               "environment variable RELPOS_SIMD=avx512|avx2|sse4|scalar limits it), the GEMM library and\n"
+               "the instruction set it uses, OpenMP's threads and wait policy.");
+  opts.add_string("--json", &json_path, "also write this to a JSON file");
+  if (!opts.parse(argc, argv, first)) return 0;
+  const BuildInfo i = build_info();
+  std::printf("relpos %s\nSIMD: %s (compiled: %s; this CPU: %s)\nGEMM: %s on %s\nthreads: %d, OpenMP wait policy: %s\n",
+              i.version.c_str(), i.simd_target.c_str(), joined(i.simd_compiled).c_str(),
+              joined(i.simd_supported).c_str(), i.gemm.c_str(), i.gemm_isa.c_str(), i.max_threads,
+              i.openmp_wait_policy.empty() ? "default (spin, then sleep)" : i.openmp_wait_policy.c_str());
+  if (!json_path.empty())
+    write_json(json_path, Json{{"version", i.version}, {"simd_target", i.simd_target},
+                               {"simd_compiled", i.simd_compiled}, {"simd_supported", i.simd_supported},
+                               {"gemm", i.gemm}, {"gemm_isa", i.gemm_isa}, {"threads", i.max_threads},
+                               {"openmp_wait_policy", i.openmp_wait_policy}});
+  return 0;
+}
+
+}  // namespace relpos::cli

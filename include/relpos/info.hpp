@@ -1,0 +1,24 @@
+// What this build of relpos runs on: its version, the SIMD target chosen at
+// run time, the GEMM library and the instruction set it uses, the threads.
+// `relpos info` and `relpos.info()` print it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace relpos {
+
+struct BuildInfo {
+  std::string version;                       // "0.1.0"
+  std::string simd_target;                   // the target the SIMD loops run on now ("AVX2", ...)
+  std::vector<std::string> simd_compiled;    // targets compiled in
+  std::vector<std::string> simd_supported;   // of those, the ones this CPU runs (RELPOS_SIMD may limit them)
+  std::string gemm;                          // "oneDNN 2.7.3 (sgemm)"
+  std::string gemm_isa;                      // the instruction set oneDNN dispatches to
+  int max_threads = 0;                       // OpenMP's maximum (threads = 0)
+  std::string openmp_wait_policy;            // OMP_WAIT_POLICY as this process sees it ("" = default)
+};
+
+BuildInfo build_info();
+
+}  // namespace relpos

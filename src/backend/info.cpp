@@ -1,0 +1,47 @@
+#include "relpos/info.hpp"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#include <cstdlib>
+
+#include "simd.hpp"
+
+namespace relpos {
+
+namespace {
+
+std::string isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41: return "SSE4.1";
+    case dnnl_cpu_isa_avx: return "AVX";
+    case dnnl_cpu_isa_avx2: return "AVX2";
+    case dnnl_cpu_isa_avx2_vnni: return "AVX2 VNNI";
+    case dnnl_cpu_isa_avx512_core: return "AVX-512";
+    case dnnl_cpu_isa_avx512_core_vnni: return "AVX-512 VNNI";
+    case dnnl_cpu_isa_avx512_core_bf16: return "AVX-512 BF16";
+    case dnnl_cpu_isa_avx512_core_amx: return "AVX-512 AMX";
+    case dnnl_cpu_isa_all: return "all (the best the CPU has)";
+    default: return "other (" + std::to_string(int(isa)) + ")";
+  }
+}
+
+}  // namespace
+
+BuildInfo build_info() {
+  BuildInfo info;
+  info.version = RELPOS_VERSION;
+  info.simd_target = simd::active_target();
+  info.simd_compiled = simd::compiled_targets();
+  info.simd_supported = simd::supported_targets();
+  const dnnl_version_t* v = dnnl_version();
+  info.gemm = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+              " (dnnl_sgemm)";
+  info.gemm_isa = isa_name(dnnl_get_effective_cpu_isa());
+  info.max_threads = omp_get_max_threads();
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  info.openmp_wait_policy = policy ? policy : "";
+  return info;
+}
+
+}  // namespace relpos
