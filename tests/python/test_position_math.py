@@ -63,8 +63,9 @@ def t5_scaled_value(n: int, num_buckets_half: int, max_distance: int) -> np.floa
                 * _f32(num_buckets_half - max_exact))
 
 
-def t5_bucket_exact(r: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
-    """The bucket relpos promises on every CPU (docs/design.md, section 1)."""
+def _bucket(r: int, bidirectional: bool, num_buckets: int, max_distance: int, scaled) -> int:
+    """HF's bucketing with `scaled(n, num_buckets_half, max_distance)` for the value
+    that is truncated beyond the exact range."""
     bucket = 0
     if bidirectional:
         num_buckets //= 2
@@ -75,8 +76,12 @@ def t5_bucket_exact(r: int, bidirectional: bool, num_buckets: int, max_distance:
     max_exact = num_buckets // 2
     if n < max_exact:
         return bucket + n
-    large = max_exact + int(t5_scaled_value(n, num_buckets, max_distance))
-    return bucket + min(large, num_buckets - 1)
+    return bucket + min(max_exact + int(scaled(n, num_buckets, max_distance)), num_buckets - 1)
+
+
+def t5_bucket_exact(r: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
+    """The bucket relpos promises on every CPU (docs/design.md, section 1)."""
+    return _bucket(r, bidirectional, num_buckets, max_distance, t5_scaled_value)
 
 
 def near_an_integer(r: int, bidirectional: bool, num_buckets: int, max_distance: int) -> bool:
@@ -136,18 +141,10 @@ def test_t5_bucket_of_extreme_distances_is_the_last_one(r):
 
 def _bucket_float64(r: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
     """The same formula with a float64 log: what a port that forgets PyTorch's float32 would give."""
-    bucket = 0
-    if bidirectional:
-        num_buckets //= 2
-        bucket += num_buckets if r > 0 else 0
-        n = abs(r)
-    else:
-        n = -min(r, 0)
-    max_exact = num_buckets // 2
-    if n < max_exact:
-        return bucket + n
-    large = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
-    return bucket + min(large, num_buckets - 1)
+    def scaled(n, half, max_distance):
+        max_exact = half // 2
+        return math.log(n / max_exact) / math.log(max_distance / max_exact) * (half - max_exact)
+    return _bucket(r, bidirectional, num_buckets, max_distance, scaled)
 
 
 @pytest.mark.parametrize("bidirectional,num_buckets,max_distance,distances", [
