@@ -34,7 +34,11 @@ fs::path folder_of(const fs::path& target) { return target.has_parent_path() ? t
 
 // Temporaries are hidden files ".<name>.<pid>.XXXXXX" beside the target, so
 // the rename never crosses file systems and a leftover names its writer.
-std::string temporary_prefix(const fs::path& target) { return "." + target.filename().string() + "."; }
+std::string temporary_prefix(const fs::path& target) {
+  std::string prefix = ".";  // appended step by step: GCC 12 warns (-Wrestrict) on "." + name + "."
+  prefix.append(target.filename().string()).append(".");
+  return prefix;
+}
 
 // Removes the temporaries of `target` whose writing process no longer exists.
 void remove_stale_temporaries(const fs::path& target) {
