@@ -46,18 +46,21 @@ def attention(
     scale: Optional[float] = None,
     algorithm: str = "auto",
     threads: Optional[int] = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+):
     """Differentiable ``relpos.forward``: q ``(B, H, Lq, d)``, k ``(B, H, Lk, d)``,
     v ``(B, H, Lk, dv)`` -> out ``(B, H, Lq, dv)``. ``scheme`` is a relpos scheme
     record (``relpos.Shaw``, ``T5``, ...) whose arrays are torch tensors; those
     that require grad receive gradients. Options as in ``relpos.forward``;
-    ``threads`` defaults to ``torch.get_num_threads()``."""
+    ``threads`` defaults to ``torch.get_num_threads()``. ``return_lse=True``
+    returns ``(out, lse)``, the row logsumexp ``(B, H, Lq)`` as a constant (no
+    gradient flows through it), e.g. to merge attention over key chunks."""
     scheme = relpos.NoPosition() if scheme is None else scheme
     if not hasattr(scheme, "_params"):
         raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
     name, params, ints, floats = torch_op._encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads)
-    out, _ = torch.ops.relpos.attention_forward(q, k, v, key_padding, params, name, ints, floats)
-    return out
+    out, lse = torch.ops.relpos.attention_forward(q, k, v, key_padding, params, name, ints, floats)
+    return (out, lse.detach()) if return_lse else out
 
 
 SCHEMES = ("none", "shaw", "t5", "alibi", "rope", "xl")

@@ -112,3 +112,15 @@ def test_double_backward_is_refused():
     (g,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="no double backward"):
         g.sum().backward()
+
+
+def test_return_lse_gives_the_row_logsumexp_as_a_constant():
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 6, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    out, lse = rt.attention(q, k, v, relpos.ALiBi(), causal=True, return_lse=True)
+    logits = q @ k.transpose(-1, -2) / 2.0 - torch.tensor(relpos.alibi_slopes(2)).view(1, 2, 1, 1) * (
+        torch.arange(6.0).view(1, 6) - torch.arange(6.0).view(6, 1)).abs()
+    logits = logits.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), float("-inf"))
+    torch.testing.assert_close(lse, torch.logsumexp(logits, -1), rtol=1e-12, atol=1e-12)
+    assert not lse.requires_grad and out.requires_grad
+    torch.testing.assert_close(out, rt.attention(q, k, v, relpos.ALiBi(), causal=True), rtol=0, atol=0)
