@@ -28,7 +28,7 @@ int64_t shaw_index(int64_t r, int64_t k, Beyond beyond);
 // HF transformers' T5Attention._relative_position_bucket for one distance:
 // its large-distance branch in float32 arithmetic, as PyTorch evaluates it,
 // with the correctly rounded float32 logarithm. Upstream uses the platform's
-// float32 log, so where the scaled value lies within one ulp of an integer
+// float32 log, so where the scaled value lies within a few ulps of an integer
 // its bucket depends on the CPU (e.g. 108 buckets, max_distance 125, r = 45);
 // relpos's is the same everywhere. `r` is memory_position - query_position,
 // any int64. Call only with a configuration that check_t5_config accepts.
