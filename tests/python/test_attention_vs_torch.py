@@ -96,7 +96,7 @@ MASKED_CASES = [C(f"{s}-fully-masked-rows", s, Lq=6, Lk=8, k_offset=3, causal=Tr
 
 
 def expected_algorithms(case: Case) -> set[str]:
-    """Which algorithms serve a case, stated from the papers (DESIGN.md section 2)."""
+    """Which algorithms serve a case, stated from the papers (docs/design.md section 2)."""
     algos = {"reference", "fused"}
     if case.scheme in ("none", "rope", "t5", "alibi"):
         algos |= {"gather"}

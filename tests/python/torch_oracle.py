@@ -1,4 +1,4 @@
-"""An independent PyTorch implementation of relpos attention (DESIGN.md section 1).
+"""An independent PyTorch implementation of relpos attention (docs/design.md section 1).
 
 Written from the published formulas, not from the C++ code: every relative
 term is materialised as a tensor with vectorised torch ops, the whole (Lq, Lk)
