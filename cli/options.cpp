@@ -97,6 +97,4 @@ bool Options::parse(int argc, char** argv, int first) {
   return true;
 }
 
-bool Options::given(const std::string& name) const { return app_->get_option(name)->count() > 0; }
-
 }  // namespace relpos::cli

@@ -47,8 +47,6 @@ class Options {
 
   // Parses argv[first..argc). Returns false when --help was printed.
   bool parse(int argc, char** argv, int first);
-  // Whether the option was given on the command line (not left at its default).
-  bool given(const std::string& name) const;
 
  private:
   std::unique_ptr<CLI::App> app_;
