@@ -161,24 +161,25 @@ int64_t visited_keys(const AttentionForward<T>& p, const Head<T>& hd, int64_t i0
 }
 
 // Transformer-XL's positional scores of the query tile [i0, i0 + bq) against
-// every distance its keys [0, keys) reach, computed by one product per query
-// tile (a per-key-tile band would compute Bq + Bk - 1 columns for Bk keys):
-// scores (bq, width), column c = distance index first + c; the pair (ii, j) is
-// column j - ii + bq - 1.
+// every distance its keys [start, end) reach, by one product: scores
+// (bq, width), column c = distance index first + c; the pair (ii, j) is column
+// j - start - ii + bq - 1. The forward takes all keys a query tile visits at
+// once (a per-key-tile band would compute Bq + Bk - 1 columns for Bk keys).
 template <class T>
 struct XLBand {
   Scratch<T> scores;
-  int64_t width = 0, first = 0;
+  int64_t width = 0, first = 0, start = 0, end = 0;
 
   // Offset of the pair (ii, j0) in scores, and in any (bq, width) buffer like it.
-  int64_t at(int64_t ii, int64_t bq, int64_t j0) const { return ii * width + (bq - 1 - ii) + j0; }
+  int64_t at(int64_t ii, int64_t bq, int64_t j0) const { return ii * width + (bq - 1 - ii) + (j0 - start); }
 };
 
 template <class T>
-void xl_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t keys, XLBand<T>& band) {
+void xl_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t start, int64_t end, XLBand<T>& band) {
   const Head<T>& hd = c.x.hd;
-  band.width = keys + bq - 1;
-  band.first = hd.diagonal(i0 + bq - 1, 0);
+  band.start = start, band.end = end;
+  band.width = end - start + bq - 1;
+  band.first = hd.diagonal(i0 + bq - 1, start);
   band.scores.resize(bq * band.width);
   gemm<T>(Trans::no, Trans::yes, bq, band.width, hd.d, T(1), hd.qp + i0 * hd.d, hd.d, c.E + band.first * hd.d,
           hd.d, T(0), band.scores.data(), band.width);
@@ -243,7 +244,7 @@ void forward_tile(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, 
   if (c.shaw_v()) w.Pb.assign(bq * c.nb, T(0));
   w.S.resize(bq * kBlockK);
   const int64_t keys = visited_keys(p, hd, i0, bq);
-  if (c.xl() && keys) xl_band(c, i0, bq, keys, w.band);
+  if (c.xl() && keys) xl_band(c, i0, bq, 0, keys, w.band);
   for (int64_t j0 = 0; j0 < keys; j0 += kBlockK) {
     const Tile t{i0, bq, j0, std::min(kBlockK, keys - j0)};
     T* S = w.S.data();
@@ -277,57 +278,114 @@ void forward_tile(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, 
   }
 }
 
+// Key-tile groups per head in the backward. Fewer heads than threads would
+// leave threads idle (B = 1, H = 1 ran on one thread), so each head's key
+// tiles are split into contiguous groups that run as separate work items,
+// each with its own query-side gradients (dq and the positional sums), added
+// in group order. Two items per thread let the head-tail order balance a
+// causal mask. Groups cost copies and sums (one head at L = 8192 on one
+// thread in 8 groups: 9-20% slower), so one thread, or at least two heads per
+// thread, keeps one group per head. The grouping depends on the thread count,
+// so dq's rounding does too; the same thread count gives the same bits.
+}  // namespace
+
+template <class T>
+int64_t backward_key_groups(const AttentionForward<T>& p) {
+  const int64_t heads = p.q.shape[0] * p.q.shape[1], tiles = (p.k.shape[2] + kBlockK - 1) / kBlockK;
+  const int64_t threads = thread_count(p.num_threads, heads * tiles);
+  if (threads == 1) return 1;
+  return std::clamp<int64_t>((2 * threads + heads - 1) / heads, 1, std::max<int64_t>(tiles, 1));
+}
+
+namespace {
+
+// The gradients of one head that sum over its key tiles, for one group of them.
+template <class T>
+struct QueryGrads {
+  Scratch<T> dqc, dqp;  // dL/d(q + u) and dL/d(q + v), (lq, d)
+  Scratch<T> dR, Pb;    // Shaw: key-score gradients and value bucket sums of P, (lq, 2k+1)
+  Scratch<T> dE;        // Transformer-XL: positional-key gradients, (distances, d)
+  Scratch<T> dbias;     // T5 / ALiBi: bias gradient per distance
+
+  void reset(const HeadContext<T>& c) {
+    const Head<T>& hd = c.x.hd;
+    dqc.assign(hd.lq * hd.d, T(0)), dqp.assign(hd.lq * hd.d, T(0));
+    dR.assign(c.shaw_k() ? hd.lq * c.nb : 0, T(0)), Pb.assign(c.shaw_v() ? hd.lq * c.nb : 0, T(0));
+    dE.assign(c.xl() ? hd.distances() * hd.d : 0, T(0));
+    dbias.assign(c.x.bias.empty() ? 0 : hd.distances(), T(0));
+  }
+
+  void add(const QueryGrads& o) {
+    for (auto [mine, theirs] : {std::pair{&dqc, &o.dqc}, {&dqp, &o.dqp}, {&dR, &o.dR}, {&Pb, &o.Pb}, {&dE, &o.dE},
+                                {&dbias, &o.dbias}})
+      for (std::size_t n = 0; n < mine->size(); ++n) (*mine)[n] += (*theirs)[n];
+  }
+};
+
 template <class T>
 struct BackwardScratch {
   HeadContext<T> head;
-  Scratch<T> dout, D, P, dP, dqc, dqp, dk, dv, Rq, G, dR, Pb, dE, dbias, dband;
+  Scratch<T> dout, D, P, dP, Rq, G, dband;
   XLBand<T> band;
+  QueryGrads<T> query;  // one head's, when a head is one group
+  Scratch<T> dk, dv;
 };
 
-// All gradients of one head.
+// The dense dout of the prepared head and D_i = dout_i . out_i.
 template <class T>
-void backward_head(const AttentionBackward<T>& p, const XLKeys<T>& xl, const PositionGrads<T>& g, int64_t b,
-                   int64_t h, BackwardScratch<T>& w) {
-  HeadContext<T>& c = w.head;
-  prepare(p, xl, b, h, c);
-  const Head<T>& hd = c.x.hd;
-  const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv, nb = c.nb;
-  const T scale = T(effective_scale(p));
-  w.dout.resize(lq * dv), w.D.resize(lq);
-  for (int64_t i = 0; i < lq; ++i) {
+void load_dout(const AttentionBackward<T>& p, BackwardScratch<T>& w) {
+  const Head<T>& hd = w.head.x.hd;
+  const int64_t dv = hd.dv;
+  w.dout.resize(hd.lq * dv), w.D.resize(hd.lq);
+  for (int64_t i = 0; i < hd.lq; ++i) {
     T D = 0;
     for (int64_t x = 0; x < dv; ++x) {
-      w.dout[i * dv + x] = p.dout(b, h, i, x);
-      D += w.dout[i * dv + x] * p.out(b, h, i, x);
+      w.dout[i * dv + x] = p.dout(hd.b, hd.h, i, x);
+      D += w.dout[i * dv + x] * p.out(hd.b, hd.h, i, x);
     }
     w.D[i] = D;
   }
-  w.dqc.assign(lq * d, T(0)), w.dqp.assign(lq * d, T(0)), w.dk.assign(lk * d, T(0)), w.dv.assign(lk * dv, T(0));
-  if (c.shaw_k()) {  // Shaw key scores of all queries and their gradient, (lq, nb)
-    w.Rq.resize(lq * nb);
-    gemm<T>(Trans::no, Trans::yes, lq, nb, d, T(1), hd.qp, d, c.wk.data(), d, T(0), w.Rq.data(), nb);
-    w.dR.assign(lq * nb, T(0));
-  }
-  if (c.shaw_v()) {  // dout wv^T and the bucket sums of P, (lq, nb)
-    w.G.resize(lq * nb);
-    gemm<T>(Trans::no, Trans::yes, lq, nb, dv, T(1), w.dout.data(), dv, c.wv.data(), dv, T(0), w.G.data(), nb);
-    w.Pb.assign(lq * nb, T(0));
-  }
-  if (c.xl()) w.dE.assign(hd.distances() * d, T(0));
-  if (!c.x.bias.empty()) w.dbias.assign(hd.distances(), T(0));
+}
+
+// Key tiles [group n / groups, (group + 1) n / groups) of the n of head
+// (b, h) against every query tile that sees them: dk and dv of those keys
+// (rows no other group writes; dk, dv zeroed by the caller) and the group's
+// query-side sums in q.
+template <class T>
+void backward_key_group(const AttentionBackward<T>& p, const XLKeys<T>& xl, int64_t b, int64_t h, int64_t group,
+                        int64_t groups, QueryGrads<T>& q, Scratch<T>& dk, Scratch<T>& dv, BackwardScratch<T>& w) {
+  HeadContext<T>& c = w.head;
+  prepare(p, xl, b, h, c);
+  load_dout(p, w);
+  q.reset(c);
+  const Head<T>& hd = c.x.hd;
+  const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
+  const T scale = T(effective_scale(p));
+  const int64_t tiles = (hd.lk + kBlockK - 1) / kBlockK;
+  const int64_t begin = group * tiles / groups * kBlockK, end = std::min(hd.lk, (group + 1) * tiles / groups * kBlockK);
   w.P.resize(kBlockQ * kBlockK), w.dP.resize(kBlockQ * kBlockK);
 
   for (int64_t i0 = 0; i0 < lq; i0 += kBlockQ) {
-    const int64_t bq = std::min(kBlockQ, lq - i0), keys = visited_keys(p, hd, i0, bq);
-    if (c.xl() && keys) {
-      xl_band(c, i0, bq, keys, w.band);
+    const int64_t bq = std::min(kBlockQ, lq - i0), keys = std::min(end, visited_keys(p, hd, i0, bq));
+    if (keys <= begin) continue;
+    if (c.shaw_k()) {  // Shaw key scores of the query tile, (bq, nb)
+      w.Rq.resize(bq * nb);
+      gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), nb);
+    }
+    if (c.shaw_v()) {  // dout wv^T of the query tile, (bq, nb)
+      w.G.resize(bq * nb);
+      gemm<T>(Trans::no, Trans::yes, bq, nb, dvd, T(1), w.dout.data() + i0 * dvd, dvd, c.wv.data(), dvd, T(0),
+              w.G.data(), nb);
+    }
+    if (c.xl()) {  // one band for all the keys of the group this query tile sees
+      xl_band(c, i0, bq, begin, keys, w.band);
       w.dband.assign(bq * w.band.width, T(0));
     }
-    for (int64_t j0 = 0; j0 < keys; j0 += kBlockK) {
+    for (int64_t j0 = begin; j0 < keys; j0 += kBlockK) {
       const Tile t{i0, bq, j0, std::min(kBlockK, keys - j0)};
       const int64_t bk = t.bk;
       T *P = w.P.data(), *dS = w.dP.data();
-      tile_logits(p, c, scale, t, c.shaw_k() ? w.Rq.data() + i0 * nb : nullptr, w.band, P);
+      tile_logits(p, c, scale, t, w.Rq.data(), w.band, P);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const T lse = p.lse(b, h, i0 + ii);
         T* row = P + ii * bk;
@@ -336,10 +394,10 @@ void backward_head(const AttentionBackward<T>& p, const XLKeys<T>& xl, const Pos
         else
           exp_shifted_sum(row, lse, row, bk);
       }
-      gemm<T>(Trans::yes, Trans::no, bk, dv, bq, T(1), P, bk, w.dout.data() + i0 * dv, dv, T(1),
-              w.dv.data() + j0 * dv, dv);
-      gemm<T>(Trans::no, Trans::yes, bq, bk, dv, T(1), w.dout.data() + i0 * dv, dv, c.x.v.data() + j0 * dv, dv, T(0),
-              dS, bk);
+      gemm<T>(Trans::yes, Trans::no, bk, dvd, bq, T(1), P, bk, w.dout.data() + i0 * dvd, dvd, T(1),
+              dv.data() + j0 * dvd, dvd);
+      gemm<T>(Trans::no, Trans::yes, bq, bk, dvd, T(1), w.dout.data() + i0 * dvd, dvd, c.x.v.data() + j0 * dvd, dvd,
+              T(0), dS, bk);
       const int64_t m0 = hd.diagonal(i0 + bq - 1, j0);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const int64_t i = i0 + ii, mrow = m0 + (bq - 1 - ii);
@@ -347,52 +405,68 @@ void backward_head(const AttentionBackward<T>& p, const XLKeys<T>& xl, const Pos
         T* srow = dS + ii * bk;
         const int64_t r0 = hd.rmin + mrow, k = p.pos.shaw.k;
         if (c.shaw_v()) {
-          add_by_row(srow, bk, r0, k, c.clip, &w.G[i * nb], T(1));
-          sum_by_row(&w.Pb[i * nb], bk, r0, k, c.clip, prow, T(1));
+          add_by_row(srow, bk, r0, k, c.clip, &w.G[ii * nb], T(1));
+          sum_by_row(&q.Pb[i * nb], bk, r0, k, c.clip, prow, T(1));
         }
         for (int64_t jj = 0; jj < bk; ++jj) srow[jj] = prow[jj] * (srow[jj] - w.D[i]);
-        if (!w.dbias.empty())
-          for (int64_t jj = 0; jj < bk; ++jj) w.dbias[mrow + jj] += srow[jj];
-        if (c.shaw_k()) sum_by_row(&w.dR[i * nb], bk, r0, k, c.clip, srow, scale);
+        if (!q.dbias.empty())
+          for (int64_t jj = 0; jj < bk; ++jj) q.dbias[mrow + jj] += srow[jj];
+        if (c.shaw_k()) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
       }
-      gemm<T>(Trans::no, Trans::no, bq, d, bk, scale, dS, bk, c.x.k.data() + j0 * d, d, T(1), w.dqc.data() + i0 * d,
+      gemm<T>(Trans::no, Trans::no, bq, d, bk, scale, dS, bk, c.x.k.data() + j0 * d, d, T(1), q.dqc.data() + i0 * d,
               d);
-      gemm<T>(Trans::yes, Trans::no, bk, d, bq, scale, dS, bk, c.x.qc.data() + i0 * d, d, T(1),
-              w.dk.data() + j0 * d, d);
-      if (c.xl())  // un-skew scale * dS onto the query tile's band (each (ii, j) owns one column of row ii)
+      gemm<T>(Trans::yes, Trans::no, bk, d, bq, scale, dS, bk, c.x.qc.data() + i0 * d, d, T(1), dk.data() + j0 * d,
+              d);
+      if (c.xl())  // un-skew scale * dS onto the band (each (ii, j) owns one column of row ii)
         for (int64_t ii = 0; ii < bq; ++ii) {
           T* diagonal = w.dband.data() + w.band.at(ii, bq, j0);
           for (int64_t jj = 0; jj < bk; ++jj) diagonal[jj] = scale * dS[ii * bk + jj];
         }
     }
-    if (c.xl() && keys) {  // the band's products backwards, once per query tile
+    if (c.xl()) {  // the band's products backwards, once per query tile
       const int64_t width = w.band.width;
       const T* E = c.E + w.band.first * d;
-      gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, E, d, T(1), w.dqp.data() + i0 * d, d);
+      gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, E, d, T(1), q.dqp.data() + i0 * d, d);
       gemm<T>(Trans::yes, Trans::no, width, d, bq, T(1), w.dband.data(), width, hd.qp + i0 * d, d, T(1),
-              w.dE.data() + w.band.first * d, d);
+              q.dE.data() + w.band.first * d, d);
     }
   }
+}
 
+// The end of one head's backward, from its query-side sums (all groups
+// added) and its dk, dv: the positional parameters' gradients into g, then
+// dq, dk, dv into the caller's tensors. w holds the head and its dout.
+template <class T>
+void finish_head(const AttentionBackward<T>& p, const XLKeys<T>& xl, const PositionGrads<T>& g, QueryGrads<T>& q,
+                 Scratch<T>& dk, const Scratch<T>& dv, BackwardScratch<T>& w) {
+  const HeadContext<T>& c = w.head;
+  const Head<T>& hd = c.x.hd;
+  const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
   if (c.shaw_k()) {  // dqp += dR wk; dwk += dR^T qp
-    gemm<T>(Trans::no, Trans::no, lq, d, nb, T(1), w.dR.data(), nb, c.wk.data(), d, T(1), w.dqp.data(), d);
+    gemm<T>(Trans::no, Trans::no, lq, d, nb, T(1), q.dR.data(), nb, c.wk.data(), d, T(1), q.dqp.data(), d);
     if (!g.shaw_wk.empty()) {
       Scratch<T> dwk(nb * d);
-      gemm<T>(Trans::yes, Trans::no, nb, d, lq, T(1), w.dR.data(), nb, hd.qp, d, T(0), dwk.data(), d);
-      unfused::add_to_table(g.shaw_wk, h, dwk);
+      gemm<T>(Trans::yes, Trans::no, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), dwk.data(), d);
+      unfused::add_to_table(g.shaw_wk, hd.h, dwk);
     }
   }
   if (c.shaw_v() && !g.shaw_wv.empty()) {  // dwv += Pb^T dout
-    Scratch<T> dwv(nb * dv);
-    gemm<T>(Trans::yes, Trans::no, nb, dv, lq, T(1), w.Pb.data(), nb, w.dout.data(), dv, T(0), dwv.data(), dv);
-    unfused::add_to_table(g.shaw_wv, h, dwv);
+    Scratch<T> dwv(nb * dvd);
+    gemm<T>(Trans::yes, Trans::no, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout.data(), dvd, T(0), dwv.data(), dvd);
+    unfused::add_to_table(g.shaw_wv, hd.h, dwv);
   }
-  if (c.xl()) unfused::DistanceTable<T>(p.pos, &g, &xl.R).add_key_grad(hd, w.dE, hd.distances());
-  if (!w.dbias.empty()) add_bias_grad(p.pos, g, hd, w.dbias);
-  write_input_grads(p, c.x, g, w.dqc, w.dqp, w.dk, w.dv);
+  if (c.xl()) unfused::DistanceTable<T>(p.pos, &g, &xl.R).add_key_grad(hd, q.dE, hd.distances());
+  if (!q.dbias.empty()) add_bias_grad(p.pos, g, hd, q.dbias);
+  write_input_grads(p, c.x, g, q.dqc, q.dqp, dk, dv);
 }
 
 }  // namespace
+
+// A head's query tiles in head-tail order 0, n-1, 1, n-2, ...: under a causal
+// mask a tile's cost grows with its index, so the contiguous runs of items
+// that the static split hands each thread cost about the same (one head on
+// two threads: 1.34x faster than one thread in tile order).
+inline int64_t head_tail(int64_t n, int64_t tiles) { return n % 2 == 0 ? n / 2 : tiles - 1 - n / 2; }
 
 template <class T>
 void forward(const AttentionForward<T>& p) {
@@ -405,20 +479,48 @@ void forward(const AttentionForward<T>& p) {
       items, threads, [](int) {},
       [&](int t, int64_t item) {
         const int64_t bh = item / tiles;
-        forward_tile(p, xl, bh / heads, bh % heads, (item % tiles) * kBlockQ, scratch[t]);
+        forward_tile(p, xl, bh / heads, bh % heads, head_tail(item % tiles, tiles) * kBlockQ, scratch[t]);
       });
 }
 
+// Heads that are one group each run whole on one thread; otherwise the
+// (batch, head, group) items run first, then per head the groups' sums are
+// added in group order and the head finished. Positional-parameter gradients
+// go to per-thread partials added in thread order.
 template <class T>
 void backward(const AttentionBackward<T>& p) {
-  const int64_t heads = p.q.shape[1];
-  const int threads = thread_count(p.num_threads, p.q.shape[0] * heads);
-  std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
-  std::vector<BackwardScratch<T>> scratch(threads);
+  const int64_t heads = p.q.shape[1], count = p.q.shape[0] * heads, groups = backward_key_groups(p);
+  const int64_t lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
   const XLKeys<T> xl(p);
-  parallel_for(
-      p.q.shape[0] * heads, threads, [&](int t) { partials[t] = std::make_unique<GradPartials<T>>(p.dpos); },
-      [&](int t, int64_t bh) { backward_head(p, xl, partials[t]->grads(), bh / heads, bh % heads, scratch[t]); });
+  const int threads = thread_count(p.num_threads, count * groups);
+  std::vector<BackwardScratch<T>> scratch(threads);
+  std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
+  const auto make_partials = [&](int t) { partials[t] = std::make_unique<GradPartials<T>>(p.dpos); };
+  if (groups == 1) {
+    parallel_for(count, threads, make_partials, [&](int t, int64_t bh) {
+      BackwardScratch<T>& w = scratch[t];
+      w.dk.assign(lk * d, T(0)), w.dv.assign(lk * dv, T(0));
+      backward_key_group(p, xl, bh / heads, bh % heads, 0, 1, w.query, w.dk, w.dv, w);
+      finish_head(p, xl, partials[t]->grads(), w.query, w.dk, w.dv, w);
+    });
+  } else {
+    std::vector<QueryGrads<T>> query(count * groups);
+    std::vector<Scratch<T>> dk(count, Scratch<T>(lk * d)), dvs(count, Scratch<T>(lk * dv));
+    parallel_for(count * groups, threads, [](int) {}, [&](int t, int64_t item) {
+      const int64_t bh = item / groups;
+      const int64_t group = head_tail(item % groups, groups);  // causal: early key groups cost more
+      backward_key_group(p, xl, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh], dvs[bh],
+                         scratch[t]);
+    });
+    parallel_for(count, thread_count(p.num_threads, count), make_partials, [&](int t, int64_t bh) {
+      QueryGrads<T>& sum = query[bh * groups];
+      for (int64_t g = 1; g < groups; ++g) sum.add(query[bh * groups + g]);
+      BackwardScratch<T>& w = scratch[t];
+      prepare(p, xl, bh / heads, bh % heads, w.head);
+      load_dout(p, w);
+      finish_head(p, xl, partials[t]->grads(), sum, dk[bh], dvs[bh], w);
+    });
+  }
   for (const auto& part : partials)  // fixed order: deterministic sums
     if (part) part->add_into(p.dpos);
 }
@@ -427,5 +529,7 @@ template void forward<float>(const AttentionForward<float>&);
 template void forward<double>(const AttentionForward<double>&);
 template void backward<float>(const AttentionBackward<float>&);
 template void backward<double>(const AttentionBackward<double>&);
+template int64_t backward_key_groups<float>(const AttentionForward<float>&);
+template int64_t backward_key_groups<double>(const AttentionForward<double>&);
 
 }  // namespace relpos::fused

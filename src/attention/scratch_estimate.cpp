@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
 
+#include "fused.hpp"
 #include "relpos/attention.hpp"
 
 namespace relpos {
@@ -21,7 +23,8 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
   const double Lq = double(p.q.shape[2]), Lk = double(p.k.shape[2]), d = double(p.q.shape[3]),
                dv = double(p.v.shape[3]);
   const double heads = double(p.q.shape[0]) * double(p.q.shape[1]);
-  const double threads = std::min(heads, double(p.num_threads > 0 ? p.num_threads : omp_get_max_threads()));
+  const double requested = double(p.num_threads > 0 ? p.num_threads : omp_get_max_threads());
+  const double threads = std::min(heads, requested);  // the unfused algorithms run heads in parallel
   const PositionParams<T>& pos = p.pos;
   const bool shaw = pos.scheme == Scheme::shaw, xl = pos.scheme == Scheme::xl;
   const double shaw_rows = shaw ? 2.0 * double(pos.shaw.k) + 1.0 : 0.0;
@@ -39,11 +42,16 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       elements = threads * pairs * (relative_terms + 8.0);
       break;
     case Algorithm::fused: {
-      // Per thread: a head's rows, tiles of 128, Shaw's per-row bucket sums
-      // and table slices; per call: Transformer-XL's positional keys per head.
-      const double tile = 128.0;
-      elements = threads * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * shaw_rows) * 4.0 + shaw_rows * (d + dv));
+      // Per thread (one per query tile of a head at most): a head's rows,
+      // tiles of 128, Shaw's per-row bucket sums and table slices; per call:
+      // Transformer-XL's positional keys per head.
+      const double tile = 128.0, workers = std::min(requested, heads * std::ceil(std::max(Lq, Lk) / tile));
+      elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * shaw_rows) * 4.0 + shaw_rows * (d + dv));
       if (xl) elements += (double(p.q.shape[1]) * d + double(pos.xl.w_r.shape[2])) * (Lq + Lk);
+      // Backward with a head's key tiles in groups: each group's query-side
+      // gradients, and every head's dk, dv until its groups are summed.
+      if (const double groups = double(fused::backward_key_groups(p)); groups > 1)
+        elements += heads * (groups * (Lq * (2.0 * d + 2.0 * shaw_rows) + (xl ? (Lq + Lk) * d : 0.0)) + Lk * (d + dv));
       break;
     }
     default:  // gather, skew, generalized_skew, relshift: a few (Lq, Lk) matrices and (Lq, 2k+1) buckets

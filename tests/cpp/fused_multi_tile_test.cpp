@@ -107,11 +107,13 @@ TEST(FusedMultiTile, NineTilesEachWay) {
   }
 }
 
-// One head (B * H = 1): the forward splits its query tiles over threads; the
-// results equal one thread's bit for bit (each tile is computed by one
-// thread, whatever the count). The backward runs over (batch, head), so one
-// head stays on one thread: compared too, it cannot differ.
-TEST(FusedMultiTile, OneHeadSplitOverThreadsGivesTheSameBits) {
+// One head (B * H = 1) split over threads: the forward's query tiles, the
+// backward's key-tile groups (their number follows the thread count). The
+// forward equals one thread's bit for bit (each tile is computed by one
+// thread, whatever the count); the backward adds dq and the positional sums
+// over the groups, so it equals one thread's within rounding, and a second
+// run with the same thread count repeats its bits.
+TEST(FusedMultiTile, OneHeadSplitOverThreads) {
   for (const Spec& variant : scheme_variants()) {
     Spec spec = with_mask_and_geometry(multi_tile(variant), masks()[3], multi_tile_geometries()[1]);
     spec.H = 1;
@@ -122,8 +124,12 @@ TEST(FusedMultiTile, OneHeadSplitOverThreadsGivesTheSameBits) {
     const Outcome expected = run_forward_backward(one);
     for (int threads : {2, 3}) {
       spec.num_threads = threads;
-      Problem<double> many(spec);
-      EXPECT_TRUE(same_outcome(run_forward_backward(many), expected, 0.0)) << threads << " threads";
+      Problem<double> first(spec), second(spec);
+      const Outcome many = run_forward_backward(first);
+      const Outcome forward(many.begin(), many.begin() + 2), forward_one(expected.begin(), expected.begin() + 2);
+      EXPECT_TRUE(same_outcome(forward, forward_one, 0.0)) << threads << " threads, forward";
+      EXPECT_TRUE(equal_per_head(many, expected, 1)) << threads << " threads";
+      EXPECT_TRUE(same_outcome(run_forward_backward(second), many, 0.0)) << threads << " threads, run twice";
     }
   }
 }
