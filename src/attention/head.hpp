@@ -59,14 +59,23 @@ struct Head {
 template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-// One head's dense inputs (after RoPE; Transformer-XL's u and v added) and
-// its bias per distance (T5, ALiBi).
+// One head's inputs (after RoPE; Transformer-XL's u and v added) and its
+// bias per distance (T5, ALiBi). One per thread and call: what depends only
+// on the call (RoPE's angles, T5's buckets, ALiBi's slopes) is computed for
+// its first head and kept.
 template <class T>
 struct HeadData {
   Head<T> hd;
   Scratch<T> qc, qp, k, v;    // qp is filled only for Transformer-XL (q + v)
   Scratch<T> bias;            // (distances), T5 / ALiBi; empty otherwise
-  RopeAngles<T> rope_q, rope_k;  // RoPE cos/sin per position, computed once per call and thread
+  RopeAngles<T> rope_q, rope_k;  // RoPE cos/sin per position
+  Scratch<int64_t> t5_buckets;   // T5 bucket per distance
+  std::vector<double> slopes;    // ALiBi's slopes when the call gives none
+
+  // Keys and values as the kernels read them: row j of k at kp + j * ldk (of
+  // v at vp + j * ldv), the caller's tensors in place or the copies k, v.
+  const T *kp = nullptr, *vp = nullptr;
+  int64_t ldk = 0, ldv = 0;
 };
 
 // The shape and distances of head (b, h) of a call, no data.
@@ -78,17 +87,37 @@ inline Head<T> head_geometry(const AttentionForward<T>& p, int64_t b, int64_t h)
   return hd;
 }
 
+// True when a head's keys and values can be read where the caller holds them:
+// rows of contiguous features at a stride a GEMM accepts, and no rotation.
 template <class T>
-inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadData<T>& x) {
+inline bool keys_readable_in_place(const AttentionForward<T>& p) {
+  return p.pos.scheme != Scheme::rope && p.k.stride[3] == 1 && p.v.stride[3] == 1 && p.k.stride[2] >= p.k.shape[3] &&
+         p.v.stride[2] >= p.v.shape[3];
+}
+
+// Prepares head (b, h) in x. Keys and values are copied densely unless
+// in_place allows reading them from the caller's tensors
+// (keys_readable_in_place); a decode step then touches each cached key once.
+template <class T>
+inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadData<T>& x, bool in_place = false) {
   Head<T>& hd = x.hd;
   hd = head_geometry(p, b, h);
   const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv;
-  x.qc.resize(lq * d), x.k.resize(lk * d), x.v.resize(lk * dv);
+  x.qc.resize(lq * d);
   for (int64_t i = 0; i < lq; ++i)
     for (int64_t c = 0; c < d; ++c) x.qc[i * d + c] = p.q(b, h, i, c);
-  for (int64_t j = 0; j < lk; ++j) {
-    for (int64_t c = 0; c < d; ++c) x.k[j * d + c] = p.k(b, h, j, c);
-    for (int64_t c = 0; c < dv; ++c) x.v[j * dv + c] = p.v(b, h, j, c);
+  if (in_place && keys_readable_in_place(p)) {
+    x.k.clear(), x.v.clear();
+    x.kp = &p.k(b, h, 0, 0), x.ldk = p.k.stride[2];
+    x.vp = &p.v(b, h, 0, 0), x.ldv = p.v.stride[2];
+  } else {
+    x.k.resize(lk * d), x.v.resize(lk * dv);
+    for (int64_t j = 0; j < lk; ++j) {
+      for (int64_t c = 0; c < d; ++c) x.k[j * d + c] = p.k(b, h, j, c);
+      for (int64_t c = 0; c < dv; ++c) x.v[j * dv + c] = p.v(b, h, j, c);
+    }
+    x.kp = x.k.data(), x.ldk = d;
+    x.vp = x.v.data(), x.ldv = dv;
   }
   const PositionParams<T>& pos = p.pos;
   if (pos.scheme == Scheme::rope) {
@@ -97,7 +126,7 @@ inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadDa
       x.rope_k.compute(p.k_offset, lk, pos.rope, d);
     }
     x.rope_q.rotate(x.qc.data(), lq, d, pos.rope.style, 1);
-    x.rope_k.rotate(x.k.data(), lk, d, pos.rope.style, 1);
+    x.rope_k.rotate(x.k.data(), lk, d, pos.rope.style, 1);  // RoPE's keys are always copies
   }
   hd.qp = x.qc.data();
   if (pos.scheme == Scheme::xl) {
@@ -110,19 +139,21 @@ inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadDa
     hd.qp = x.qp.data();
   }
   x.bias.clear();
-  if (pos.scheme == Scheme::t5 || pos.scheme == Scheme::alibi) {
+  if (pos.scheme == Scheme::t5) {
+    if (x.t5_buckets.empty()) {  // the same distances for every head of the call
+      x.t5_buckets.resize(hd.distances());
+      for (int64_t m = 0; m < hd.distances(); ++m)
+        x.t5_buckets[m] = t5_bucket(hd.rmin + m, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance);
+    }
     x.bias.resize(hd.distances());
-    const std::vector<double> slopes = pos.scheme == Scheme::alibi && pos.alibi.slopes.empty()
-                                           ? alibi_slopes(p.q.shape[1])
-                                           : std::vector<double>{};
+    for (int64_t m = 0; m < hd.distances(); ++m) x.bias[m] = pos.t5.table(h, x.t5_buckets[m]);
+  } else if (pos.scheme == Scheme::alibi) {
+    if (pos.alibi.slopes.empty() && x.slopes.empty()) x.slopes = alibi_slopes(p.q.shape[1]);
+    const T slope = pos.alibi.slopes.empty() ? T(x.slopes[h]) : pos.alibi.slopes(h);
+    x.bias.resize(hd.distances());
     for (int64_t m = 0; m < hd.distances(); ++m) {
       const int64_t r = hd.rmin + m;
-      if (pos.scheme == Scheme::t5) {
-        x.bias[m] = pos.t5.table(h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance));
-      } else {
-        const T slope = slopes.empty() ? pos.alibi.slopes(h) : T(slopes[h]);
-        x.bias[m] = -slope * T(r < 0 ? -r : r);
-      }
+      x.bias[m] = -slope * T(r < 0 ? -r : r);
     }
   }
 }
@@ -133,16 +164,18 @@ inline bool masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t i, i
 }
 
 // Bias gradients of T5 (per bucket) and ALiBi (per slope) from the gradient
-// of the bias per distance, dbias (distances).
+// of the bias per distance, dbias (distances), of the head load_head prepared in x.
 template <class T>
-inline void add_bias_grad(const PositionParams<T>& pos, const PositionGrads<T>& g, const Head<T>& hd,
+inline void add_bias_grad(const PositionParams<T>& pos, const PositionGrads<T>& g, const HeadData<T>& x,
                           const Scratch<T>& dbias) {
-  for (int64_t m = 0; m < hd.distances(); ++m) {
-    const int64_t r = hd.rmin + m;
-    if (pos.scheme == Scheme::t5 && !g.t5_table.empty())
-      g.t5_table(hd.h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance)) += dbias[m];
-    if (pos.scheme == Scheme::alibi && !g.alibi_slopes.empty()) g.alibi_slopes(hd.h) -= dbias[m] * T(r < 0 ? -r : r);
-  }
+  const Head<T>& hd = x.hd;
+  if (pos.scheme == Scheme::t5 && !g.t5_table.empty())
+    for (int64_t m = 0; m < hd.distances(); ++m) g.t5_table(hd.h, x.t5_buckets[m]) += dbias[m];
+  if (pos.scheme == Scheme::alibi && !g.alibi_slopes.empty())
+    for (int64_t m = 0; m < hd.distances(); ++m) {
+      const int64_t r = hd.rmin + m;
+      g.alibi_slopes(hd.h) -= dbias[m] * T(r < 0 ? -r : r);
+    }
 }
 
 // The end of every per-head backward: from the gradients of the content query

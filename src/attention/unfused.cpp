@@ -113,7 +113,7 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
     dbias.assign(hd.distances(), T(0));
     for (int64_t i = 0; i < lq; ++i)
       for (int64_t j = 0; j < lk; ++j) dbias[hd.diagonal(i, j)] += dS[i * lk + j];
-    add_bias_grad(pos, g, hd, dbias);
+    add_bias_grad(pos, g, x, dbias);
   }
   dqc.resize(lq * d), dk.resize(lk * d);
   gemm<T>(Trans::no, Trans::no, lq, d, lk, scale, dS.data(), lk, x.k.data(), d, T(0), dqc.data(), d);

@@ -13,18 +13,24 @@
 
 namespace relpos {
 
+// a * b + c rounded once (kFused: a fused multiply-add, as on CPUs with FMA)
+// or twice (a product, then a sum).
+template <bool kFused>
+inline float multiply_add(float a, float b, float c) {
+  if constexpr (kFused) return std::fma(a, b, c);
+  return a * b + c;
+}
+
+// The scalar form of the vector exp; kFused as the targets with FMA (AVX2,
+// AVX-512) compute it, else as those without (SSE4, scalar).
+template <bool kFused = true>
 inline float exp_approx(float x) {
   const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float k = (xc * 1.44269504f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
-  float r = xc - k * 0.693359375f;                                   // ln 2 split in two: exact k * hi
-  r = r - k * -2.12194440e-4f;
+  const float k = multiply_add<kFused>(xc, 1.44269504f, 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  float r = multiply_add<kFused>(-k, 0.693359375f, xc);  // ln 2 split in two: exact k * hi
+  r = multiply_add<kFused>(-k, -2.12194440e-4f, r);
   float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = multiply_add<kFused>(p, r, c);
   const float two_k = std::bit_cast<float>((static_cast<int32_t>(k) + 127) << 23);
   return x < -87.0f ? 0.0f : p * two_k;
 }

@@ -22,11 +22,13 @@ inline void normal_cdf_pdf(double x, double& cdf, double& pdf) {
 }
 
 // One exponential serves both: exp(-z^2) with z = |x| / sqrt 2 is exp(-x^2 / 2).
+// kFused: exp_approx's multiply-adds as on targets with FMA.
+template <bool kFused = true>
 inline void normal_cdf_pdf(float x, float& cdf, float& pdf) {
   const float z = std::fabs(x) * 0.70710678f;
   const float t = 1.0f / (1.0f + 0.3275911f * z);
   const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-  const float gauss = exp_approx(-z * z);
+  const float gauss = exp_approx<kFused>(-z * z);
   cdf = 0.5f + (x < 0 ? -0.5f : 0.5f) * (1.0f - poly * gauss);
   pdf = 0.39894228f * gauss;
 }
