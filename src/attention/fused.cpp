@@ -22,6 +22,7 @@
 
 #include "relpos/gemm.hpp"
 #include "../backend/parallel.hpp"
+#include "../backend/row_ops.hpp"
 #include "../backend/vexp.hpp"
 #include "distance_table.hpp"
 #include "grad_partials.hpp"
@@ -124,28 +125,23 @@ void add_by_row(T* row, int64_t bk, int64_t r0, int64_t k, bool clip, const T* t
   const ShawRow s = shaw_row(r0, bk, k);
   if (clip) {
     const T below = alpha * table[0], above = alpha * table[2 * k];
-    for (int64_t jj = 0; jj < s.lo; ++jj) row[jj] += below;
-    for (int64_t jj = s.hi; jj < bk; ++jj) row[jj] += above;
+    rows::add_constant(row, below, s.lo);
+    rows::add_constant(row + s.hi, above, bk - s.hi);
   }
   const T* window = table + s.first - s.lo;
-  for (int64_t jj = s.lo; jj < s.hi; ++jj) row[jj] += alpha * window[jj];
+  rows::add_scaled(row + s.lo, window + s.lo, alpha, s.hi - s.lo);
 }
 
 // table[c(r0 + jj)] += alpha * row[jj] for jj < bk: bucket sums.
 template <class T>
 void sum_by_row(T* table, int64_t bk, int64_t r0, int64_t k, bool clip, const T* row, T alpha) {
   const ShawRow s = shaw_row(r0, bk, k);
-  if (clip) {  // omp simd: the sums may be reassociated into vector lanes (a fixed order, so still deterministic)
-    T below = 0, above = 0;
-#pragma omp simd reduction(+ : below)
-    for (int64_t jj = 0; jj < s.lo; ++jj) below += row[jj];
-#pragma omp simd reduction(+ : above)
-    for (int64_t jj = s.hi; jj < bk; ++jj) above += row[jj];
-    table[0] += alpha * below;
-    table[2 * k] += alpha * above;
+  if (clip) {
+    table[0] += alpha * rows::sum_of(row, s.lo);
+    table[2 * k] += alpha * rows::sum_of(row + s.hi, bk - s.hi);
   }
   T* window = table + s.first - s.lo;
-  for (int64_t jj = s.lo; jj < s.hi; ++jj) window[jj] += alpha * row[jj];
+  rows::add_scaled(window + s.lo, row + s.lo, alpha, s.hi - s.lo);
 }
 
 // A tile: queries [i0, i0 + bq) against keys [j0, j0 + bk).
@@ -210,7 +206,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
   if (c.xl())
     for (int64_t ii = 0; ii < bq; ++ii) {
       const T* diagonal = band.scores.data() + band.at(ii, bq, t.j0);
-      for (int64_t jj = 0; jj < bk; ++jj) S[ii * bk + jj] += scale * diagonal[jj];
+      rows::add_scaled(S + ii * bk, diagonal, scale, bk);
     }
   const Scratch<T>& bias = c.x.bias;
   const bool padding = !p.key_padding.empty();
@@ -219,7 +215,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
     const int64_t mrow = m0 + (bq - 1 - ii);  // distance index of (ii, jj = 0)
     if (c.shaw_k()) add_by_row(row, bk, hd.rmin + mrow, p.pos.shaw.k, c.clip, Rq + ii * c.nb, scale);
     if (!bias.empty())
-      for (int64_t jj = 0; jj < bk; ++jj) row[jj] += bias[mrow + jj];
+      rows::add_scaled(row, &bias[mrow], T(1), bk);
     if (p.causal) {  // keys with r > 0: jj > ii + (the distance index of r = 0) - mrow
       const int64_t first_future = std::max<int64_t>(0, -(hd.rmin + mrow) + 1);
       for (int64_t jj = first_future; jj < bk; ++jj) row[jj] = kNegInf<T>;
@@ -272,9 +268,9 @@ void forward_tile(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, 
       w.l[ii] = w.l[ii] * alpha + exp_shifted_sum(row, m_new, row, t.bk);
       w.m[ii] = m_new;
       if (alpha != T(1)) {
-        for (int64_t x = 0; x < dv; ++x) w.O[ii * dv + x] *= alpha;
+        rows::scale(&w.O[ii * dv], alpha, dv);
         if (c.shaw_v())
-          for (int64_t r = 0; r < c.nb; ++r) w.Pb[ii * c.nb + r] *= alpha;
+          rows::scale(&w.Pb[ii * c.nb], alpha, c.nb);
       }
       if (c.shaw_v()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), p.pos.shaw.k, c.clip, row, T(1));
     }
@@ -421,9 +417,9 @@ void backward_key_group(const AttentionBackward<T>& p, const XLKeys<T>& xl, int6
           add_by_row(srow, bk, r0, k, c.clip, &w.G[ii * nb], T(1));
           sum_by_row(&q.Pb[i * nb], bk, r0, k, c.clip, prow, T(1));
         }
-        for (int64_t jj = 0; jj < bk; ++jj) srow[jj] = prow[jj] * (srow[jj] - w.D[i]);
+        rows::softmax_grad(prow, srow, w.D[i], bk);
         if (!q.dbias.empty())
-          for (int64_t jj = 0; jj < bk; ++jj) q.dbias[mrow + jj] += srow[jj];
+          rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
         if (c.shaw_k()) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
       }
       gemm<T>(Trans::no, Trans::no, bq, d, bk, scale, dS, bk, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1),
@@ -433,7 +429,7 @@ void backward_key_group(const AttentionBackward<T>& p, const XLKeys<T>& xl, int6
       if (c.xl())  // un-skew scale * dS onto the band (each (ii, j) owns one column of row ii)
         for (int64_t ii = 0; ii < bq; ++ii) {
           T* diagonal = w.dband.data() + w.band.at(ii, bq, j0);
-          for (int64_t jj = 0; jj < bk; ++jj) diagonal[jj] = scale * dS[ii * bk + jj];
+          rows::add_scaled(diagonal, dS + ii * bk, scale, bk);  // onto zeros: scale * dS
         }
     }
     if (c.xl()) {  // the band's products backwards, once per query tile

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "../backend/row_ops.hpp"
 #include "../backend/scratch.hpp"
 #include "relpos/attention.hpp"
 
@@ -33,6 +34,10 @@ struct RopeAngles {
   void rotate(T* x, int64_t count, int64_t d, RopeStyle style, int direction) const {
     for (int64_t i = 0; i < count; ++i) {
       T* row = x + i * d;
+      if (style == RopeStyle::half_split) {  // pairs (a, a + half): contiguous halves
+        rows::rotate_pairs(row, row + half, &cos[i * half], &sin[i * half], T(direction), half);
+        continue;
+      }
       for (int64_t a = 0; a < half; ++a) {
         const auto [u, w] = rope_pair(a, 2 * half, style);
         const T c = cos[i * half + a], s = direction * sin[i * half + a];

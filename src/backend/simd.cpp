@@ -116,6 +116,46 @@ void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
   });
 }
 
+void AddScaled(float* y, const float* x, float alpha, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    hn::StoreU(hn::MulAdd(hn::Set(d, alpha), hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+  });
+}
+
+void AddConstant(float* y, float c, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::Set(d, c)), d, y + i); });
+}
+
+void Scale(float* y, float alpha, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Mul(hn::LoadU(d, y + i), hn::Set(d, alpha)), d, y + i); });
+}
+
+float SumOf(const float* x, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  auto sum = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) sum = hn::Add(sum, hn::LoadU(d, x + i));
+  float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  for (; i < n; ++i) total += x[i];
+  return total;
+}
+
+void SoftmaxGrad(const float* p, float* ds, float D, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    hn::StoreU(hn::Mul(hn::LoadU(d, p + i), hn::Sub(hn::LoadU(d, ds + i), hn::Set(d, D))), d, ds + i);
+  });
+}
+
+void RotatePairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const auto x1 = hn::LoadU(d, a + i), x2 = hn::LoadU(d, b + i), cs = hn::LoadU(d, c + i);
+    const auto sn = hn::Mul(hn::LoadU(d, s + i), hn::Set(d, sign));
+    hn::StoreU(hn::Sub(hn::Mul(x1, cs), hn::Mul(x2, sn)), d, a + i);
+    hn::StoreU(hn::Add(hn::Mul(x2, cs), hn::Mul(x1, sn)), d, b + i);
+  });
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace relpos::simd::HWY_NAMESPACE
@@ -128,6 +168,12 @@ HWY_EXPORT(ExpShiftedSum);
 HWY_EXPORT(MaxOf);
 HWY_EXPORT(GeluForward);
 HWY_EXPORT(GeluBackward);
+HWY_EXPORT(AddScaled);
+HWY_EXPORT(AddConstant);
+HWY_EXPORT(Scale);
+HWY_EXPORT(SumOf);
+HWY_EXPORT(SoftmaxGrad);
+HWY_EXPORT(RotatePairs);
 HWY_EXPORT(TargetName);
 
 namespace {
@@ -180,6 +226,31 @@ void gelu_forward(const float* x, float* y, int64_t n) {
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
   apply_environment();
   HWY_DYNAMIC_DISPATCH(GeluBackward)(x, dy, dx, n);
+}
+
+void add_scaled(float* y, const float* x, float alpha, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(AddScaled)(y, x, alpha, n);
+}
+void add_constant(float* y, float c, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(AddConstant)(y, c, n);
+}
+void scale(float* y, float alpha, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(Scale)(y, alpha, n);
+}
+float sum_of(const float* x, int64_t n) {
+  apply_environment();
+  return HWY_DYNAMIC_DISPATCH(SumOf)(x, n);
+}
+void softmax_grad(const float* p, float* ds, float D, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(SoftmaxGrad)(p, ds, D, n);
+}
+void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(RotatePairs)(a, b, c, s, sign, n);
 }
 
 std::string active_target() {

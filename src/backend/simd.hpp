@@ -4,10 +4,11 @@
 // auto-vectoriser made of a loop on the build machine (on AVX2 it left the
 // softmax's exponentials scalar: 4.5 ns each instead of about 1).
 //
-// Each vector lane computes exactly what the scalar functions of vexp.hpp and
-// gelu.hpp compute (the same operations in the same order, no contraction),
-// so every target gives the same elements; sums and maxima over a row are
-// reduced lane-wise, then across lanes.
+// Each vector lane computes what the scalar functions of vexp.hpp and gelu.hpp
+// compute, the same operations in the same order; a multiply-add is one
+// rounding on targets with FMA (AVX2, AVX-512) and two on the others, so the
+// elements agree bit for bit among targets of each kind. Sums and maxima over
+// a row are reduced lane-wise, then across lanes: a fixed order per target.
 //
 // The environment variable RELPOS_SIMD (avx512, avx2, sse4, scalar) limits the
 // targets, to test or measure a lesser CPU's path on a better one.
@@ -23,6 +24,17 @@ namespace relpos::simd {
 float exp_shifted_sum(const float* x, float shift, float* out, int64_t n);
 // max(init, x[0], ..., x[n-1]).
 float max_of(const float* x, int64_t n, float init);
+// The row operations of the attention tiles' epilogues (bias, scale, masks,
+// Shaw's bucket sums, the softmax gradient) and of RoPE:
+// y += alpha * x;  y += c;  y *= alpha;  the sum of x;  ds = p * (ds - D);
+// and the rotation of the pairs (a[i], b[i]) by the angles whose cosines and
+// sines are c[i], sign * s[i]: a' = a c - b s', b' = b c + a s'.
+void add_scaled(float* y, const float* x, float alpha, int64_t n);
+void add_constant(float* y, float c, int64_t n);
+void scale(float* y, float alpha, int64_t n);
+float sum_of(const float* x, int64_t n);
+void softmax_grad(const float* p, float* ds, float D, int64_t n);
+void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n);
 // y = gelu(x), the erf form; dx += dy * gelu'(x).
 void gelu_forward(const float* x, float* y, int64_t n);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);

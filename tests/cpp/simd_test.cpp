@@ -38,6 +38,36 @@ std::vector<float> random_row(int64_t n, float lo, float hi, uint64_t seed) {
   return x;
 }
 
+// The row operations of the attention epilogues against their scalar
+// formulas: element-wise ones bit for bit, the row sum within rounding.
+template <bool kFused>
+void check_row_ops(int64_t n) {
+  const std::vector<float> x = random_row(n, -3.0f, 3.0f, uint64_t(n) + 300);
+  const std::vector<float> y0 = random_row(n, -3.0f, 3.0f, uint64_t(n) + 400);
+  const std::vector<float> c = random_row(n, -1.0f, 1.0f, uint64_t(n) + 500);
+  const std::vector<float> sn = random_row(n, -1.0f, 1.0f, uint64_t(n) + 600);
+  std::vector<float> y = y0, z = y0, a = x, b = y0;
+  relpos::simd::add_scaled(y.data(), x.data(), 0.7f, n);
+  relpos::simd::add_constant(z.data(), -1.25f, n);
+  relpos::simd::rotate_pairs(a.data(), b.data(), c.data(), sn.data(), -1.0f, n);
+  double exact_sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(y[i], relpos::multiply_add<kFused>(0.7f, x[i], y0[i])) << i;
+    EXPECT_EQ(z[i], y0[i] + -1.25f) << i;
+    const float s = -1.0f * sn[i];
+    EXPECT_EQ(a[i], x[i] * c[i] - y0[i] * s) << i;
+    EXPECT_EQ(b[i], y0[i] * c[i] + x[i] * s) << i;
+    exact_sum += double(x[i]);
+  }
+  EXPECT_NEAR(relpos::simd::sum_of(x.data(), n), exact_sum, 1e-6 * double(n));
+  relpos::simd::scale(z.data(), 0.5f, n);
+  relpos::simd::softmax_grad(x.data(), y.data(), 0.3f, n);
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(z[i], (y0[i] + -1.25f) * 0.5f) << i;
+    EXPECT_EQ(y[i], x[i] * (relpos::multiply_add<kFused>(0.7f, x[i], y0[i]) - 0.3f)) << i;
+  }
+}
+
 template <bool kFused>
 void check_current_target() {
   // Lengths around the vector widths (4, 8, 16 lanes) and a softmax row.
@@ -61,6 +91,8 @@ void check_current_target() {
     for (float v : x) biggest = v > biggest ? v : biggest;
     EXPECT_EQ(relpos::simd::max_of(x.data(), n, -1e30f), biggest);
     EXPECT_EQ(relpos::simd::max_of(x.data(), n, 1e30f), 1e30f);
+
+    check_row_ops<kFused>(n);
 
     const std::vector<float> g = random_row(n, -9.0f, 9.0f, uint64_t(n) + 100);
     const std::vector<float> dy = random_row(n, -1.0f, 1.0f, uint64_t(n) + 200);
