@@ -212,7 +212,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
     for r in rows:
         target = f"{'<=' if r.get('at_most') else '>='} {r['target']:.2f}x"
         lines.append(f"| {r['group']} | {r['case']} | {r['mode']} | {r['peer']} | {r['relpos_ms']:.2f} | "
-                     f"{r['peer_ms']:.2f} | {r['ratio']:.2f}x | {target} | {'yes' if met(r) else 'no'} |")
+                     f"{r['peer_ms']:.2f} | {r['ratio']:.3f}x | {target} | {'yes' if met(r) else 'no'} |")
     n = sum(met(r) for r in rows)
     lines += ["", f"{n} of {len(rows)} rows meet their target.", ""]
     return "\n".join(lines)
@@ -240,7 +240,7 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     info = relpos.info()
-    meta = {"command": "python " + " ".join(["bench/targets.py"] + sys.argv[1:]),
+    meta = {"command": " ".join([".venv/bin/python", "bench/targets.py"] + sys.argv[1:]),
             "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
             "simd": info["simd_target"], "gemm_isa": info["gemm_isa"], "torch": torch.__version__,
             "torch_cpu": torch.backends.cpu.get_cpu_capability(), "threads": args.threads, "reps": args.reps}
@@ -254,7 +254,7 @@ def main():
             for row in runners[group](args, args.threads):
                 rows.append(row)
                 print(f"{row['group']:9s} {row['case']:38s} {row['mode']:8s} relpos {row['relpos_ms']:9.2f} ms  "
-                      f"other {row['peer_ms']:9.2f} ms  {row['ratio']:.2f}x  {'met' if met(row) else 'not met'}",
+                      f"other {row['peer_ms']:9.2f} ms  {row['ratio']:.3f}x  {'met' if met(row) else 'not met'}",
                       flush=True)
     prefix = Path(args.out or f"bench/results/targets_{info['simd_target'].lower()}")
     prefix.parent.mkdir(parents=True, exist_ok=True)

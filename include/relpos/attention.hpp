@@ -115,7 +115,7 @@ struct AttentionForward {
   bool causal = false;                // mask keys with r > 0
   View2<const uint8_t> key_padding;   // (B, Lk), nonzero = padded key; empty = none
   int64_t q_offset = 0, k_offset = 0; // absolute positions of q row 0 and k row 0
-  std::optional<double> scale;        // default 1 / sqrt(d)
+  std::optional<double> scale;        // default: the scheme's (effective_scale below)
   PositionParams<T> pos;
   Algorithm algorithm = Algorithm::automatic;
   int num_threads = 0;  // OpenMP threads over (batch, head); 0 = omp_get_max_threads()
@@ -163,10 +163,13 @@ double estimated_scratch_bytes(const AttentionForward<T>& p);
 template <class T>
 void check_scratch_fits(const AttentionForward<T>& p);
 
-// Effective softmax scale of a call.
+// Effective softmax scale of a call: p.scale, else the scheme's own default,
+// 1 for T5 (its paper and every T5 checkpoint fold the scale into the
+// initialisation) and 1 / sqrt(d) for the others.
 template <class T>
 double effective_scale(const AttentionForward<T>& p) {
-  return p.scale ? *p.scale : 1.0 / std::sqrt(static_cast<double>(p.q.shape[3]));
+  if (p.scale) return *p.scale;
+  return p.pos.scheme == Scheme::t5 ? 1.0 : 1.0 / std::sqrt(static_cast<double>(p.q.shape[3]));
 }
 
 }  // namespace relpos

@@ -193,10 +193,12 @@ def forward(
     ``causal`` masks keys in the future (``r > 0``); ``key_padding`` is a bool
     or uint8 ``(B, Lk)`` array, true for padded keys. Query row ``i`` sits at
     absolute position ``q_offset + i`` and key row ``j`` at ``k_offset + j``.
-    ``scale`` defaults to ``1/sqrt(d)``. ``algorithm`` is one of ``ALGORITHMS``
+    ``scale`` defaults to the scheme's: 1 for ``T5``, ``1/sqrt(d)`` otherwise. ``algorithm`` is one of ``ALGORITHMS``
     (see ``available_algorithms``); ``threads`` (default or 0: OpenMP's maximum)
-    splits batch x heads over threads; results do not depend on it except for
-    the summation order of shared parameter gradients.
+    splits the work over threads. The forward's results do not depend on it; the
+    backward's summation order of shared parameter gradients (and of dq, when
+    a head's keys are split over threads) does, so a run repeats its bits for
+    a given thread count.
     """
     args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads)
     qa, va = args["q"], args["v"]

@@ -82,7 +82,7 @@ class T5:
 
     Buckets follow HF transformers' ``_relative_position_bucket`` exactly:
     ``bidirectional=True`` for encoders, ``False`` for (causal) decoders.
-    T5 itself uses ``scale=1``; pass it to ``forward``.
+    Calls with this scheme default to T5's ``scale=1`` (the other schemes: ``1/sqrt(d)``).
     """
 
     table: np.ndarray

@@ -81,7 +81,7 @@ class RelativeMultiheadAttention(nn.Module):
              ``(H, 2k+1, head_dim)`` with ``shaw_per_head``; ``shaw_tables`` 'k', 'v'
              or 'kv'; ``shaw_tied`` uses one table for keys and values (OpenNMT-py).
       t5     ``t5_table`` ``(H, t5_num_buckets)``; bidirectional (encoder) or causal buckets.
-             T5 itself uses ``scale=1``. Share a stack's table by assigning the parameter.
+             ``scale`` defaults to T5's 1. Share a stack's table by assigning the parameter.
       alibi  the paper's slopes, or a learnable ``alibi_slopes`` ``(H,)`` with ``alibi_learnable``.
       rope   ``rope_base``, ``rope_dims``, ``rope_style`` (no parameters).
       xl     ``xl_u``, ``xl_v`` ``(H, head_dim)``, ``xl_w_r`` ``(H, head_dim, xl_pos_dim)``.

@@ -24,7 +24,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // exp(x) as vexp.hpp's exp_approx, lane-wise: Cody-Waite reduction by ln 2
 // and a degree-6 polynomial; 0 below -87 (and for -inf). MulAdd is one fused
-// instruction where the target has FMA (a 5-7% faster attention forward on
+// instruction where the target has FMA (a 2-7% faster attention forward on
 // AVX2 than a product and a sum) and a product and a sum elsewhere.
 template <class D, class V>
 V Exp(D d, V x) {

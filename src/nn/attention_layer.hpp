@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 
 #include "relpos/attention.hpp"
@@ -70,6 +71,9 @@ struct AttentionLayerArgs {
     p.q_offset = q_offset;
     p.k_offset = k_offset;
     p.pos = pos;
+    // 1 / sqrt(d) for every position kind (the model's T5 layers included,
+    // whose checkpoints were trained with it), not the T5 scheme's default 1.
+    p.scale = 1.0 / std::sqrt(double(s.head_dim));
     p.num_threads = threads;
     return p;
   }

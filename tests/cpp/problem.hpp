@@ -244,7 +244,11 @@ class Problem {
     }
   }
 
-  double scale() const { return spec.scale ? *spec.scale : 1.0 / std::sqrt(double(spec.d)); }
+  // The scheme's default scale: 1 for T5, 1 / sqrt(d) for the others.
+  double scale() const {
+    if (spec.scale) return *spec.scale;
+    return spec.scheme == Scheme::t5 ? 1.0 : 1.0 / std::sqrt(double(spec.d));
+  }
 
   relpos::AttentionForward<T> forward_args() {
     relpos::AttentionForward<T> a;

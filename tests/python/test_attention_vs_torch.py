@@ -166,17 +166,19 @@ def test_fully_masked_rows_are_zero(case):
     assert_matches_oracle(res, ref, np.float64)
 
 
-def test_scale_default_is_inverse_sqrt_d():
-    """scale=None is 1/sqrt(d): equal to passing it, and different from scale=1 (per the oracle)."""
-    case = Case("scale-default", "t5", Lq=9, Lk=9, d=59, opts=dict(bidirectional=True))
-    pb = make_problem(case)
-    res = run_relpos(pb, np.float64)
-    explicit = run_relpos(make_problem(case.replace(scale=1 / np.sqrt(59))), np.float64)
-    one = make_problem(case.replace(scale=1.0))
+@pytest.mark.parametrize("scheme,default", [("alibi", 1 / np.sqrt(59)), ("t5", 1.0)])
+def test_scale_default_is_the_schemes(scheme, default):
+    """scale=None is the scheme's default: T5's 1, 1/sqrt(d) for the others; equal to
+    passing it explicitly, and different from the other default (per the oracle)."""
+    opts = dict(bidirectional=True) if scheme == "t5" else {}
+    case = Case("scale-default", scheme, Lq=9, Lk=9, d=59, opts=opts)
+    res = run_relpos(make_problem(case), np.float64)
+    explicit = run_relpos(make_problem(case.replace(scale=default)), np.float64)
     for name in res:
         np.testing.assert_allclose(res[name], explicit[name], rtol=1e-13, atol=1e-13)
-    assert_matches_oracle(run_relpos(one, np.float64), run_oracle(one), np.float64)
-    assert not np.allclose(run_oracle(one)["out"], res["out"], atol=1e-3)
+    other = make_problem(case.replace(scale=1.0 if default != 1.0 else 1 / np.sqrt(59)))
+    assert_matches_oracle(run_relpos(other, np.float64), run_oracle(other), np.float64)
+    assert not np.allclose(run_oracle(other)["out"], res["out"], atol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -157,7 +157,8 @@ def attention(
     opts, params = opts or {}, params or {}
     B, H, Lq, d = q.shape
     Lk = k.shape[2]
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    if scale is None:  # the scheme's default: T5 unscaled, the others 1 / sqrt(d)
+        scale = 1.0 if scheme == "t5" else 1.0 / math.sqrt(d)
     r = relative_distance(Lq, Lk, q_offset, k_offset)
 
     bias = torch.zeros((), dtype=q.dtype)
