@@ -107,8 +107,8 @@ struct PositionGrads {
 template <class T>
 struct AttentionForward {
   View4<const T> q;  // (B, H, Lq, d)
-  View4<const T> k;  // (B, H, Lk, d)
-  View4<const T> v;  // (B, H, Lk, dv)
+  View4<const T> k;  // (B, Hkv, Lk, d)   Hkv divides H: query head h reads key head kv_head(h)
+  View4<const T> v;  // (B, Hkv, Lk, dv)  (grouped-query attention; Hkv = 1: multi-query; Hkv = H: multi-head)
   View4<T> out;      // (B, H, Lq, dv)    written by forward, read by backward
   View3<T> lse;      // (B, H, Lq)        written by forward, read by backward
 
@@ -124,7 +124,7 @@ struct AttentionForward {
 template <class T>
 struct AttentionBackward : AttentionForward<T> {
   View4<const T> dout;  // (B, H, Lq, dv)
-  View4<T> dq, dk, dv;  // added into; an empty view means "not wanted"
+  View4<T> dq, dk, dv;  // shaped like q, k, v; added into; an empty view means "not wanted"
   PositionGrads<T> dpos;
 };
 
@@ -162,6 +162,13 @@ double estimated_scratch_bytes(const AttentionForward<T>& p);
 // Part of validate_forward.
 template <class T>
 void check_scratch_fits(const AttentionForward<T>& p);
+
+// The key/value head query head h reads: H / Hkv consecutive query heads
+// share one (grouped-query attention).
+template <class T>
+int64_t kv_head(const AttentionForward<T>& p, int64_t h) {
+  return h / (p.q.shape[1] / p.k.shape[1]);
+}
 
 // Effective softmax scale of a call: p.scale, else the scheme's own default,
 // 1 for T5 (its paper and every T5 checkpoint fold the scale into the

@@ -8,8 +8,10 @@
     grads["q"], grads["shaw_wk"]
 
 Arrays are NumPy arrays or CPU torch tensors of float32 or float64 (all the
-same dtype), any strides; q is ``(B, H, Lq, d)``, k ``(B, H, Lk, d)``, v
-``(B, H, Lk, dv)``. Both are handed to the core in place (NumPy through the
+same dtype), any strides; q is ``(B, H, Lq, d)``, k ``(B, Hkv, Lk, d)``, v
+``(B, Hkv, Lk, dv)`` with ``Hkv`` dividing ``H`` (grouped-query attention: query
+head ``h`` reads key head ``h // (H // Hkv)``; ``Hkv = H`` is multi-head
+attention). Both are handed to the core in place (NumPy through the
 buffer protocol, torch through DLPack), never copied; outputs are torch tensors
 when q is one, NumPy arrays otherwise. Bad input raises ``ValueError`` naming
 the argument. ``relpos.torch`` (needs torch) adds autograd and an nn.Module.

@@ -75,6 +75,9 @@ class RelativeMultiheadAttention(nn.Module):
     ``key_padding_mask`` is bool ``(B, Lk)``, True = padded (as nn.MultiheadAttention).
     ``mems`` ``(B, M, kdim)`` (Transformer-XL memory, any scheme): prepended to the
     keys and values without gradient; queries then sit at positions ``M + i``.
+    ``num_kv_heads`` (dividing ``num_heads``; default ``num_heads``) projects keys and
+    values to fewer heads, each shared by ``num_heads / num_kv_heads`` query heads
+    (grouped-query attention; 1: multi-query).
 
     Scheme parameters (created only for the chosen ``scheme``):
       shaw   ``shaw_wk`` / ``shaw_wv``: ``(2k+1, head_dim)`` shared by heads, or
@@ -94,6 +97,7 @@ class RelativeMultiheadAttention(nn.Module):
         scheme: str = "none",
         *,
         head_dim: Optional[int] = None,
+        num_kv_heads: Optional[int] = None,
         kdim: Optional[int] = None,
         vdim: Optional[int] = None,
         bias: bool = True,
@@ -119,9 +123,12 @@ class RelativeMultiheadAttention(nn.Module):
         if scheme not in SCHEMES:
             raise ValueError(f"relpos: scheme: must be one of {', '.join(SCHEMES)}; got {scheme!r}")
         for arg, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("head_dim", head_dim),
-                           ("kdim", kdim), ("vdim", vdim), ("xl_pos_dim", xl_pos_dim)):
+                           ("num_kv_heads", num_kv_heads), ("kdim", kdim), ("vdim", vdim), ("xl_pos_dim", xl_pos_dim)):
             if value is not None and relpos.integer(value, arg) < 1:
                 raise ValueError(f"relpos: {arg}: must be >= 1, got {value}")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"relpos: num_kv_heads: must divide num_heads {num_heads}, got {num_kv_heads}")
         if scheme == "shaw" and relpos.integer(shaw_k, "shaw_k") < 0:
             raise ValueError(f"relpos: shaw_k: must be >= 0, got {shaw_k}")
         if threads is not None:
@@ -133,11 +140,12 @@ class RelativeMultiheadAttention(nn.Module):
         if shaw_tables not in ("k", "v", "kv"):
             raise ValueError(f"relpos: shaw_tables: must be 'k', 'v' or 'kv', got {shaw_tables!r}")
         self.embed_dim, self.num_heads, self.head_dim, self.scheme = embed_dim, num_heads, head_dim, scheme
+        self.num_kv_heads = num_kv_heads
         self.scale, self.algorithm, self.threads = scale, algorithm, threads
         inner = num_heads * head_dim
         self.q_proj = nn.Linear(embed_dim, inner, bias=bias)
-        self.k_proj = nn.Linear(kdim or embed_dim, inner, bias=bias)
-        self.v_proj = nn.Linear(vdim or embed_dim, inner, bias=bias)
+        self.k_proj = nn.Linear(kdim or embed_dim, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(vdim or embed_dim, num_kv_heads * head_dim, bias=bias)
         self.out_proj = nn.Linear(inner, embed_dim, bias=bias)
 
         H, d = num_heads, head_dim
@@ -180,10 +188,10 @@ class RelativeMultiheadAttention(nn.Module):
             return relpos.TransformerXL(self.xl_u, self.xl_v, self.xl_w_r, clamp_len=self.xl_clamp_len)
         return relpos.NoPosition()
 
-    def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, L, H * d) -> (B, H, L, d) as a strided view (the core reads it in place)."""
+    def _heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:
+        """(B, L, heads * d) -> (B, heads, L, d) as a strided view (the core reads it in place)."""
         B, L, _ = x.shape
-        return x.view(B, L, self.num_heads, -1).transpose(1, 2)
+        return x.view(B, L, heads or self.num_heads, -1).transpose(1, 2)
 
     def forward(
         self,
@@ -220,8 +228,8 @@ class RelativeMultiheadAttention(nn.Module):
                 pad = key_padding_mask.new_zeros(key_padding_mask.shape[0], mems.shape[1])
                 key_padding_mask = torch.cat([pad, key_padding_mask], 1)
         q = self._heads(self.q_proj(query))
-        k = self._heads(self.k_proj(key))
-        v = self._heads(self.v_proj(value))
+        k = self._heads(self.k_proj(key), self.num_kv_heads)
+        v = self._heads(self.v_proj(value), self.num_kv_heads)
         out = attention(q, k, v, self.position_scheme(), causal=causal, key_padding=key_padding_mask,
                         q_offset=q_offset, k_offset=k_offset, scale=self.scale, algorithm=self.algorithm,
                         threads=self.threads)

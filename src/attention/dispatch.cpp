@@ -1,6 +1,7 @@
 // The one place where a call is validated and routed to an algorithm.
 #include <stdexcept>
 
+#include "../backend/scratch.hpp"
 #include "fused.hpp"
 #include "reference.hpp"
 #include "unfused.hpp"
@@ -78,10 +79,45 @@ void attention_forward(const AttentionForward<T>& p) {
   run(p, reference::forward<T>, fused::forward<T>, unfused::forward<T>);
 }
 
+namespace {
+// Grouped-query attention: the query heads of a group run in parallel and
+// would add into one key head's dk, dv at once. Each query head's gradients
+// go to its own slice of a (B, H, Lk, .) buffer instead, summed per group in
+// head order afterwards: the same bits on every run.
+template <class T>
+void backward_grouped(const AttentionBackward<T>& p) {
+  const int64_t B = p.q.shape[0], H = p.q.shape[1], Hkv = p.k.shape[1], group = H / Hkv, Lk = p.k.shape[2];
+  AttentionBackward<T> per_head = p;
+  Scratch<T> dk, dv;
+  if (!p.dk.empty()) {
+    dk.resize(B * H * Lk * p.k.shape[3]);
+    per_head.dk = View4<T>::contiguous(dk.data(), {B, H, Lk, p.k.shape[3]});
+  }
+  if (!p.dv.empty()) {
+    dv.resize(B * H * Lk * p.v.shape[3]);
+    per_head.dv = View4<T>::contiguous(dv.data(), {B, H, Lk, p.v.shape[3]});
+  }
+  run(per_head, reference::backward<T>, fused::backward<T>, unfused::backward<T>);
+  const auto sum_groups = [&](const View4<T>& into, const View4<T>& heads) {
+    if (into.empty()) return;
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t hk = 0; hk < Hkv; ++hk)
+        for (int64_t g = 0; g < group; ++g)
+          for (int64_t j = 0; j < Lk; ++j)
+            for (int64_t c = 0; c < into.shape[3]; ++c) into(b, hk, j, c) += heads(b, hk * group + g, j, c);
+  };
+  sum_groups(p.dk, per_head.dk);
+  sum_groups(p.dv, per_head.dv);
+}
+}  // namespace
+
 template <class T>
 void attention_backward(const AttentionBackward<T>& p) {
   validate_backward(p);
-  run(p, reference::backward<T>, fused::backward<T>, unfused::backward<T>);
+  if (p.k.shape[1] != p.q.shape[1])
+    backward_grouped(p);
+  else
+    run(p, reference::backward<T>, fused::backward<T>, unfused::backward<T>);
 }
 
 template void attention_forward<float>(const AttentionForward<float>&);

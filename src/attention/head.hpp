@@ -127,13 +127,14 @@ inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadDa
     for (int64_t c = 0; c < d; ++c) x.qc[i * d + c] = p.q(b, h, i, c);
   if (in_place && keys_readable_in_place(p)) {
     x.k.clear(), x.v.clear();
-    x.kp = &p.k(b, h, 0, 0), x.ldk = p.k.stride[2];
-    x.vp = &p.v(b, h, 0, 0), x.ldv = p.v.stride[2];
+    x.kp = &p.k(b, kv_head(p, h), 0, 0), x.ldk = p.k.stride[2];
+    x.vp = &p.v(b, kv_head(p, h), 0, 0), x.ldv = p.v.stride[2];
   } else {
     x.k.resize(lk * d), x.v.resize(lk * dv);
+    const int64_t hk = kv_head(p, h);
     for (int64_t j = 0; j < lk; ++j) {
-      for (int64_t c = 0; c < d; ++c) x.k[j * d + c] = p.k(b, h, j, c);
-      for (int64_t c = 0; c < dv; ++c) x.v[j * dv + c] = p.v(b, h, j, c);
+      for (int64_t c = 0; c < d; ++c) x.k[j * d + c] = p.k(b, hk, j, c);
+      for (int64_t c = 0; c < dv; ++c) x.v[j * dv + c] = p.v(b, hk, j, c);
     }
     x.kp = x.k.data(), x.ldk = d;
     x.vp = x.v.data(), x.ldv = dv;

@@ -67,9 +67,10 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
   t.v.resize(t.lk * t.dv);
   for (int64_t i = 0; i < t.lq; ++i)
     for (int64_t x = 0; x < t.d; ++x) t.qc[i * t.d + x] = p.q(b, h, i, x);
+  const int64_t hk = kv_head(p, h);
   for (int64_t j = 0; j < t.lk; ++j) {
-    for (int64_t x = 0; x < t.d; ++x) t.k[j * t.d + x] = p.k(b, h, j, x);
-    for (int64_t x = 0; x < t.dv; ++x) t.v[j * t.dv + x] = p.v(b, h, j, x);
+    for (int64_t x = 0; x < t.d; ++x) t.k[j * t.d + x] = p.k(b, hk, j, x);
+    for (int64_t x = 0; x < t.dv; ++x) t.v[j * t.dv + x] = p.v(b, hk, j, x);
   }
   if (pos.scheme == Scheme::rope) {
     const int64_t dims = pos.rope.rotary_dims ? pos.rope.rotary_dims : t.d;

@@ -58,6 +58,8 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       elements = threads * (pairs * 8.0 + Lq * shaw_rows * 2.0 + (Lq + Lk) * (d + dv) * 2.0);
       break;
   }
+  // Grouped-query backward: every query head's dk, dv until summed per group.
+  if (p.k.shape[1] != p.q.shape[1]) elements += heads * Lk * (d + dv);
   return elements * double(sizeof(T));
 }
 

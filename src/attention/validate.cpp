@@ -257,9 +257,13 @@ void validate_forward(const AttentionForward<T>& p) {
   check_shape("q", p.q, {-1, -1, -1, -1}, "(B, H, Lq, d)");
   const int64_t B = p.q.shape[0], H = p.q.shape[1], Lq = p.q.shape[2], d = p.q.shape[3];
   const std::string bh = dims("B", B) + ", " + dims("H", H);
-  check_shape("k", p.k, {B, H, -1, d}, "(" + bh + ", Lk, " + dims("d", d) + ")");
-  const int64_t Lk = p.k.shape[2];
-  check_shape("v", p.v, {B, H, Lk, -1}, "(" + bh + ", " + dims("Lk", Lk) + ", dv)");
+  check_shape("k", p.k, {B, -1, -1, d}, "(" + dims("B", B) + ", Hkv, Lk, " + dims("d", d) + ")");
+  const int64_t Hkv = p.k.shape[1], Lk = p.k.shape[2];
+  if (Hkv == 0 || H % Hkv != 0)
+    fail("k: its head count Hkv=" + std::to_string(Hkv) + " must divide q's H=" + std::to_string(H) +
+         " (grouped-query attention: H / Hkv query heads share a key head)");
+  check_shape("v", p.v, {B, Hkv, Lk, -1},
+              "(" + dims("B", B) + ", " + dims("Hkv", Hkv) + ", " + dims("Lk", Lk) + ", dv)");
   const int64_t dv = p.v.shape[3];
   check_output("out", p.out, {B, H, Lq, dv}, "(" + bh + ", " + dims("Lq", Lq) + ", " + dims("dv", dv) + ")");
   check_output("lse", p.lse, {B, H, Lq}, "(" + bh + ", " + dims("Lq", Lq) + ")");
