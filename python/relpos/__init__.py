@@ -60,11 +60,15 @@ __all__ = [
     "t5_bucket",
     "alibi_slopes",
     "ALGORITHMS",
+    "LAYOUTS",
+    "heads_first",
+    "resolve_q_offset",
     "available_algorithms",
     "info",
 ]
 
 ALGORITHMS = ("auto", "reference", "split", "gather", "skew", "generalized_skew", "relshift", "fused")
+LAYOUTS = ("bhld", "blhd")
 
 __version__ = _relpos.build_info()["version"]
 
@@ -146,13 +150,41 @@ def check_threads(threads) -> int:
     return n
 
 
-def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads=None) -> dict:
+def heads_first(x, layout: str):
+    """``x`` in ``layout`` seen as ``(B, H, L, d)``: itself for ``"bhld"``, for
+    ``"blhd"`` (``(B, L, H, d)``, FlashAttention's layout) a transposed view, no copy."""
+    if choice(layout, "layout", LAYOUTS) == "bhld":
+        return x
+    return x.transpose(1, 2) if _is_torch(x) else np.swapaxes(x, 1, 2)
+
+
+def resolve_q_offset(q_offset, Lq: int, Lk: int, k_offset: int) -> int:
+    """``q_offset`` as an int; ``"end"`` places the queries at the last ``Lq`` key
+    positions (``k_offset + Lk - Lq``): a KV-cache step, or FlashAttention's
+    bottom-right causal alignment, with no offset arithmetic by the caller."""
+    if isinstance(q_offset, str):
+        if q_offset != "end":
+            raise ValueError(f"relpos: q_offset: expected an integer or 'end', got {q_offset!r}")
+        if Lq > Lk + integer(k_offset, "k_offset"):
+            raise ValueError(f"relpos: q_offset='end': {Lq} queries cannot end with {Lk} keys at k_offset={k_offset} "
+                             "(the first query would sit before position 0)")
+        return integer(k_offset, "k_offset") + Lk - Lq
+    return integer(q_offset, "q_offset")
+
+
+def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads=None,
+               layout="bhld") -> dict:
     scheme = NoPosition() if scheme is None else scheme
     if not hasattr(scheme, "_args"):
         raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
     args: dict[str, Any] = {"q": _array(q, "q"), "k": _array(k, "k"), "v": _array(v, "v")}
+    for name in ("q", "k", "v"):
+        if args[name].ndim != 4:
+            raise ValueError(f"relpos: {name}: expected 4 dimensions, got shape {tuple(args[name].shape)}")
+        args[name] = heads_first(args[name], layout)
     args.update(scheme=scheme.name, causal=bool(causal), algorithm=choice(algorithm, "algorithm", ALGORITHMS))
-    args.update(q_offset=integer(q_offset, "q_offset"), k_offset=integer(k_offset, "k_offset"))
+    q_offset = resolve_q_offset(q_offset, args["q"].shape[2], args["k"].shape[2], k_offset)
+    args.update(q_offset=q_offset, k_offset=integer(k_offset, "k_offset"))
     if scale is not None:
         args["scale"] = number(scale, "scale")
     if threads is not None:
@@ -165,9 +197,6 @@ def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, 
     args.update(scheme._args())
     for name, p in scheme._params().items():
         args[name] = _as_core_param(name, _array(p, name))
-    for name in ("q", "k", "v"):
-        if args[name].ndim != 4:
-            raise ValueError(f"relpos: {name}: expected 4 dimensions (B, H, L, d), got shape {args[name].shape}")
     return args
 
 
@@ -184,6 +213,7 @@ def forward(
     scale: Optional[float] = None,
     algorithm: str = "auto",
     threads: Optional[int] = None,
+    layout: str = "bhld",
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attention with a relative position scheme.
 
@@ -191,10 +221,14 @@ def forward(
     ``out`` of shape ``(B, H, Lq, dv)`` and the row
     logsumexp ``lse`` of shape ``(B, H, Lq)`` that ``backward`` needs
     (``-inf`` for a row whose keys are all masked; its output is zero).
+    ``layout="blhd"`` takes q, k, v as ``(B, L, H, d)`` and returns ``out`` as
+    ``(B, Lq, H, dv)`` (read and written in place; ``lse`` stays ``(B, H, Lq)``).
 
     ``causal`` masks keys in the future (``r > 0``); ``key_padding`` is a bool
     or uint8 ``(B, Lk)`` array, true for padded keys. Query row ``i`` sits at
-    absolute position ``q_offset + i`` and key row ``j`` at ``k_offset + j``.
+    absolute position ``q_offset + i`` and key row ``j`` at ``k_offset + j``;
+    ``q_offset="end"`` puts the queries at the last key positions (a KV-cache
+    step; with ``causal``, FlashAttention's bottom-right alignment).
     ``scale`` defaults to the scheme's: 1 for ``T5``, ``1/sqrt(d)`` otherwise. ``algorithm`` is one of ``ALGORITHMS``
     (see ``available_algorithms``); ``threads`` (default or 0: OpenMP's maximum)
     splits the work over threads. The forward's results do not depend on it; the
@@ -202,12 +236,14 @@ def forward(
     a head's keys are split over threads) does, so a run repeats its bits for
     a given thread count.
     """
-    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads)
+    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads, layout)
     qa, va = args["q"], args["v"]
-    args["out"] = _new(qa, tuple(qa.shape[:3]) + tuple(va.shape[3:]), zero=False)
+    B, H, Lq, dv = qa.shape[0], qa.shape[1], qa.shape[2], va.shape[3]
+    out = _new(qa, (B, H, Lq, dv) if layout == "bhld" else (B, Lq, H, dv), zero=False)
+    args["out"] = heads_first(out, layout)
     args["lse"] = _new(qa, qa.shape[:3], zero=False)
     _relpos.forward(args)
-    return args["out"], args["lse"]
+    return out, args["lse"]
 
 
 def available_algorithms(
@@ -221,12 +257,13 @@ def available_algorithms(
     q_offset: int = 0,
     k_offset: int = 0,
     scale: Optional[float] = None,
+    layout: str = "bhld",
 ) -> list[str]:
     """The algorithms (besides ``"auto"``) that serve this call: every one of
     them gives the reference's result; they differ in memory and time."""
     names = []
     for algorithm in ALGORITHMS[1:]:
-        args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm)
+        args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, None, layout)
         qa, va = args["q"], args["v"]
         # Validated as a forward call (shapes, options, memory), on outputs never written.
         args["out"] = _new(qa, tuple(qa.shape[:3]) + tuple(va.shape[3:]), zero=False)
@@ -262,21 +299,25 @@ def backward(
     scale: Optional[float] = None,
     algorithm: str = "auto",
     threads: Optional[int] = None,
+    layout: str = "bhld",
 ) -> dict[str, np.ndarray]:
-    """Gradients of ``sum(dout * out)`` given ``forward``'s ``out`` and ``lse``.
+    """Gradients of ``sum(dout * out)`` given ``forward``'s ``out`` and ``lse``
+    (options as in ``forward``; with ``layout="blhd"`` out, dout and the
+    gradients of q, k, v are ``(B, L, H, d)`` too).
 
     Returns a dict (torch tensors if q is one) with ``"q"``, ``"k"``, ``"v"`` and one entry per learnable
     parameter of the scheme: ``"shaw_wk"``, ``"shaw_wv"``, ``"t5_table"``,
     ``"alibi_slopes"`` (explicit slopes only), ``"xl_u"``, ``"xl_v"``,
     ``"xl_w_r"``; each gradient has its parameter's shape.
     """
-    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads)
+    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads, layout)
     # The core reads out and lse through the same (writable) views forward filled.
-    args["out"], args["lse"] = _writable(_array(out, "out")), _writable(_array(lse, "lse"))
-    args["dout"] = _array(dout, "dout")
+    args["out"], args["lse"] = heads_first(_writable(_array(out, "out")), layout), _writable(_array(lse, "lse"))
+    args["dout"] = heads_first(_array(dout, "dout"), layout)
     grads: dict[str, np.ndarray] = {}
     for name in ("q", "k", "v"):
-        grads[name] = args["d" + name] = _new(args["q"], args[name].shape, zero=True)
+        grads[name] = _new(args["q"], heads_first(args[name], layout).shape, zero=True)  # the caller's layout
+        args["d" + name] = heads_first(grads[name], layout)
     scheme = NoPosition() if scheme is None else scheme
     for name, p in scheme._params().items():
         g = _new(args["q"], tuple(p.shape) if _is_torch(p) else np.shape(p), zero=True)

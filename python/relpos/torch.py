@@ -22,7 +22,8 @@ mappings).
 from __future__ import annotations
 
 import math
-from typing import Optional
+import warnings
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -47,19 +48,30 @@ def attention(
     algorithm: str = "auto",
     threads: Optional[int] = None,
     return_lse: bool = False,
+    layout: str = "bhld",
 ):
-    """Differentiable ``relpos.forward``: q ``(B, H, Lq, d)``, k ``(B, H, Lk, d)``,
-    v ``(B, H, Lk, dv)`` -> out ``(B, H, Lq, dv)``. ``scheme`` is a relpos scheme
-    record (``relpos.Shaw``, ``T5``, ...) whose arrays are torch tensors; those
-    that require grad receive gradients. Options as in ``relpos.forward``;
-    ``threads`` defaults to ``torch.get_num_threads()``. ``return_lse=True``
-    returns ``(out, lse)``, the row logsumexp ``(B, H, Lq)`` as a constant (no
-    gradient flows through it), e.g. to merge attention over key chunks."""
+    """Differentiable ``relpos.forward``: q ``(B, H, Lq, d)``, k ``(B, Hkv, Lk, d)``,
+    v ``(B, Hkv, Lk, dv)`` -> out ``(B, H, Lq, dv)``; with ``layout="blhd"`` each
+    is ``(B, L, heads, .)`` instead and read in place (out: a transposed view).
+    ``scheme`` is a relpos scheme record (``relpos.Shaw``, ``T5``, ...) whose
+    arrays are torch tensors; those that require grad receive gradients. Options
+    as in ``relpos.forward`` (``q_offset="end"``: the queries are the last key
+    positions); ``threads`` defaults to ``torch.get_num_threads()``.
+    ``return_lse=True`` returns ``(out, lse)``, the row logsumexp ``(B, H, Lq)``
+    as a constant (no gradient flows through it), e.g. to merge attention over
+    key chunks."""
     scheme = relpos.NoPosition() if scheme is None else scheme
     if not hasattr(scheme, "_params"):
         raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
+    for arg, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise ValueError(f"relpos: {arg}: expected a 4-dimensional torch tensor, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    q, k, v = (relpos.heads_first(x, layout) for x in (q, k, v))
+    q_offset = relpos.resolve_q_offset(q_offset, q.shape[2], k.shape[2], k_offset)
     name, params, ints, floats = torch_op._encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads)
     out, lse = torch.ops.relpos.attention_forward(q, k, v, key_padding, params, name, ints, floats)
+    out = relpos.heads_first(out, layout)
     return (out, lse.detach()) if return_lse else out
 
 
@@ -69,10 +81,13 @@ SCHEMES = ("none", "shaw", "t5", "alibi", "rope", "xl")
 class RelativeMultiheadAttention(nn.Module):
     """Multi-head attention with a relative position scheme, batch first.
 
-    ``forward(query, key=None, value=None, *, key_padding_mask=None, causal=False,
+    ``forward(query, key=None, value=None, *, key_padding=None, causal=False,
     mems=None, q_offset=0, k_offset=0)``: query ``(B, Lq, embed_dim)``, key/value
     ``(B, Lk, kdim / vdim)`` (default: the query; self-attention) -> ``(B, Lq, embed_dim)``.
-    ``key_padding_mask`` is bool ``(B, Lk)``, True = padded (as nn.MultiheadAttention).
+    ``key_padding`` is bool ``(B, Lk)``, True = padded, the name ``relpos.forward``
+    and ``attention`` use (nn.MultiheadAttention's ``key_padding_mask`` is accepted
+    with a deprecation warning). ``q_offset="end"``: the queries are the last key
+    positions (a KV-cache step).
     ``mems`` ``(B, M, kdim)`` (Transformer-XL memory, any scheme): prepended to the
     keys and values without gradient; queries then sit at positions ``M + i``.
     ``num_kv_heads`` (dividing ``num_heads``; default ``num_heads``) projects keys and
@@ -199,12 +214,19 @@ class RelativeMultiheadAttention(nn.Module):
         key: Optional[torch.Tensor] = None,
         value: Optional[torch.Tensor] = None,
         *,
-        key_padding_mask: Optional[torch.Tensor] = None,
+        key_padding: Optional[torch.Tensor] = None,
         causal: bool = False,
         mems: Optional[torch.Tensor] = None,
-        q_offset: int = 0,
+        q_offset: Union[int, str] = 0,
         k_offset: int = 0,
+        key_padding_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        if key_padding_mask is not None:
+            if key_padding is not None:
+                raise ValueError("relpos: key_padding and key_padding_mask: pass one (they are the same argument)")
+            warnings.warn("relpos: key_padding_mask is deprecated; pass key_padding (the name relpos uses everywhere)",
+                          DeprecationWarning, stacklevel=2)
+            key_padding = key_padding_mask
         key = query if key is None else key
         value = key if value is None else value
         widths = (("query", query, self.q_proj.in_features), ("key", key, self.k_proj.in_features),
@@ -223,14 +245,15 @@ class RelativeMultiheadAttention(nn.Module):
             # Memory is context only: no gradient flows into the cached states.
             mems = mems.detach()
             key, value = torch.cat([mems, key], 1), torch.cat([mems, value], 1)
-            q_offset += mems.shape[1]
-            if key_padding_mask is not None:
-                pad = key_padding_mask.new_zeros(key_padding_mask.shape[0], mems.shape[1])
-                key_padding_mask = torch.cat([pad, key_padding_mask], 1)
+            if q_offset != "end":  # "end" stays end-aligned with the longer keys
+                q_offset = relpos.integer(q_offset, "q_offset") + mems.shape[1]
+            if key_padding is not None:
+                pad = key_padding.new_zeros(key_padding.shape[0], mems.shape[1])
+                key_padding = torch.cat([pad, key_padding], 1)
         q = self._heads(self.q_proj(query))
         k = self._heads(self.k_proj(key), self.num_kv_heads)
         v = self._heads(self.v_proj(value), self.num_kv_heads)
-        out = attention(q, k, v, self.position_scheme(), causal=causal, key_padding=key_padding_mask,
+        out = attention(q, k, v, self.position_scheme(), causal=causal, key_padding=key_padding,
                         q_offset=q_offset, k_offset=k_offset, scale=self.scale, algorithm=self.algorithm,
                         threads=self.threads)
         B, _, Lq, _ = out.shape

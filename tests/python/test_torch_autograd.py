@@ -49,14 +49,14 @@ def test_gradcheck_float64(name, call, shapes):
     assert torch.autograd.gradcheck(f, (q, k, v, *params.values()), eps=1e-6, atol=1e-7, rtol=1e-5)
 
 
-def oracle_module_forward(m: rt.RelativeMultiheadAttention, x, kv, *, causal, key_padding_mask, mems=None):
+def oracle_module_forward(m: rt.RelativeMultiheadAttention, x, kv, *, causal, key_padding, mems=None):
     """The module's computation with torch_oracle.attention in place of the relpos kernels."""
     q_offset = 0
     if mems is not None:
         kv = torch.cat([mems.detach(), kv], 1)
         q_offset = mems.shape[1]
-        if key_padding_mask is not None:
-            key_padding_mask = torch.cat([key_padding_mask.new_zeros(x.shape[0], mems.shape[1]), key_padding_mask], 1)
+        if key_padding is not None:
+            key_padding = torch.cat([key_padding.new_zeros(x.shape[0], mems.shape[1]), key_padding], 1)
     heads = m._heads
     q, k, v = heads(m.q_proj(x)), heads(m.k_proj(kv)), heads(m.v_proj(kv))
     s = m.position_scheme()
@@ -72,7 +72,7 @@ def oracle_module_forward(m: rt.RelativeMultiheadAttention, x, kv, *, causal, ke
         opts = dict(base=s.base, dims=s.dims, style=s.style)
     elif m.scheme == "xl":
         opts, params = dict(clamp_len=s.clamp_len), {"xl_u": s.u, "xl_v": s.v, "xl_w_r": s.w_r}
-    out, _ = torch_oracle.attention(q, k, v, m.scheme, opts, params, causal=causal, key_padding=key_padding_mask,
+    out, _ = torch_oracle.attention(q, k, v, m.scheme, opts, params, causal=causal, key_padding=key_padding,
                                     q_offset=q_offset, scale=m.scale)
     B, _, Lq, _ = out.shape
     return m.out_proj(out.transpose(1, 2).reshape(B, Lq, -1))
@@ -102,7 +102,7 @@ def test_module_matches_oracle_and_autograd(mid, ctor, call):
     Lk = kv.shape[1]
     pad = (torch.rand(B, Lk) < 0.3) if call.get("pad") else None
     mems = torch.randn(B, call["mems"], E) if "mems" in call else None
-    kw = dict(causal=call.get("causal", False), key_padding_mask=pad, mems=mems)
+    kw = dict(causal=call.get("causal", False), key_padding=pad, mems=mems)
 
     got = m(x, kv if "cross" in call else None, **kw)
     ref = oracle_module_forward(m, x, kv, **kw)

@@ -25,7 +25,7 @@ class Causal(torch.nn.Module):
         self.inner = inner
 
     def forward(self, x, pad):
-        return self.inner(x, causal=True, key_padding_mask=pad)
+        return self.inner(x, causal=True, key_padding=pad)
 
 
 def inputs():

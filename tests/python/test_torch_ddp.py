@@ -30,7 +30,7 @@ def train(model, x, target, pad):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     for step in range(x.shape[0]):
         opt.zero_grad()
-        y = model(x[step], causal=True, key_padding_mask=pad[step])
+        y = model(x[step], causal=True, key_padding=pad[step])
         loss = ((y - target[step]) ** 2).mean()
         loss.backward()
         opt.step()

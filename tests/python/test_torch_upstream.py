@@ -185,7 +185,7 @@ def test_hf_t5_weights(is_decoder):
         pad = torch.zeros(B, L, dtype=torch.bool)
         pad[0, -4:] = True
         mask = torch.zeros(B, 1, 1, L).masked_fill(pad[:, None, None], torch.finfo(torch.float64).min)
-        up_out, our_out = up(x_up, mask), ours(x_ours, key_padding_mask=pad)
+        up_out, our_out = up(x_up, mask), ours(x_ours, key_padding=pad)
     pairs = [("table", lambda: up.relative_attention_bias.weight.grad.t(), ours.t5_table),
              ("q", lambda: up.q.weight.grad, ours.q_proj.weight), ("o", lambda: up.o.weight.grad, ours.out_proj.weight)]
     assert_same_outputs_and_gradients(up, up_out, ours, our_out, [(x_up, x_ours)], pairs)
@@ -239,7 +239,7 @@ def test_opennmt_weights():
     x_ours = x_up.detach().clone().requires_grad_()
     pad = torch.zeros(B, L, dtype=torch.bool)
     pad[1, -3:] = True
-    up_out, our_out = up(x_up, pad[:, None, :]), ours(x_ours, key_padding_mask=pad)
+    up_out, our_out = up(x_up, pad[:, None, :]), ours(x_ours, key_padding=pad)
     pairs = [("table", lambda: up.relative_positions_embeddings.weight.grad, ours.shaw_wk),
              ("keys", lambda: up.linear_keys.weight.grad, ours.k_proj.weight),
              ("bias", lambda: up.final_linear.bias.grad, ours.out_proj.bias)]

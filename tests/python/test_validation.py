@@ -79,7 +79,10 @@ CASES = [
     ("k-5d", _bad(lambda q, k, v: (q, k[None], v)), r"\bk\b.*dimensions"),
     ("v-2d", _bad(lambda q, k, v: (q, k, v[0, 0])), r"\bv\b.*dimensions"),
     ("k-wrong-d", _bad(lambda q, k, v: (q, k[..., :D - 1], v)), r"\bk\b"),
-    ("k-wrong-heads", _bad(lambda q, k, v: (q, k[:, :1], v[:, :1])), r"\bk\b"),
+    # 3 key heads for 2 query heads (fewer heads that divide H are grouped-query attention)
+    ("k-wrong-heads", _bad(lambda q, k, v: (q, np.concatenate([k, k[:, :1]], 1), np.concatenate([v, v[:, :1]], 1))),
+     r"\bk\b.*must divide"),
+    ("v-heads-unlike-k", _bad(lambda q, k, v: (q, k[:, :1], v)), r"\bv\b"),
     ("k-wrong-batch", _bad(lambda q, k, v: (q, k[:1], v[:1])), r"\bk\b"),
     ("v-wrong-Lk", _bad(lambda q, k, v: (q, k, v[:, :, :LK - 1])), r"\bv\b"),
     ("q-empty-L", _bad(lambda q, k, v: (q[:, :, :0], k, v)), r"\bq\b"),
