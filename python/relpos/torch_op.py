@@ -146,6 +146,10 @@ def _backward(ctx, dout, _dlse):
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
+# Under torch.autocast on the CPU the op computes in float32: the kernels take
+# float32 and float64, and a bfloat16 model's projections hand it bfloat16.
+torch.library.register_autocast("relpos::attention_forward", "cpu", torch.float32)
+
 
 def _no_double_backward(ctx, *grads):
     raise RuntimeError("relpos: attention has no double backward: a gradient of its gradient "

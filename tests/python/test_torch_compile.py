@@ -124,3 +124,23 @@ def test_return_lse_gives_the_row_logsumexp_as_a_constant():
     torch.testing.assert_close(lse, torch.logsumexp(logits, -1), rtol=1e-12, atol=1e-12)
     assert not lse.requires_grad and out.requires_grad
     torch.testing.assert_close(out, rt.attention(q, k, v, relpos.ALiBi(), causal=True), rtol=0, atol=0)
+
+
+def test_autocast_bfloat16_runs_the_op_in_float32():
+    """Under torch.autocast("cpu", bfloat16) the projections give bfloat16 and the
+    op upcasts them: the module runs, trains, and stays within bfloat16's rounding
+    of the float32 module."""
+    torch.manual_seed(0)
+    m = rt.RelativeMultiheadAttention(32, 4, "t5", num_kv_heads=2).float()
+    x = torch.randn(2, 9, 32, dtype=torch.float32)
+    reference = m(x, causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = m(x, causal=True)
+        q = torch.randn(1, 2, 3, 4, dtype=torch.bfloat16)
+        out = rt.attention(q, q, q)
+    assert y.dtype == torch.bfloat16 and out.dtype == torch.float32
+    torch.testing.assert_close(y.float(), reference, rtol=0, atol=0.05)
+    y.float().square().sum().backward()
+    assert m.t5_table.grad is not None and m.t5_table.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="q: dtype must be float32 or float64"):
+        rt.attention(q, q, q)  # outside autocast bfloat16 is refused, not silently converted
