@@ -272,33 +272,45 @@ def _copy(dst: nn.Linear, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
             dst.bias.copy_(bias)
 
 
-def from_hf_t5(attn, relative_attention_bias: Optional[nn.Embedding] = None) -> RelativeMultiheadAttention:
+def from_hf_t5(attn, relative_attention_bias: Optional[nn.Embedding] = None, *, cross_attention: bool = False
+               ) -> RelativeMultiheadAttention:
     """A module with the weights of a Hugging Face ``T5Attention`` (attribute names
     ``q, k, v, o, n_heads, key_value_proj_dim, is_decoder, relative_attention_num_buckets,
     relative_attention_max_distance`` and, on the first layer of a stack,
-    ``relative_attention_bias``). Layers without their own bias take the stack's
-    ``relative_attention_bias`` (the first layer's) as argument.
+    ``relative_attention_bias``). Later self-attention layers of a stack take the
+    stack's ``relative_attention_bias`` (the first layer's) as argument.
 
     ``relative_attention_bias.weight`` ``(num_buckets, H)`` becomes ``t5_table``
     ``(H, num_buckets)``; scale 1; encoder buckets bidirectional, decoder causal
-    (call the decoder's self-attention with ``causal=True``)."""
-    emb = relative_attention_bias if relative_attention_bias is not None else getattr(attn, "relative_attention_bias", None)
-    if emb is None:
-        raise ValueError("relpos: from_hf_t5: the layer has no relative_attention_bias; pass the stack's first one")
+    (call the decoder's self-attention with ``causal=True``).
+    ``cross_attention=True`` loads a decoder's cross-attention layer
+    (``T5LayerCrossAttention.EncDecAttention``): T5 gives it no position bias, so
+    the module has none (scheme ``"none"``, scale 1); call it with the encoder's
+    states as key and value."""
     H, d = attn.n_heads, attn.key_value_proj_dim
-    m = RelativeMultiheadAttention(attn.q.in_features, H, "t5", head_dim=d, bias=False, scale=1.0,
-                                   t5_num_buckets=attn.relative_attention_num_buckets,
-                                   t5_max_distance=attn.relative_attention_max_distance,
-                                   t5_bidirectional=not attn.is_decoder)
+    if cross_attention:
+        m = RelativeMultiheadAttention(attn.q.in_features, H, "none", head_dim=d, bias=False, scale=1.0)
+    else:
+        emb = relative_attention_bias if relative_attention_bias is not None else getattr(
+            attn, "relative_attention_bias", None)
+        if emb is None:
+            raise ValueError("relpos: from_hf_t5: the layer has no relative_attention_bias: for a self-attention layer "
+                             "after the first of its stack pass the stack's first relative_attention_bias; for a "
+                             "cross-attention layer (EncDecAttention) pass cross_attention=True (T5 gives it no "
+                             "position bias)")
+        m = RelativeMultiheadAttention(attn.q.in_features, H, "t5", head_dim=d, bias=False, scale=1.0,
+                                       t5_num_buckets=attn.relative_attention_num_buckets,
+                                       t5_max_distance=attn.relative_attention_max_distance,
+                                       t5_bidirectional=not attn.is_decoder)
+        with torch.no_grad():
+            m.t5_table.copy_(emb.weight.t())
     for dst, src in ((m.q_proj, attn.q), (m.k_proj, attn.k), (m.v_proj, attn.v), (m.out_proj, attn.o)):
         _copy(dst, src.weight)
-    with torch.no_grad():
-        m.t5_table.copy_(emb.weight.t())
     return m
 
 
-def from_transformer_xl(attn, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor, clamp_len: int = 0
-                        ) -> RelativeMultiheadAttention:
+def from_transformer_xl(attn, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor, clamp_len: int = 0,
+                        same_length: bool = False) -> RelativeMultiheadAttention:
     """A module with the weights of the original Transformer-XL
     ``RelPartialLearnableMultiHeadAttn`` (``qkv_net``, ``r_net``, ``o_net``, ``n_head``,
     ``d_head``, ``d_model``; no biases) and the model's ``r_w_bias`` / ``r_r_bias``
@@ -307,7 +319,18 @@ def from_transformer_xl(attn, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor, cl
     u = r_w_bias, v = r_r_bias, W_R[h] = r_net.weight.view(H, d_head, d_model)[h]
     (pos_dim = d_model: the sinusoid ``[sin, cos]`` of size d_model), qkv_net split in
     q, k, v rows. Dropout, the residual and layer norm stay outside. Call it with
-    ``causal=True`` and ``mems`` as upstream."""
+    ``causal=True`` and ``mems`` as upstream. Pass the model's ``same_length``:
+    ``True`` (every query sees the same number of keys, a sliding window) is
+    refused, as is ``RelLearnableMultiHeadAttn`` (``attn_type=1``)."""
+    if same_length:
+        raise ValueError("relpos: from_transformer_xl: same_length=True (a sliding-window mask giving every query the "
+                         "same number of keys) is not supported: relpos masks causally and by key padding only; "
+                         "train or evaluate with same_length=False")
+    if not hasattr(attn, "r_net"):
+        kind = type(attn).__name__
+        raise ValueError(f"relpos: from_transformer_xl: {kind} has no r_net: only RelPartialLearnableMultiHeadAttn "
+                         "(attn_type=0) is loaded; RelLearnableMultiHeadAttn (attn_type=1, learned r_emb and r_bias "
+                         "per distance) is not supported")
     H, d, d_model = attn.n_head, attn.d_head, attn.d_model
     m = RelativeMultiheadAttention(d_model, H, "xl", head_dim=d, bias=False, xl_pos_dim=d_model,
                                    xl_clamp_len=clamp_len)
@@ -324,20 +347,37 @@ def from_transformer_xl(attn, r_w_bias: torch.Tensor, r_r_bias: torch.Tensor, cl
 
 
 def from_opennmt(attn) -> RelativeMultiheadAttention:
-    """A module with the weights of OpenNMT-py's ``MultiHeadedAttention`` with
-    ``max_relative_positions = k > 0`` (``linear_query``, ``linear_keys``,
-    ``linear_values``, ``final_linear`` with biases, ``relative_positions_embeddings``
-    ``nn.Embedding(2k+1, dim_per_head)``, ``head_count``, ``dim_per_head``).
+    """A module with the weights of OpenNMT-py's ``MultiHeadedAttention``
+    (``linear_query``, ``linear_keys``, ``linear_values``, ``final_linear``,
+    ``head_count``, ``dim_per_head``, ``max_relative_positions``), 2.x or 3.x.
 
-    The one table is Shaw's wK and wV at once (``shaw_tied``), shared by heads,
-    distances clipped at +-k."""
+    ``max_relative_positions = k > 0``: ``relative_positions_embeddings``
+    ``nn.Embedding(2k+1, dim_per_head)`` is Shaw's wK and wV at once
+    (``shaw_tied``), shared by heads, distances clipped at +-k; ``0``: plain
+    attention (scheme ``"none"``). OpenNMT-py 3.x: the linears' biases follow
+    ``add_qkvbias`` (``False`` by default), and ``num_kv > 0`` key/value heads
+    become ``num_kv_heads`` (grouped-query attention). Rotary (``-1``), ALiBi
+    (``-2``) and ``relative_positions_buckets > 0`` are refused by name."""
     H, d = attn.head_count, attn.dim_per_head
     k = attn.max_relative_positions
-    m = RelativeMultiheadAttention(attn.linear_query.in_features, H, "shaw", head_dim=d, bias=True,
-                                   shaw_k=k, shaw_tied=True)
-    for dst, src in ((m.q_proj, attn.linear_query), (m.k_proj, attn.linear_keys),
-                     (m.v_proj, attn.linear_values), (m.out_proj, attn.final_linear)):
+    if k < 0:
+        kind = {-1: "rotary embeddings", -2: "ALiBi"}.get(k, "an unknown position kind")
+        raise ValueError(f"relpos: from_opennmt: max_relative_positions={k} ({kind}) is not loaded: build "
+                         f"rt.RelativeMultiheadAttention with that scheme and copy the four linears")
+    if getattr(attn, "relative_positions_buckets", 0) > 0:
+        raise ValueError(f"relpos: from_opennmt: relative_positions_buckets={attn.relative_positions_buckets} "
+                         "(a bucketed per-head bias) is not loaded")
+    linears = (attn.linear_query, attn.linear_keys, attn.linear_values, attn.final_linear)
+    biased = {lin.bias is not None for lin in linears}
+    if len(biased) != 1:
+        raise ValueError("relpos: from_opennmt: some of the four linears have biases and some not; relpos's module "
+                         "has biases on all or none")
+    num_kv = getattr(attn, "num_kv", 0) or H
+    m = RelativeMultiheadAttention(attn.linear_query.in_features, H, "shaw" if k > 0 else "none", head_dim=d,
+                                   num_kv_heads=num_kv, bias=biased.pop(), shaw_k=max(k, 0), shaw_tied=True)
+    for dst, src in zip((m.q_proj, m.k_proj, m.v_proj, m.out_proj), linears):
         _copy(dst, src.weight, src.bias)
-    with torch.no_grad():
-        m.shaw_wk.copy_(attn.relative_positions_embeddings.weight)
+    if k > 0:
+        with torch.no_grad():
+            m.shaw_wk.copy_(attn.relative_positions_embeddings.weight)
     return m

@@ -53,6 +53,21 @@ class HFT5Attention(nn.Module):
         return self.o(out)
 
 
+def hf_t5_cross_attention(up: HFT5Attention, hidden, enc, mask=None):
+    """T5Attention on the cross-attention path (key_value_states = the encoder's
+    states, has_relative_attention_bias=False): position_bias is zeros plus the mask."""
+    B, Lq, _ = hidden.shape
+    shape = lambda x: x.view(B, -1, up.n_heads, up.key_value_proj_dim).transpose(1, 2)
+    q, k, v = shape(up.q(hidden)), shape(up.k(enc)), shape(up.v(enc))
+    scores = torch.matmul(q, k.transpose(3, 2))
+    position_bias = torch.zeros((1, up.n_heads, Lq, enc.shape[1]), dtype=scores.dtype)
+    if mask is not None:
+        position_bias = position_bias + mask
+    scores += position_bias
+    attn = nn.functional.softmax(scores, dim=-1)
+    return up.o(torch.matmul(attn, v).transpose(1, 2).reshape(B, Lq, -1))
+
+
 class TransformerXLAttention(nn.Module):
     """kimiyoung/transformer-xl pytorch/mem_transformer.py RelPartialLearnableMultiHeadAttn
     (post-norm path without dropout, residual and layer norm) and PositionalEmbedding."""
@@ -146,6 +161,49 @@ class OpenNMTAttention(nn.Module):
             scores = scores.masked_fill(mask.unsqueeze(1), -1e18)  # mask (B, 1, L) true = padded
         attn = torch.softmax(scores, dim=-1)
         context = torch.matmul(attn, value) + self.relative_matmul(attn, relations, False)
+        return self.final_linear(context.transpose(1, 2).reshape(B, L, -1))
+
+
+class OpenNMT3Attention(OpenNMTAttention):
+    """OpenNMT-py 3.x MultiHeadedAttention: the linears' biases follow add_qkvbias
+    (False by default), num_kv > 0 key/value heads expanded on the head dimension
+    (key.view(b, -1, 1, l, d).repeat(1, 1, qh // h, 1, 1)); max_relative_positions
+    0 (plain) or > 0 (relative_matmul as in 2.x)."""
+
+    def __init__(self, head_count, model_dim, max_relative_positions, num_kv=0, add_qkvbias=False):
+        nn.Module.__init__(self)
+        self.dim_per_head = model_dim // head_count
+        self.head_count, self.model_dim, self.max_relative_positions = head_count, model_dim, max_relative_positions
+        self.num_kv = num_kv
+        kv_dim = num_kv * self.dim_per_head if num_kv else model_dim
+        self.linear_keys = nn.Linear(model_dim, kv_dim, bias=add_qkvbias)
+        self.linear_values = nn.Linear(model_dim, kv_dim, bias=add_qkvbias)
+        self.linear_query = nn.Linear(model_dim, model_dim, bias=add_qkvbias)
+        self.final_linear = nn.Linear(model_dim, model_dim, bias=add_qkvbias)
+        if max_relative_positions > 0:
+            self.relative_positions_embeddings = nn.Embedding(max_relative_positions * 2 + 1, self.dim_per_head)
+
+    def forward(self, x, mask=None):
+        B, L, _ = x.shape
+        dph = self.dim_per_head
+        shape = lambda t: t.view(B, L, -1, dph).transpose(1, 2)
+        key, value, query = shape(self.linear_keys(x)), shape(self.linear_values(x)), shape(self.linear_query(x))
+        if self.num_kv > 0:
+            qh, h = query.size(1), key.size(1)
+            key = key.view(B, -1, 1, L, dph).repeat(1, 1, qh // h, 1, 1).view(B, qh, L, dph)
+            value = value.view(B, -1, 1, L, dph).repeat(1, 1, qh // h, 1, 1).view(B, qh, L, dph)
+        query = query / math.sqrt(dph)
+        scores = torch.matmul(query, key.transpose(2, 3))
+        if self.max_relative_positions > 0:
+            relations = self.relative_positions_embeddings(
+                self.relative_positions_matrix(L, self.max_relative_positions))
+            scores = scores + self.relative_matmul(query, relations, True)
+        if mask is not None:
+            scores = scores.masked_fill(mask.unsqueeze(1), -1e18)
+        attn = torch.softmax(scores, dim=-1)
+        context = torch.matmul(attn, value)
+        if self.max_relative_positions > 0:
+            context = context + self.relative_matmul(attn, relations, False)
         return self.final_linear(context.transpose(1, 2).reshape(B, L, -1))
 
 
@@ -244,3 +302,67 @@ def test_opennmt_weights():
              ("keys", lambda: up.linear_keys.weight.grad, ours.k_proj.weight),
              ("bias", lambda: up.final_linear.bias.grad, ours.out_proj.bias)]
     assert_same_outputs_and_gradients(up, up_out, ours, our_out, [(x_up, x_ours)], pairs)
+
+
+def test_hf_t5_cross_attention_has_no_position_bias():
+    torch.manual_seed(4)
+    up = HFT5Attention(d_model=12, d_kv=5, n_heads=3, is_decoder=True, num_buckets=8, max_distance=20, has_bias=False)
+    randomize(up)
+    with pytest.raises(ValueError, match="cross_attention=True"):
+        rt.from_hf_t5(up)
+    ours = rt.from_hf_t5(up, cross_attention=True)
+    assert ours.scheme == "none" and ours.scale == 1.0
+    hidden_up, enc_up = torch.randn(2, 6, 12, requires_grad=True), torch.randn(2, 9, 12, requires_grad=True)
+    hidden, enc = (x.detach().clone().requires_grad_() for x in (hidden_up, enc_up))
+    pad = torch.zeros(2, 9, dtype=torch.bool)
+    pad[1, -2:] = True
+    mask = torch.zeros(2, 1, 1, 9).masked_fill(pad[:, None, None], torch.finfo(torch.float64).min)
+    up_out, our_out = hf_t5_cross_attention(up, hidden_up, enc_up, mask), ours(hidden, enc, key_padding=pad)
+    pairs = [("k", lambda: up.k.weight.grad, ours.k_proj.weight), ("o", lambda: up.o.weight.grad, ours.out_proj.weight)]
+    assert_same_outputs_and_gradients(up, up_out, ours, our_out, [(hidden_up, hidden), (enc_up, enc)], pairs)
+
+
+@pytest.mark.parametrize("k,num_kv,add_qkvbias", [(3, 0, False), (3, 1, False), (2, 2, True), (0, 2, False)],
+                         ids=["shaw-nobias", "shaw-mqa", "shaw-gqa-bias", "plain-gqa"])
+def test_opennmt3_weights(k, num_kv, add_qkvbias):
+    torch.manual_seed(5 + k + num_kv)
+    up = OpenNMT3Attention(head_count=4, model_dim=16, max_relative_positions=k, num_kv=num_kv,
+                           add_qkvbias=add_qkvbias)
+    randomize(up)
+    ours = rt.from_opennmt(up)
+    assert ours.num_kv_heads == (num_kv or 4) and (ours.q_proj.bias is not None) == add_qkvbias
+    B, L = 2, 9
+    x_up = torch.randn(B, L, 16, requires_grad=True)
+    x_ours = x_up.detach().clone().requires_grad_()
+    pad = torch.zeros(B, L, dtype=torch.bool)
+    pad[1, -3:] = True
+    up_out, our_out = up(x_up, pad[:, None, :]), ours(x_ours, key_padding=pad)
+    pairs = [("keys", lambda: up.linear_keys.weight.grad, ours.k_proj.weight),
+             ("values", lambda: up.linear_values.weight.grad, ours.v_proj.weight)]
+    if k > 0:
+        pairs.append(("table", lambda: up.relative_positions_embeddings.weight.grad, ours.shaw_wk))
+    assert_same_outputs_and_gradients(up, up_out, ours, our_out, [(x_up, x_ours)], pairs)
+
+
+def test_opennmt_position_kinds_not_loaded_are_refused_by_name():
+    up = OpenNMT3Attention(head_count=2, model_dim=8, max_relative_positions=0)
+    for k, name in ((-1, "rotary embeddings"), (-2, "ALiBi")):
+        up.max_relative_positions = k
+        with pytest.raises(ValueError, match=f"max_relative_positions={k} \\({name}\\)"):
+            rt.from_opennmt(up)
+    up.max_relative_positions, up.relative_positions_buckets = 0, 32
+    with pytest.raises(ValueError, match="relative_positions_buckets=32"):
+        rt.from_opennmt(up)
+
+
+def test_transformer_xl_features_not_loaded_are_refused_by_name():
+    up = TransformerXLAttention(2, 8, 3)
+    bias = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="same_length=True"):
+        rt.from_transformer_xl(up, bias, bias, same_length=True)
+
+    class RelLearnableMultiHeadAttn(nn.Module):  # attn_type=1: r_emb, r_w_bias, r_bias, no r_net
+        n_head, d_head, d_model = 2, 3, 8
+
+    with pytest.raises(ValueError, match="RelLearnableMultiHeadAttn has no r_net"):
+        rt.from_transformer_xl(RelLearnableMultiHeadAttn(), bias, bias)
