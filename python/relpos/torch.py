@@ -31,7 +31,8 @@ from torch import nn
 import relpos
 from relpos import torch_op
 
-__all__ = ["attention", "RelativeMultiheadAttention", "from_hf_t5", "from_transformer_xl", "from_opennmt"]
+__all__ = ["attention", "RelativeMultiheadAttention", "from_hf_t5", "from_transformer_xl", "from_opennmt",
+           "patch_hf_t5"]
 
 
 def attention(
@@ -381,3 +382,11 @@ def from_opennmt(attn) -> RelativeMultiheadAttention:
         with torch.no_grad():
             m.shaw_wk.copy_(attn.relative_positions_embeddings.weight)
     return m
+
+
+def patch_hf_t5(model: nn.Module) -> nn.Module:
+    """Computes the attention of a loaded Hugging Face T5 model with relpos, in place
+    (``relpos.hf_t5``; needs transformers). Returns the model."""
+    from relpos.hf_t5 import patch_hf_t5 as patch
+
+    return patch(model)

@@ -1,0 +1,103 @@
+"""relpos.torch.patch_hf_t5 against transformers itself: tiny random T5 models
+(no downloads), float64, eager attention. The patched model's outputs and every
+parameter's gradient equal the unpatched model's; generate() with the cache gives
+the same tokens and scores."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import T5Config, T5EncoderModel, T5ForConditionalGeneration
+
+import relpos.torch as rt
+
+
+def tiny_config(**kw):
+    return T5Config(vocab_size=40, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_decoder_layers=2, num_heads=4,
+                    relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
+                    decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, attn_implementation="eager", **kw)
+
+
+def pair(cls, seed=0):
+    torch.manual_seed(seed)
+    upstream = cls(tiny_config()).double().eval()
+    ours = rt.patch_hf_t5(copy.deepcopy(upstream))
+    return upstream, ours
+
+
+def inputs(seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, 40, (2, 27), generator=g)  # long enough for the logarithmic buckets
+    mask = torch.ones(2, 27, dtype=torch.long)
+    mask[1, -5:] = 0
+    return ids, mask
+
+
+def assert_same_gradients(upstream, ours):
+    theirs = dict(upstream.named_parameters())
+    for name, p in ours.named_parameters():
+        q = theirs[name]
+        assert (p.grad is None) == (q.grad is None), name
+        if q.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-11, msg=name)
+
+
+def test_encoder_model():
+    upstream, ours = pair(T5EncoderModel)
+    ids, mask = inputs()
+    a = upstream(input_ids=ids, attention_mask=mask).last_hidden_state
+    b = ours(input_ids=ids, attention_mask=mask).last_hidden_state
+    torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
+    dy = torch.randn_like(a)
+    (a * dy).sum().backward()
+    (b * dy).sum().backward()
+    assert_same_gradients(upstream, ours)
+    assert ours.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.grad.abs().sum() > 0
+
+
+def test_encoder_decoder_loss_and_gradients():
+    upstream, ours = pair(T5ForConditionalGeneration, seed=2)
+    ids, mask = inputs(3)
+    labels = torch.randint(2, 40, (2, 11), generator=torch.Generator().manual_seed(4))
+    a = upstream(input_ids=ids, attention_mask=mask, labels=labels)
+    b = ours(input_ids=ids, attention_mask=mask, labels=labels)
+    torch.testing.assert_close(b.logits, a.logits, rtol=1e-10, atol=1e-10)
+    a.loss.backward()
+    b.loss.backward()
+    assert_same_gradients(upstream, ours)
+    assert ours.decoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.grad.abs().sum() > 0
+
+
+def test_generate_with_the_cache():
+    upstream, ours = pair(T5ForConditionalGeneration, seed=5)
+    ids, mask = inputs(6)
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, use_cache=True,
+              return_dict_in_generate=True, output_scores=True)
+    a, b = upstream.generate(**kw), ours.generate(**kw)
+    assert torch.equal(a.sequences, b.sequences)
+    for sa, sb in zip(a.scores, b.scores):
+        torch.testing.assert_close(sb, sa, rtol=1e-9, atol=1e-9)
+
+
+def test_unsupported_uses_are_refused():
+    _, ours = pair(T5EncoderModel)
+    ids, mask = inputs()
+    with pytest.raises(ValueError, match="output_attentions"):
+        ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+    torch.manual_seed(0)
+    dropout = rt.patch_hf_t5(T5EncoderModel(T5Config(**{**tiny_config().to_dict(), "dropout_rate": 0.1})).train())
+    with pytest.raises(ValueError, match="no attention dropout"):
+        dropout(input_ids=ids)
+    with pytest.raises(ValueError, match="no T5 stack"):
+        rt.patch_hf_t5(torch.nn.Linear(2, 2))
+
+
+def test_a_mask_relpos_cannot_apply_is_refused():
+    _, ours = pair(T5EncoderModel)
+    attn = ours.encoder.block[0].layer[0].SelfAttention
+    hidden = torch.randn(1, 5, 16, dtype=torch.float64)
+    holes = torch.ones(1, 1, 5, 5, dtype=torch.bool)
+    holes[0, 0, 2, 3] = False  # one query may not see one key: neither causal nor padding
+    with pytest.raises(ValueError, match="not causal-plus-key-padding"):
+        attn(hidden, mask=holes)
