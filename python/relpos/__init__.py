@@ -73,7 +73,12 @@ LAYOUTS = ("bhld", "blhd")
 __version__ = _relpos.build_info()["version"]
 
 t5_bucket = _relpos.t5_bucket
-alibi_slopes = _relpos.alibi_slopes
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi's head slopes of the paper for any head count, a float64 array ``(num_heads,)``
+    (the geometric sequence 2^(-8/n)... for a power of two n; otherwise the next lower power's
+    slopes followed by every other slope of twice that power)."""
+    return np.asarray(_relpos.alibi_slopes(integer(num_heads, "num_heads")), dtype=np.float64)
+
 
 
 def _torch_tensor_type():

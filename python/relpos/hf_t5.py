@@ -109,12 +109,13 @@ def _forward(self, hidden_states, mask=None, key_value_states=None, position_bia
 
 def patch_hf_t5(model: nn.Module) -> nn.Module:
     """Replaces, in place, the attention of every T5 stack in ``model`` (T5Model,
-    T5ForConditionalGeneration, T5EncoderModel, MT5 and UMT5-style stacks with one
-    table per stack) by relpos's; returns the model. Outputs, gradients and
+    T5ForConditionalGeneration, T5EncoderModel and their MT5 versions) by
+    relpos's; returns the model (UMT5 and LongT5 are refused by name). Outputs, gradients and
     ``generate()`` (with its cache) equal the unpatched model's to rounding; no
     attention dropout (``model.eval()`` or ``dropout_rate=0``), no
     ``output_attentions``. Each stack's self-attention layers use the first
     layer's ``relative_attention_bias``."""
+    from transformers.models.mt5.modeling_mt5 import MT5Attention
     from transformers.models.t5.modeling_t5 import T5Attention
 
     stacks = [m for m in model.modules() if hasattr(m, "block") and isinstance(m.block, nn.ModuleList)]
@@ -131,8 +132,10 @@ def patch_hf_t5(model: nn.Module) -> nn.Module:
             if len(block.layer) > 2 and hasattr(block.layer[1], "EncDecAttention"):
                 attentions.append(block.layer[1].EncDecAttention)
             for attn in attentions:
-                if not isinstance(attn, T5Attention):
-                    raise ValueError(f"relpos: patch_hf_t5: expected T5Attention, found {type(attn).__name__}")
+                if not isinstance(attn, (T5Attention, MT5Attention)):
+                    raise ValueError(f"relpos: patch_hf_t5: expected T5Attention or MT5Attention, found "
+                                     f"{type(attn).__name__} (UMT5's per-layer tables and LongT5's local attention "
+                                     "are not patched)")
                 # Plain attributes, not submodules: the owner is not registered twice (or in itself).
                 object.__setattr__(attn, "_relpos_bias_owner", owner)
                 object.__setattr__(attn, "forward", types.MethodType(_forward, attn))

@@ -8,20 +8,21 @@ import copy
 
 import pytest
 import torch
-from transformers import T5Config, T5EncoderModel, T5ForConditionalGeneration
+from transformers import (MT5Config, MT5ForConditionalGeneration, T5Config, T5EncoderModel,
+                          T5ForConditionalGeneration, UMT5Config, UMT5EncoderModel)
 
 import relpos.torch as rt
 
 
-def tiny_config(**kw):
-    return T5Config(vocab_size=40, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_decoder_layers=2, num_heads=4,
+def tiny_config(config_class=T5Config, **kw):
+    return config_class(vocab_size=40, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_decoder_layers=2, num_heads=4,
                     relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
                     decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, attn_implementation="eager", **kw)
 
 
-def pair(cls, seed=0):
+def pair(cls, seed=0, config_class=T5Config):
     torch.manual_seed(seed)
-    upstream = cls(tiny_config()).double().eval()
+    upstream = cls(tiny_config(config_class)).double().eval()
     ours = rt.patch_hf_t5(copy.deepcopy(upstream))
     return upstream, ours
 
@@ -56,8 +57,10 @@ def test_encoder_model():
     assert ours.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.grad.abs().sum() > 0
 
 
-def test_encoder_decoder_loss_and_gradients():
-    upstream, ours = pair(T5ForConditionalGeneration, seed=2)
+@pytest.mark.parametrize("cls,config_class", [(T5ForConditionalGeneration, T5Config),
+                                              (MT5ForConditionalGeneration, MT5Config)], ids=["t5", "mt5"])
+def test_encoder_decoder_loss_and_gradients(cls, config_class):
+    upstream, ours = pair(cls, seed=2, config_class=config_class)
     ids, mask = inputs(3)
     labels = torch.randint(2, 40, (2, 11), generator=torch.Generator().manual_seed(4))
     a = upstream(input_ids=ids, attention_mask=mask, labels=labels)
@@ -91,6 +94,8 @@ def test_unsupported_uses_are_refused():
         dropout(input_ids=ids)
     with pytest.raises(ValueError, match="no T5 stack"):
         rt.patch_hf_t5(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="UMT5Attention"):
+        rt.patch_hf_t5(UMT5EncoderModel(tiny_config(UMT5Config)))
 
 
 def test_a_mask_relpos_cannot_apply_is_refused():
