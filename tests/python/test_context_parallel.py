@@ -1,0 +1,130 @@
+"""Ring attention (relpos.context_parallel) on torch.distributed with gloo over
+loopback: 2 and 4 processes, each holding a chunk of one sequence, against one
+process computing the whole sequence with rt.attention (itself checked against the
+oracle), float64 to 1e-12: the output rows, dq, dk, dv of the rank's chunk and the
+scheme's parameter gradients, for every scheme, causal and not, with key padding
+and uneven chunks; a second run gives the same bits; a rank that leaves makes the
+others raise instead of hanging."""
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import relpos
+import relpos.torch as rt
+from relpos.context_parallel import ring_attention
+
+B, H, HKV, D = 2, 4, 2, 5
+CHUNKS = {2: [9, 14], 4: [5, 7, 3, 8]}
+POSITION = 3  # absolute position of the sequence's first token
+
+
+def make_scheme(name, params):
+    return {
+        "none": lambda: relpos.NoPosition(),
+        "shaw": lambda: relpos.Shaw(k=4, wk=params["wk"], wv=params["wv"]),
+        "t5": lambda: relpos.T5(params["table"], bidirectional=True, max_distance=12),
+        "alibi": lambda: relpos.ALiBi(params["slopes"]),
+        "rope": lambda: relpos.RoPE(dims=4),
+        "xl": lambda: relpos.TransformerXL(params["u"], params["v"], params["w_r"]),
+    }[name]()
+
+
+def make_params(name, g):
+    shapes = {"none": {}, "shaw": {"wk": (H, 9, D), "wv": (9, D)}, "t5": {"table": (H, 10)},
+              "alibi": {"slopes": (H,)}, "rope": {}, "xl": {"u": (H, D), "v": (H, D), "w_r": (H, D, 6)}}[name]
+    params = {n: 0.5 * torch.randn(s, generator=g, dtype=torch.float64) for n, s in shapes.items()}
+    if name == "alibi":
+        params["slopes"] = torch.rand(H, generator=g, dtype=torch.float64) + 0.1
+    return params
+
+
+def whole_problem(name, L, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(B, HKV, L, D, generator=g, dtype=torch.float64) for _ in range(2))
+    pad = torch.zeros(B, L, dtype=torch.bool)
+    pad[1, L // 3: L // 3 + 4] = True  # padding inside a chunk, not only at the end
+    dout = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
+    return q, k, v, pad, dout, make_params(name, g)
+
+
+def run_case(name, causal, chunks, rank, seed):
+    L = sum(chunks)
+    q, k, v, pad, dout, params = whole_problem(name, L, seed)
+    start = sum(chunks[:rank])
+    rows = slice(start, start + chunks[rank])
+    # the whole sequence in this process
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    whole_params = {n: p.clone().requires_grad_() for n, p in params.items()}
+    out = rt.attention(*leaves, make_scheme(name, whole_params), causal=causal, key_padding=pad,
+                       q_offset=POSITION, k_offset=POSITION)
+    expected = torch.autograd.grad(out, [*leaves, *whole_params.values()], dout)
+    # this rank's chunk through the ring
+    mine = [x[:, :, rows].clone().requires_grad_() for x in (q, k, v)]
+    my_params = {n: p.clone().requires_grad_() for n, p in params.items()}
+    ring_out = ring_attention(*mine, make_scheme(name, my_params), causal=causal, key_padding=pad[:, rows],
+                              q_offset=POSITION + start, k_offset=POSITION + start)
+    got = torch.autograd.grad(ring_out, [*mine, *my_params.values()], dout[:, :, rows])
+    where = f"{name} causal={causal} chunks={chunks} rank={rank}"
+    torch.testing.assert_close(ring_out, out[:, :, rows].detach(), rtol=1e-12, atol=1e-12, msg=where)
+    for what, a, e in zip(["q", "k", "v"], got[:3], expected[:3]):
+        torch.testing.assert_close(a, e[:, :, rows], rtol=1e-12, atol=1e-12, msg=f"{where}: d{what}")
+    for what, a, e in zip(params, got[3:], expected[3:]):
+        torch.testing.assert_close(a, e, rtol=1e-11, atol=1e-12, msg=f"{where}: d{what}")
+    return [ring_out.detach(), *got]
+
+
+def init(rank, world, store):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=20))
+
+
+def worker_every_case(rank, world, store):
+    init(rank, world, store)
+    try:
+        for i, name in enumerate(["none", "shaw", "t5", "alibi", "rope", "xl"]):
+            for causal in (False, True):
+                first = run_case(name, causal, CHUNKS[world], rank, seed=10 * i + causal)
+                again = run_case(name, causal, CHUNKS[world], rank, seed=10 * i + causal)
+                assert all(torch.equal(a, b) for a, b in zip(first, again)), f"{name}: a second run differs"
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_equals_one_process_on_the_whole_sequence(world):
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker_every_case, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
+
+
+def worker_one_leaves(rank, world, store):
+    init(rank, world, store)
+    if rank == 1:
+        return  # leaves before the ring: rank 0 must not wait forever
+    q = torch.randn(1, 2, 4, 3, dtype=torch.float64)
+    ring_attention(q, q, q, relpos.ALiBi(), q_offset=0, k_offset=0)
+
+
+def test_a_rank_that_leaves_makes_the_others_raise():
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        with pytest.raises(Exception):
+            mp.spawn(worker_one_leaves, args=(2, os.path.join(tmp, "store")), nprocs=2, join=True)
+    assert time.monotonic() - start < 120
+
+
+def test_ring_attention_needs_an_initialised_group():
+    if dist.is_initialized():
+        pytest.fail("the test process must not hold a process group")
+    q = torch.randn(1, 1, 2, 2)
+    with pytest.raises(ValueError, match="torch.distributed is not initialised"):
+        ring_attention(q, q, q)
