@@ -25,14 +25,13 @@ import torch.distributed as dist
 import relpos
 from relpos import torch_op
 
-__all__ = ["ring_attention"]
+__all__ = ["ring_attention", "shard_sequence", "gather_sequence"]
 
 
 def _merge(out, lse, out_s, lse_s):
     """Two partial attentions over disjoint keys merged by their row logsumexp
-    (-inf: no visible key; its output is zero)."""
-    if out is None:
-        return out_s, lse_s
+    (-inf: no visible key; its output is zero). Merging into (0, -inf) returns the
+    second exactly."""
     m = torch.maximum(lse, lse_s)
     m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     a, b = torch.exp(lse - m), torch.exp(lse_s - m)
@@ -43,19 +42,39 @@ def _merge(out, lse, out_s, lse_s):
     return out_new, lse_new
 
 
-class _Ring:
-    """The group, this rank's neighbours and every rank's key chunk length and offset."""
+Segments = list  # [(absolute position of the first row, rows), ...] in row order
 
-    def __init__(self, group, k, k_offset: int):
+
+def _segments(given, offset: int, length: int, name: str) -> Segments:
+    """The rank's rows as segments: ``given`` or one segment at ``offset``."""
+    if given is None:
+        return [(relpos.integer(offset, name), length)]
+    segments = [(relpos.integer(o, name), relpos.integer(n, name)) for o, n in given]
+    if sum(n for _, n in segments) != length or any(n < 1 or o < 0 for o, n in segments):
+        raise ValueError(f"relpos: {name}: segments {given} must have positive lengths summing to {length} "
+                         "and non-negative positions")
+    return segments
+
+
+def _rows(segments: Segments):
+    """(first row, segment) for each segment."""
+    first = 0
+    for offset, length in segments:
+        yield first, (offset, length)
+        first += length
+
+
+class _Ring:
+    """The group, this rank's neighbours and every rank's key segments."""
+
+    def __init__(self, group, k_segments: Segments):
         self.group = group
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.next = dist.get_global_rank(group, (self.rank + 1) % self.size) if group else (self.rank + 1) % self.size
-        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size) if group else (self.rank - 1) % self.size
-        mine = torch.tensor([k.shape[2], k_offset], dtype=torch.int64)
-        every = [torch.zeros_like(mine) for _ in range(self.size)]
-        dist.all_gather(every, mine, group=group)
-        self.lengths = [int(x[0]) for x in every]
-        self.offsets = [int(x[1]) for x in every]
+        neighbour = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+        self.next, self.prev = neighbour((self.rank + 1) % self.size), neighbour((self.rank - 1) % self.size)
+        every: list = [None] * self.size
+        dist.all_gather_object(every, k_segments, group=group)
+        self.segments = every
 
     def owner(self, step: int) -> int:
         """Whose key chunk this rank holds at a step: its own at step 0, then its predecessors'."""
@@ -65,7 +84,7 @@ class _Ring:
         """Starts sending `tensors` (the chunk of owner(step)) to the next rank and
         receiving the chunk of owner(step + 1) from the previous one; returns the
         receive buffers and a function that waits for both."""
-        incoming = self.lengths[self.owner(step + 1)]
+        incoming = sum(n for _, n in self.segments[self.owner(step + 1)])
         buffers = [torch.empty((*t.shape[:2], incoming, *t.shape[3:]), dtype=t.dtype) if t.dim() == 4
                    else torch.empty((t.shape[0], incoming), dtype=t.dtype) for t in tensors]
         ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
@@ -77,10 +96,13 @@ class _Ring:
                 r.wait()
         return buffers, wait
 
-
-def _visible(causal: bool, q_offset: int, Lq: int, k_offset: int) -> bool:
-    """False when a causal mask hides every key of the chunk from every query."""
-    return not causal or k_offset <= q_offset + Lq - 1
+    def pairs(self, q_segments: Segments, owner: int, causal: bool):
+        """(query rows, key rows, q_offset, k_offset) of every query segment of this
+        rank and key segment of owner's chunk that a causal mask leaves visible."""
+        for qs, (qo, ql) in _rows(q_segments):
+            for ks, (ko, kl) in _rows(self.segments[owner]):
+                if not causal or ko <= qo + ql - 1:
+                    yield slice(qs, qs + ql), slice(ks, ks + kl), qo, ko
 
 
 def _padding_of(pad, batch: int, length: int):
@@ -89,41 +111,40 @@ def _padding_of(pad, batch: int, length: int):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, key_padding, group, scheme_name, ints, floats, *params):
+    def forward(ctx, q, k, v, key_padding, group, q_segments, k_segments, scheme_name, ints, floats, *params):
         record, options = torch_op._decode(scheme_name, params, ints, floats)
-        causal, q_offset, k_offset = options.pop("causal"), options.pop("q_offset"), options.pop("k_offset")
-        ring = _Ring(group, k, k_offset)
+        causal = options.pop("causal")
+        del options["q_offset"], options["k_offset"]  # the segments hold the positions
+        ring = _Ring(group, k_segments)
         chunk = [k.detach(), v.detach(), _padding_of(key_padding, k.shape[0], k.shape[2])]
-        out = lse = None
+        out = q.new_zeros((*q.shape[:3], v.shape[3]))
+        lse = q.new_full(q.shape[:3], float("-inf"))
         for step in range(ring.size):
-            owner = ring.owner(step)
             if step < ring.size - 1:
                 incoming, wait = ring.shift(chunk, step)
-            if _visible(causal, q_offset, q.shape[2], ring.offsets[owner]):
-                out_s, lse_s = relpos.forward(q.detach(), chunk[0], chunk[1], record, causal=causal,
-                                              key_padding=chunk[2], q_offset=q_offset,
-                                              k_offset=ring.offsets[owner], **options)
-                out, lse = _merge(out, lse, out_s, lse_s)
+            for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, ring.owner(step), causal):
+                out_s, lse_s = relpos.forward(q.detach()[:, :, qrows], chunk[0][:, :, krows], chunk[1][:, :, krows],
+                                              record, causal=causal, key_padding=chunk[2][:, krows],
+                                              q_offset=q_offset, k_offset=k_offset, **options)
+                out[:, :, qrows], lse[:, :, qrows] = _merge(out[:, :, qrows], lse[:, :, qrows], out_s, lse_s)
             if step < ring.size - 1:
                 wait()
                 chunk = incoming
-        if out is None:  # no key visible to any query of this rank
-            out = q.new_zeros((*q.shape[:3], v.shape[3]))
-            lse = q.new_full(q.shape[:3], float("-inf"))
         ctx.save_for_backward(q, k, v, out, lse, *(() if key_padding is None else (key_padding,)), *params)
-        ctx.meta = (group, scheme_name, ints, floats, key_padding is not None, len(params))
+        ctx.meta = (group, q_segments, k_segments, scheme_name, ints, floats, key_padding is not None)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        group, scheme_name, ints, floats, has_padding, n_params = ctx.meta
+        group, q_segments, k_segments, scheme_name, ints, floats, has_padding = ctx.meta
         q, k, v, out, lse, *rest = ctx.saved_tensors
         key_padding = rest.pop(0) if has_padding else None
         params = rest
         record, options = torch_op._decode(scheme_name, params, ints, floats)
-        causal, q_offset, k_offset = options.pop("causal"), options.pop("q_offset"), options.pop("k_offset")
-        ring = _Ring(group, k, k_offset)
+        causal = options.pop("causal")
+        del options["q_offset"], options["k_offset"]
+        ring = _Ring(group, k_segments)
         dout = dout.contiguous()
         dq = torch.zeros_like(q)
         dparams = [torch.zeros_like(p) for p in params]
@@ -132,14 +153,14 @@ class _RingAttention(torch.autograd.Function):
                  torch.zeros_like(k), torch.zeros_like(v)]
         names = list(record._params())
         for step in range(ring.size):
-            owner = ring.owner(step)
-            if _visible(causal, q_offset, q.shape[2], ring.offsets[owner]):
-                grads = relpos.backward(q.detach(), chunk[0], chunk[1], out, lse, dout, record, causal=causal,
-                                        key_padding=chunk[2], q_offset=q_offset, k_offset=ring.offsets[owner],
-                                        **options)
-                dq += grads["q"]
-                chunk[3] += grads["k"]
-                chunk[4] += grads["v"]
+            for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, ring.owner(step), causal):
+                grads = relpos.backward(q.detach()[:, :, qrows], chunk[0][:, :, krows], chunk[1][:, :, krows],
+                                        out[:, :, qrows], lse[:, :, qrows], dout[:, :, qrows], record,
+                                        causal=causal, key_padding=chunk[2][:, krows], q_offset=q_offset,
+                                        k_offset=k_offset, **options)
+                dq[:, :, qrows] += grads["q"]
+                chunk[3][:, :, krows] += grads["k"]
+                chunk[4][:, :, krows] += grads["v"]
                 for i, n in enumerate(names):
                     dparams[i] += grads[n]
             # Every chunk moves on, the last step included: that send takes dk, dv home.
@@ -148,28 +169,69 @@ class _RingAttention(torch.autograd.Function):
             chunk = incoming
         for g in dparams:
             dist.all_reduce(g, group=group)
-        dk, dv = chunk[3], chunk[4]
-        return (dq, dk, dv, None, None, None, None, None, *dparams)
+        return (dq, chunk[3], chunk[4], None, None, None, None, None, None, None, *dparams)
 
 
 def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"] = None, causal: bool = False,
-                   key_padding=None, q_offset: int = 0, k_offset: int = 0, scale: Optional[float] = None,
-                   threads: Optional[int] = None, return_lse: bool = False):
+                   key_padding=None, q_offset: int = 0, k_offset: int = 0, q_segments=None, k_segments=None,
+                   scale: Optional[float] = None, threads: Optional[int] = None, return_lse: bool = False):
     """Attention with ``scheme`` over a sequence sharded across ``group`` (default:
-    the whole world), differentiable. Each rank passes its own chunks: q
+    the whole world), differentiable. Each rank passes its own rows: q
     ``(B, H, Lq_r, d)`` at absolute positions ``q_offset + i``, k, v
     ``(B, Hkv, Lk_r, d)`` at ``k_offset + j``, ``key_padding`` ``(B, Lk_r)`` or
-    None; chunks may differ in length. Returns this rank's out ``(B, H, Lq_r, dv)``
-    (and its row logsumexp with ``return_lse=True``), equal to its rows of one
-    call on the whole sequence. Gradients: q's stay local, k's and v's return to
-    their owners, the scheme's tensors get the sum over all ranks (the same on
-    every rank). Every rank must call it with the same scheme options."""
+    None; ranks may hold different lengths. Rows that are not one run of positions
+    (``shard_sequence``'s zigzag) are given as segments, ``[(position, rows), ...]``
+    in row order, instead of the offsets. Returns this rank's out
+    ``(B, H, Lq_r, dv)`` (and its row logsumexp with ``return_lse=True``), equal to
+    its rows of one call on the whole sequence. Gradients: q's stay local, k's and
+    v's return to their owners, the scheme's tensors get the sum over all ranks
+    (the same on every rank). Every rank must call it with the same scheme options."""
     scheme = relpos.NoPosition() if scheme is None else scheme
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("relpos: ring_attention: torch.distributed is not initialised (init_process_group first)")
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             raise ValueError(f"relpos: {name}: expected a 4-dimensional torch tensor")
-    name, params, ints, floats = torch_op._encode(scheme, causal, q_offset, k_offset, scale, "fused", threads)
-    out, lse = _RingAttention.apply(q, k, v, key_padding, group, name, ints, floats, *params)
+    qs = _segments(q_segments, q_offset, q.shape[2], "q_segments" if q_segments is not None else "q_offset")
+    ks = _segments(k_segments, k_offset, k.shape[2], "k_segments" if k_segments is not None else "k_offset")
+    name, params, ints, floats = torch_op._encode(scheme, causal, 0, 0, scale, "fused", threads)
+    out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, name, ints, floats, *params)
     return (out, lse) if return_lse else out
+
+
+def shard_sequence(x: torch.Tensor, rank: int, world: int, *, dim: int = 1, zigzag: bool = True,
+                   position: int = 0):
+    """This rank's rows of ``x`` along ``dim`` and their segments for
+    ``ring_attention``. ``zigzag`` (for causal attention) cuts the sequence into
+    ``2 * world`` near-equal pieces and gives rank r pieces r and 2 world - 1 - r, so
+    that every rank holds as many early (cheap) as late (costly) queries;
+    otherwise rank r holds the r-th of ``world`` contiguous pieces. ``position`` is
+    the absolute position of the sequence's first row."""
+    pieces = 2 * world if zigzag else world
+    bounds = [round(i * x.shape[dim] / pieces) for i in range(pieces + 1)]
+    mine = [rank, pieces - 1 - rank] if zigzag else [rank]
+    if any(bounds[i + 1] <= bounds[i] for i in mine):
+        raise ValueError(f"relpos: shard_sequence: {x.shape[dim]} rows are too few for {pieces} pieces")
+    rows = torch.cat([x.narrow(dim, bounds[i], bounds[i + 1] - bounds[i]) for i in mine], dim)
+    return rows, [(position + bounds[i], bounds[i + 1] - bounds[i]) for i in mine]
+
+
+def gather_sequence(x: torch.Tensor, segments, group=None, *, dim: int = 1) -> torch.Tensor:
+    """The whole sequence from every rank's rows ``x`` and their ``segments``
+    (as ``shard_sequence`` gave them), in position order, on every rank."""
+    every_segments: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every_segments, list(segments), group=group)
+    lengths = [sum(n for _, n in s) for s in every_segments]
+    # gloo gathers equal sizes: every rank's rows padded to the longest
+    shape = list(x.shape)
+    shape[dim] = max(lengths) - x.shape[dim]
+    padded = torch.cat([x, x.new_zeros(shape)], dim).contiguous()
+    parts = [torch.empty_like(padded) for _ in lengths]
+    dist.all_gather(parts, padded, group=group)
+    pieces = []
+    for part, segs in zip(parts, every_segments):
+        first = 0
+        for position, n in segs:
+            pieces.append((position, part.narrow(dim, first, n)))
+            first += n
+    return torch.cat([p for _, p in sorted(pieces, key=lambda t: t[0])], dim)

@@ -2,8 +2,9 @@
 loopback: 2 and 4 processes, each holding a chunk of one sequence, against one
 process computing the whole sequence with rt.attention (itself checked against the
 oracle), float64 to 1e-12: the output rows, dq, dk, dv of the rank's chunk and the
-scheme's parameter gradients, for every scheme, causal and not, with key padding
-and uneven chunks; a second run gives the same bits; a rank that leaves makes the
+scheme's parameter gradients, for every scheme, causal and not, with key padding,
+uneven contiguous chunks and the zigzag assignment; the gathered output; a second
+run gives the same bits; a rank that leaves makes the
 others raise instead of hanging."""
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch.multiprocessing as mp
 
 import relpos
 import relpos.torch as rt
-from relpos.context_parallel import ring_attention
+from relpos.context_parallel import gather_sequence, ring_attention, shard_sequence
 
 B, H, HKV, D = 2, 4, 2, 5
 CHUNKS = {2: [9, 14], 4: [5, 7, 3, 8]}
@@ -56,11 +57,17 @@ def whole_problem(name, L, seed):
     return q, k, v, pad, dout, make_params(name, g)
 
 
-def run_case(name, causal, chunks, rank, seed):
+def run_case(name, causal, chunks, rank, seed, zigzag=False):
+    """Uneven contiguous chunks, or shard_sequence's zigzag pieces of the same length."""
     L = sum(chunks)
     q, k, v, pad, dout, params = whole_problem(name, L, seed)
-    start = sum(chunks[:rank])
-    rows = slice(start, start + chunks[rank])
+    if zigzag:
+        index, segments = shard_sequence(torch.arange(L), rank, len(chunks), dim=0, position=POSITION)
+        rows = index
+    else:
+        start = sum(chunks[:rank])
+        rows = torch.arange(start, start + chunks[rank])
+        segments = [(POSITION + start, chunks[rank])]
     # the whole sequence in this process
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     whole_params = {n: p.clone().requires_grad_() for n, p in params.items()}
@@ -71,9 +78,11 @@ def run_case(name, causal, chunks, rank, seed):
     mine = [x[:, :, rows].clone().requires_grad_() for x in (q, k, v)]
     my_params = {n: p.clone().requires_grad_() for n, p in params.items()}
     ring_out = ring_attention(*mine, make_scheme(name, my_params), causal=causal, key_padding=pad[:, rows],
-                              q_offset=POSITION + start, k_offset=POSITION + start)
+                              q_segments=segments, k_segments=segments)
     got = torch.autograd.grad(ring_out, [*mine, *my_params.values()], dout[:, :, rows])
-    where = f"{name} causal={causal} chunks={chunks} rank={rank}"
+    where = f"{name} causal={causal} chunks={chunks} zigzag={zigzag} rank={rank}"
+    torch.testing.assert_close(gather_sequence(ring_out.detach(), segments, dim=2), out.detach(), rtol=1e-12,
+                               atol=1e-12, msg=f"{where}: gathered")
     torch.testing.assert_close(ring_out, out[:, :, rows].detach(), rtol=1e-12, atol=1e-12, msg=where)
     for what, a, e in zip(["q", "k", "v"], got[:3], expected[:3]):
         torch.testing.assert_close(a, e[:, :, rows], rtol=1e-12, atol=1e-12, msg=f"{where}: d{what}")
@@ -93,9 +102,10 @@ def worker_every_case(rank, world, store):
     try:
         for i, name in enumerate(["none", "shaw", "t5", "alibi", "rope", "xl"]):
             for causal in (False, True):
-                first = run_case(name, causal, CHUNKS[world], rank, seed=10 * i + causal)
-                again = run_case(name, causal, CHUNKS[world], rank, seed=10 * i + causal)
-                assert all(torch.equal(a, b) for a, b in zip(first, again)), f"{name}: a second run differs"
+                for zigzag in (False, True):
+                    first = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag)
+                    again = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag)
+                    assert all(torch.equal(a, b) for a, b in zip(first, again)), f"{name}: a second run differs"
     finally:
         dist.destroy_process_group()
 
