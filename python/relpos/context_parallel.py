@@ -111,7 +111,8 @@ def _padding_of(pad, batch: int, length: int):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, key_padding, group, q_segments, k_segments, scheme_name, ints, floats, *params):
+    def forward(ctx, q, k, v, key_padding, group, q_segments, k_segments, reduce_params, scheme_name, ints, floats,
+                *params):
         record, options = torch_op._decode(scheme_name, params, ints, floats)
         causal = options.pop("causal")
         del options["q_offset"], options["k_offset"]  # the segments hold the positions
@@ -131,13 +132,13 @@ class _RingAttention(torch.autograd.Function):
                 wait()
                 chunk = incoming
         ctx.save_for_backward(q, k, v, out, lse, *(() if key_padding is None else (key_padding,)), *params)
-        ctx.meta = (group, q_segments, k_segments, scheme_name, ints, floats, key_padding is not None)
+        ctx.meta = (group, q_segments, k_segments, reduce_params, scheme_name, ints, floats, key_padding is not None)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        group, q_segments, k_segments, scheme_name, ints, floats, has_padding = ctx.meta
+        group, q_segments, k_segments, reduce_params, scheme_name, ints, floats, has_padding = ctx.meta
         q, k, v, out, lse, *rest = ctx.saved_tensors
         key_padding = rest.pop(0) if has_padding else None
         params = rest
@@ -167,14 +168,16 @@ class _RingAttention(torch.autograd.Function):
             incoming, wait = ring.shift(chunk, step)
             wait()
             chunk = incoming
-        for g in dparams:
-            dist.all_reduce(g, group=group)
-        return (dq, chunk[3], chunk[4], None, None, None, None, None, None, None, *dparams)
+        if reduce_params:
+            for g in dparams:
+                dist.all_reduce(g, group=group)
+        return (dq, chunk[3], chunk[4], None, None, None, None, None, None, None, None, *dparams)
 
 
 def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"] = None, causal: bool = False,
                    key_padding=None, q_offset: int = 0, k_offset: int = 0, q_segments=None, k_segments=None,
-                   scale: Optional[float] = None, threads: Optional[int] = None, return_lse: bool = False):
+                   scale: Optional[float] = None, threads: Optional[int] = None, return_lse: bool = False,
+                   reduce_param_grads: bool = True):
     """Attention with ``scheme`` over a sequence sharded across ``group`` (default:
     the whole world), differentiable. Each rank passes its own rows: q
     ``(B, H, Lq_r, d)`` at absolute positions ``q_offset + i``, k, v
@@ -185,7 +188,9 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
     ``(B, H, Lq_r, dv)`` (and its row logsumexp with ``return_lse=True``), equal to
     its rows of one call on the whole sequence. Gradients: q's stay local, k's and
     v's return to their owners, the scheme's tensors get the sum over all ranks
-    (the same on every rank). Every rank must call it with the same scheme options."""
+    (the same on every rank), or with ``reduce_param_grads=False`` this rank's
+    share, for a model that sums every replicated parameter's gradient over the
+    group itself. Every rank must call it with the same scheme options."""
     scheme = relpos.NoPosition() if scheme is None else scheme
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("relpos: ring_attention: torch.distributed is not initialised (init_process_group first)")
@@ -195,7 +200,8 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
     qs = _segments(q_segments, q_offset, q.shape[2], "q_segments" if q_segments is not None else "q_offset")
     ks = _segments(k_segments, k_offset, k.shape[2], "k_segments" if k_segments is not None else "k_offset")
     name, params, ints, floats = torch_op._encode(scheme, causal, 0, 0, scale, "fused", threads)
-    out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, name, ints, floats, *params)
+    out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, bool(reduce_param_grads), name, ints, floats,
+                                    *params)
     return (out, lse) if return_lse else out
 
 

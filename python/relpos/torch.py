@@ -91,6 +91,12 @@ class RelativeMultiheadAttention(nn.Module):
     positions (a KV-cache step).
     ``mems`` ``(B, M, kdim)`` (Transformer-XL memory, any scheme): prepended to the
     keys and values without gradient; queries then sit at positions ``M + i``.
+    ``context_parallel=group`` (a ``torch.distributed`` group, or True for the world):
+    the sequence is sharded across the group and forward takes this rank's rows,
+    self-attention only, their positions as ``q_offset`` or ``segments`` (from
+    ``relpos.context_parallel.shard_sequence``); ring attention makes the result
+    that of the whole sequence. Every parameter's gradient is then this rank's
+    share: sum them over the group (``all_reduce``), as ``examples/context_parallel.py`` does.
     ``num_kv_heads`` (dividing ``num_heads``; default ``num_heads``) projects keys and
     values to fewer heads, each shared by ``num_heads / num_kv_heads`` query heads
     (grouped-query attention; 1: multi-query).
@@ -134,6 +140,7 @@ class RelativeMultiheadAttention(nn.Module):
         xl_clamp_len: int = 0,
         algorithm: str = "auto",
         threads: Optional[int] = None,
+        context_parallel=None,
     ):
         super().__init__()
         if scheme not in SCHEMES:
@@ -158,6 +165,9 @@ class RelativeMultiheadAttention(nn.Module):
         self.embed_dim, self.num_heads, self.head_dim, self.scheme = embed_dim, num_heads, head_dim, scheme
         self.num_kv_heads = num_kv_heads
         self.scale, self.algorithm, self.threads = scale, algorithm, threads
+        # A torch.distributed process group (True: the whole world) over which the
+        # sequence is sharded: forward then takes this rank's rows (ring attention).
+        self.context_parallel = context_parallel
         inner = num_heads * head_dim
         self.q_proj = nn.Linear(embed_dim, inner, bias=bias)
         self.k_proj = nn.Linear(kdim or embed_dim, num_kv_heads * head_dim, bias=bias)
@@ -221,6 +231,7 @@ class RelativeMultiheadAttention(nn.Module):
         q_offset: Union[int, str] = 0,
         k_offset: int = 0,
         key_padding_mask: Optional[torch.Tensor] = None,
+        segments=None,
     ) -> torch.Tensor:
         if key_padding_mask is not None:
             if key_padding is not None:
@@ -254,9 +265,22 @@ class RelativeMultiheadAttention(nn.Module):
         q = self._heads(self.q_proj(query))
         k = self._heads(self.k_proj(key), self.num_kv_heads)
         v = self._heads(self.v_proj(value), self.num_kv_heads)
-        out = attention(q, k, v, self.position_scheme(), causal=causal, key_padding=key_padding,
-                        q_offset=q_offset, k_offset=k_offset, scale=self.scale, algorithm=self.algorithm,
-                        threads=self.threads)
+        if self.context_parallel is not None:
+            from relpos.context_parallel import ring_attention
+
+            if mems is not None or key is not query:
+                raise ValueError("relpos: context_parallel: self-attention over the sharded sequence only "
+                                 "(no key/value arguments, no mems)")
+            group = None if self.context_parallel is True else self.context_parallel
+            # Every parameter's gradient is this rank's share, the positional ones too:
+            # the model sums them all over the group, as for data parallelism.
+            out = ring_attention(q, k, v, self.position_scheme(), group=group, causal=causal, key_padding=key_padding,
+                                 q_offset=q_offset, k_offset=q_offset, q_segments=segments, k_segments=segments,
+                                 scale=self.scale, threads=self.threads, reduce_param_grads=False)
+        else:
+            out = attention(q, k, v, self.position_scheme(), causal=causal, key_padding=key_padding,
+                            q_offset=q_offset, k_offset=k_offset, scale=self.scale, algorithm=self.algorithm,
+                            threads=self.threads)
         B, _, Lq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, Lq, -1))
 

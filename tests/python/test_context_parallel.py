@@ -138,3 +138,26 @@ def test_ring_attention_needs_an_initialised_group():
     q = torch.randn(1, 1, 2, 2)
     with pytest.raises(ValueError, match="torch.distributed is not initialised"):
         ring_attention(q, q, q)
+
+
+@pytest.mark.parametrize("scheme", ["shaw", "xl"])
+def test_torchrun_example_trains_with_the_losses_of_one_process(scheme, tmp_path):
+    """examples/context_parallel.py under torchrun with 2 processes (the module with
+    context_parallel=True, zigzag shards, summed gradients, AdamW) gives the losses of
+    one process on the whole sequences, float64."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "context_parallel.py"
+    common = [str(example), "--scheme", scheme, "--steps", "3", "--length", "64", "--dtype", "float64"]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    subprocess.run([str(torchrun), "--nproc-per-node", "2", *common, "--json", str(tmp_path / "two.json")],
+                   check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, *common, "--json", str(tmp_path / "one.json")], check=True,
+                   capture_output=True, timeout=300)
+    two, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))
+    assert two["processes"] == 2 and one["processes"] == 1
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-10, abs=1e-10)
+    assert one["losses"][-1] < one["losses"][0]
