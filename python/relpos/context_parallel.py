@@ -72,9 +72,17 @@ class _Ring:
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         neighbour = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
         self.next, self.prev = neighbour((self.rank + 1) % self.size), neighbour((self.rank - 1) % self.size)
-        every: list = [None] * self.size
-        dist.all_gather_object(every, k_segments, group=group)
-        self.segments = every
+        # Every rank's segments: their counts, then the (position, rows) pairs padded
+        # to the longest list (two small tensor gathers, not pickled objects).
+        count = torch.tensor([len(k_segments)], dtype=torch.int64)
+        counts = [torch.zeros_like(count) for _ in range(self.size)]
+        dist.all_gather(counts, count, group=group)
+        longest = int(max(c.item() for c in counts))
+        mine = torch.zeros(longest, 2, dtype=torch.int64)
+        mine[:len(k_segments)] = torch.tensor(k_segments, dtype=torch.int64)
+        every = [torch.zeros_like(mine) for _ in range(self.size)]
+        dist.all_gather(every, mine, group=group)
+        self.segments = [[(int(o), int(n)) for o, n in e[:int(c.item())].tolist()] for e, c in zip(every, counts)]
 
     def owner(self, step: int) -> int:
         """Whose key chunk this rank holds at a step: its own at step 0, then its predecessors'."""
