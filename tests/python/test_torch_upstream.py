@@ -287,17 +287,22 @@ def test_transformer_xl_weights(mlen, clamp_len):
     torch.testing.assert_close(ours.v_proj.weight.grad, g_v, rtol=1e-9, atol=1e-10)
 
 
+def padded_self_attention(up, ours, width, B=2, L=9):
+    """An OpenNMT-py layer and its relpos module on the same input, the last 3 keys
+    of the second sequence padded: (x_up, x_ours, up_out, our_out)."""
+    x_up = torch.randn(B, L, width, requires_grad=True)
+    x_ours = x_up.detach().clone().requires_grad_()
+    pad = torch.zeros(B, L, dtype=torch.bool)
+    pad[1, -3:] = True
+    return x_up, x_ours, up(x_up, pad[:, None, :]), ours(x_ours, key_padding=pad)
+
+
 def test_opennmt_weights():
     torch.manual_seed(3)
     up = OpenNMTAttention(head_count=2, model_dim=8, max_relative_positions=3)
     randomize(up)
     ours = rt.from_opennmt(up)
-    B, L = 2, 9
-    x_up = torch.randn(B, L, 8, requires_grad=True)
-    x_ours = x_up.detach().clone().requires_grad_()
-    pad = torch.zeros(B, L, dtype=torch.bool)
-    pad[1, -3:] = True
-    up_out, our_out = up(x_up, pad[:, None, :]), ours(x_ours, key_padding=pad)
+    x_up, x_ours, up_out, our_out = padded_self_attention(up, ours, 8)
     pairs = [("table", lambda: up.relative_positions_embeddings.weight.grad, ours.shaw_wk),
              ("keys", lambda: up.linear_keys.weight.grad, ours.k_proj.weight),
              ("bias", lambda: up.final_linear.bias.grad, ours.out_proj.bias)]
@@ -331,12 +336,7 @@ def test_opennmt3_weights(k, num_kv, add_qkvbias):
     randomize(up)
     ours = rt.from_opennmt(up)
     assert ours.num_kv_heads == (num_kv or 4) and (ours.q_proj.bias is not None) == add_qkvbias
-    B, L = 2, 9
-    x_up = torch.randn(B, L, 16, requires_grad=True)
-    x_ours = x_up.detach().clone().requires_grad_()
-    pad = torch.zeros(B, L, dtype=torch.bool)
-    pad[1, -3:] = True
-    up_out, our_out = up(x_up, pad[:, None, :]), ours(x_ours, key_padding=pad)
+    x_up, x_ours, up_out, our_out = padded_self_attention(up, ours, 16)
     pairs = [("keys", lambda: up.linear_keys.weight.grad, ours.k_proj.weight),
              ("values", lambda: up.linear_values.weight.grad, ours.v_proj.weight)]
     if k > 0:
