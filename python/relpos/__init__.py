@@ -305,10 +305,13 @@ def backward(
     algorithm: str = "auto",
     threads: Optional[int] = None,
     layout: str = "bhld",
+    add_into: Optional[dict] = None,
 ) -> dict[str, np.ndarray]:
     """Gradients of ``sum(dout * out)`` given ``forward``'s ``out`` and ``lse``
     (options as in ``forward``; with ``layout="blhd"`` out, dout and the
-    gradients of q, k, v are ``(B, L, H, d)`` too).
+    gradients of q, k, v are ``(B, L, H, d)`` too). ``add_into`` maps some of the
+    names below to arrays of the gradients' kind, dtype and shape (views welcome):
+    those gradients are added into them, in place, instead of into new zeros.
 
     Returns a dict (torch tensors if q is one) with ``"q"``, ``"k"``, ``"v"`` and one entry per learnable
     parameter of the scheme: ``"shaw_wk"``, ``"shaw_wv"``, ``"t5_table"``,
@@ -319,15 +322,25 @@ def backward(
     # The core reads out and lse through the same (writable) views forward filled.
     args["out"], args["lse"] = heads_first(_writable(_array(out, "out")), layout), _writable(_array(lse, "lse"))
     args["dout"] = heads_first(_array(dout, "dout"), layout)
+    add_into = add_into or {}
+
+    def gradient(name, shape):
+        if name not in add_into:
+            return _new(args["q"], shape, zero=True)
+        g = add_into[name]
+        if _is_torch(g) != _is_torch(args["q"]) or tuple(g.shape) != tuple(shape):
+            raise ValueError(f"relpos: add_into[{name!r}]: expected {'a tensor' if _is_torch(args['q']) else 'an array'} "
+                             f"of shape {tuple(shape)}, got {type(g).__name__} of shape {tuple(g.shape)}")
+        return g if _is_torch(g) else _whole_items(g, f"add_into[{name!r}]")
+
     grads: dict[str, np.ndarray] = {}
     for name in ("q", "k", "v"):
-        grads[name] = _new(args["q"], heads_first(args[name], layout).shape, zero=True)  # the caller's layout
-        args["d" + name] = heads_first(grads[name], layout)
+        grads[name] = gradient(name, heads_first(args[name], layout).shape)  # the caller's layout
+        args["d" + name] = heads_first(_array(grads[name], "d" + name), layout)
     scheme = NoPosition() if scheme is None else scheme
     for name, p in scheme._params().items():
-        g = _new(args["q"], tuple(p.shape) if _is_torch(p) else np.shape(p), zero=True)
-        grads[name] = g
-        args["d_" + name] = _as_core_param(name, g)
+        grads[name] = gradient(name, tuple(p.shape) if _is_torch(p) else np.shape(p))
+        args["d_" + name] = _as_core_param(name, _array(grads[name], "d_" + name))
     _relpos.backward(args)
     return grads
 

@@ -163,15 +163,12 @@ class _RingAttention(torch.autograd.Function):
         names = list(record._params())
         for step in range(ring.size):
             for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, ring.owner(step), causal):
-                grads = relpos.backward(q.detach()[:, :, qrows], chunk[0][:, :, krows], chunk[1][:, :, krows],
-                                        out[:, :, qrows], lse[:, :, qrows], dout[:, :, qrows], record,
-                                        causal=causal, key_padding=chunk[2][:, krows], q_offset=q_offset,
-                                        k_offset=k_offset, **options)
-                dq[:, :, qrows] += grads["q"]
-                chunk[3][:, :, krows] += grads["k"]
-                chunk[4][:, :, krows] += grads["v"]
-                for i, n in enumerate(names):
-                    dparams[i] += grads[n]
+                # added in place into dq and the travelling dk, dv: no per-call gradient buffers
+                relpos.backward(q.detach()[:, :, qrows], chunk[0][:, :, krows], chunk[1][:, :, krows],
+                                out[:, :, qrows], lse[:, :, qrows], dout[:, :, qrows], record, causal=causal,
+                                key_padding=chunk[2][:, krows], q_offset=q_offset, k_offset=k_offset,
+                                add_into={"q": dq[:, :, qrows], "k": chunk[3][:, :, krows], "v": chunk[4][:, :, krows],
+                                          **dict(zip(names, dparams))}, **options)
             # Every chunk moves on, the last step included: that send takes dk, dv home.
             incoming, wait = ring.shift(chunk, step)
             wait()

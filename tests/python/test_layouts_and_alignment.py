@@ -91,3 +91,25 @@ def test_module_key_padding_has_one_name():
     assert not torch.allclose(m(x), out)
     with pytest.raises(ValueError, match="pass one"):
         m(x, key_padding=pad, key_padding_mask=pad)
+
+
+def test_backward_adds_into_given_arrays_in_place():
+    q, k, v = qkv(seed=4)
+    scheme = relpos.ALiBi(np.array([0.5, 0.25, 0.125, 0.0625]))
+    out, lse = relpos.forward(q, k, v, scheme, causal=True)
+    dout = np.random.default_rng(5).standard_normal(out.shape)
+    fresh = relpos.backward(q, k, v, out, lse, dout, scheme, causal=True)
+    base = np.random.default_rng(6).standard_normal((2, 4, 5, 3))
+    dq = base.copy()
+    dk_whole = np.zeros((2, 2, 12, 3))
+    view = dk_whole[:, :, 3:]  # a strided view: written through
+    slopes = np.ones(4)
+    got = relpos.backward(q, k, v, out, lse, dout, scheme, causal=True,
+                          add_into={"q": dq, "k": view, "alibi_slopes": slopes})
+    assert got["q"] is dq and got["k"] is view and got["alibi_slopes"] is slopes
+    np.testing.assert_allclose(dq, base + fresh["q"], rtol=1e-14, atol=1e-14)
+    np.testing.assert_array_equal(dk_whole[:, :, 3:], fresh["k"])
+    np.testing.assert_allclose(slopes, 1 + fresh["alibi_slopes"], rtol=1e-14, atol=1e-14)
+    np.testing.assert_array_equal(got["v"], fresh["v"])
+    with pytest.raises(ValueError, match=r"add_into\['q'\]: expected an array of shape \(2, 4, 5, 3\)"):
+        relpos.backward(q, k, v, out, lse, dout, add_into={"q": np.zeros((2, 4, 5))})
