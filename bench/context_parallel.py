@@ -134,7 +134,7 @@ def worker(rank, world, store, job, results):
                 for s in range(world):
                     for qrows, krows, qo, ko in ring.pairs(segments, ring.owner(s), True):
                         relpos.forward(q[:, :, qrows], k[:, :, krows], v[:, :, krows], scheme, causal=True,
-                                       q_offset=qo, k_offset=ko)
+                                       q_offset=qo, k_offset=ko, threads=job["threads"])
 
             def whole():
                 ring_attention(q, k, v, scheme, causal=True, q_segments=segments, k_segments=segments)

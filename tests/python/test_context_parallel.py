@@ -3,8 +3,9 @@ loopback: 2 and 4 processes, each holding a chunk of one sequence, against one
 process computing the whole sequence with rt.attention (itself checked against the
 oracle), float64 to 1e-12: the output rows, dq, dk, dv of the rank's chunk and the
 scheme's parameter gradients, for every scheme, causal and not, with key padding,
-uneven contiguous chunks and the zigzag assignment; the gathered output; a second
-run gives the same bits; a rank that leaves makes the
+uneven contiguous chunks and the zigzag assignment, and cross-attention with queries
+and keys sharded on their own boundaries; the gathered output; a second run gives
+the same bits; a rank that leaves makes the
 others raise instead of hanging."""
 from __future__ import annotations
 
@@ -106,8 +107,40 @@ def worker_every_case(rank, world, store):
                     first = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag)
                     again = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag)
                     assert all(torch.equal(a, b) for a, b in zip(first, again)), f"{name}: a second run differs"
+            cross_attention_case(name, rank, world)
     finally:
         dist.destroy_process_group()
+
+
+def cross_attention_case(name, rank, world):
+    """Queries of one sequence and keys of another, each sharded contiguously on its
+    own (uneven) boundaries: no mask, key padding."""
+    Lq, chunks_k = 11, CHUNKS[world]
+    Lk = sum(chunks_k)
+    q, _, _, _, dout, params = whole_problem(name, Lq, seed=77)
+    _, k, v, pad, _, _ = whole_problem(name, Lk, seed=78)
+    q_bounds = [round(i * Lq / world) for i in range(world + 1)]
+    qrows = slice(q_bounds[rank], q_bounds[rank + 1])
+    kstart = sum(chunks_k[:rank])
+    krows = slice(kstart, kstart + chunks_k[rank])
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    whole_params = {n: p.clone().requires_grad_() for n, p in params.items()}
+    out = rt.attention(*leaves, make_scheme(name, whole_params), key_padding=pad, q_offset=POSITION + 20,
+                       k_offset=POSITION)
+    expected = torch.autograd.grad(out, [*leaves, *whole_params.values()], dout)
+    mine = [q[:, :, qrows].clone().requires_grad_(), k[:, :, krows].clone().requires_grad_(),
+            v[:, :, krows].clone().requires_grad_()]
+    my_params = {n: p.clone().requires_grad_() for n, p in params.items()}
+    ring_out = ring_attention(*mine, make_scheme(name, my_params), key_padding=pad[:, krows],
+                              q_offset=POSITION + 20 + q_bounds[rank], k_offset=POSITION + kstart)
+    got = torch.autograd.grad(ring_out, [*mine, *my_params.values()], dout[:, :, qrows])
+    where = f"cross {name} rank={rank}"
+    torch.testing.assert_close(ring_out, out[:, :, qrows].detach(), rtol=1e-12, atol=1e-12, msg=where)
+    for what, a, e in zip(["q", "k", "v"], got[:3], (expected[0][:, :, qrows], expected[1][:, :, krows],
+                                                      expected[2][:, :, krows])):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12, msg=f"{where}: d{what}")
+    for what, a, e in zip(params, got[3:], expected[3:]):
+        torch.testing.assert_close(a, e, rtol=1e-11, atol=1e-12, msg=f"{where}: d{what}")
 
 
 @pytest.mark.parametrize("world", [2, 4])
