@@ -28,18 +28,16 @@ from relpos import torch_op
 __all__ = ["ring_attention", "shard_sequence", "gather_sequence"]
 
 
-def _merge(out, lse, out_s, lse_s):
-    """Two partial attentions over disjoint keys merged by their row logsumexp
-    (-inf: no visible key; its output is zero). Merging into (0, -inf) returns the
-    second exactly."""
-    m = torch.maximum(lse, lse_s)
-    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
-    a, b = torch.exp(lse - m), torch.exp(lse_s - m)
-    total = a + b
-    lse_new = torch.where(total > 0, m + torch.log(total), torch.full_like(m, float("-inf")))
-    safe = torch.where(total > 0, total, torch.ones_like(total))
-    out_new = (out * (a / safe)[..., None] + out_s * (b / safe)[..., None])
-    return out_new, lse_new
+def _merge_into(out, lse, out_s, lse_s) -> None:
+    """Adds the partial attention (out_s, lse_s) over other keys into (out, lse),
+    views updated in place, by their row logsumexp (-inf: no visible key, output
+    zero). Two passes over the output rows: it runs once per step and pair."""
+    new = torch.logaddexp(lse, lse_s)
+    finite = torch.isfinite(new)
+    a = torch.where(finite, torch.exp(lse - new), torch.zeros_like(new))
+    b = torch.where(finite, torch.exp(lse_s - new), torch.zeros_like(new))
+    out.mul_(a[..., None]).addcmul_(out_s, b[..., None])
+    lse.copy_(new)
 
 
 Segments = list  # [(absolute position of the first row, rows), ...] in row order
@@ -135,7 +133,7 @@ class _RingAttention(torch.autograd.Function):
                 out_s, lse_s = relpos.forward(q.detach()[:, :, qrows], chunk[0][:, :, krows], chunk[1][:, :, krows],
                                               record, causal=causal, key_padding=chunk[2][:, krows],
                                               q_offset=q_offset, k_offset=k_offset, **options)
-                out[:, :, qrows], lse[:, :, qrows] = _merge(out[:, :, qrows], lse[:, :, qrows], out_s, lse_s)
+                _merge_into(out[:, :, qrows], lse[:, :, qrows], out_s, lse_s)
             if step < ring.size - 1:
                 wait()
                 chunk = incoming
