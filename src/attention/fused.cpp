@@ -287,16 +287,17 @@ void forward_tile(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, 
   }
 }
 
+}  // namespace
+
 // Key-tile groups per head in the backward. Fewer heads than threads would
 // leave threads idle (B = 1, H = 1 ran on one thread), so each head's key
 // tiles are split into contiguous groups that run as separate work items,
 // each with its own query-side gradients (dq and the positional sums), added
 // in group order. Two items per thread let the head-tail order balance a
 // causal mask. Groups cost copies and sums (one head at L = 8192 on one
-// thread in 8 groups: 9-20% slower), so one thread, or at least two heads per
+// thread in 8 groups: 8-20% slower), so one thread, or at least two heads per
 // thread, keeps one group per head. The grouping depends on the thread count,
 // so dq's rounding does too; the same thread count gives the same bits.
-}  // namespace
 
 template <class T>
 int64_t backward_key_groups(const AttentionForward<T>& p) {
