@@ -13,7 +13,8 @@ for plain attention, Shaw K+V (k=64) and Transformer-XL:
    malloc returning blocks over 1 MiB to the system, as bench/peers.py measures); the
    longest L that fitted is reported.
 2. Time per forward+backward step at --time-length: P = 2 processes with one thread each
-   against one process with two threads, the same cores. On one machine the processes
+   (ring attention, and the all-to-all strategy) against one process with two threads,
+   the same cores. On one machine the processes
    share the cores and talk through loopback; this measures what the ring adds (its extra
    calls, merges and copies), not the speed-up of more machines.
 3. Communication hidden behind compute in the P = 2 forward: the time of the ring's
@@ -38,7 +39,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import relpos
-from relpos.context_parallel import _Ring, ring_attention, shard_sequence
+from relpos.context_parallel import _Ring, ring_attention, shard_sequence, ulysses_attention
 
 H, D, SHAW_K, XL_POS = 8, 64, 64, 64
 SCHEMES = ("none", "shaw", "xl")
@@ -71,12 +72,14 @@ def shards(L: int, rank: int, world: int, seed: int = 0):
     return [p[0] for p in parts], parts[0][1]
 
 
-def step(q, k, v, dout, scheme, segments, world):
+def step(q, k, v, dout, scheme, segments, world, strategy="ring"):
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     if world == 1:
         out = relpos.torch.attention(*leaves, scheme, causal=True)
-    else:
+    elif strategy == "ring":
         out = ring_attention(*leaves, scheme, causal=True, q_segments=segments, k_segments=segments)
+    else:
+        out = ulysses_attention(*leaves, scheme, causal=True, segments=segments)
     out.backward(dout)
 
 
@@ -110,13 +113,14 @@ def worker(rank, world, store, job, results):
         return
     (q, k, v, dout), segments = shards(job["length"], rank, world)
     if job["kind"] == "time":
-        step(q, k, v, dout, scheme, segments, world)  # warm-up
+        strategy = job.get("strategy", "ring")
+        step(q, k, v, dout, scheme, segments, world, strategy)  # warm-up
         times = []
         for _ in range(job["reps"]):
             if world > 1:
                 dist.barrier()
             start = time.perf_counter()
-            step(q, k, v, dout, scheme, segments, world)
+            step(q, k, v, dout, scheme, segments, world, strategy)
             times.append(time.perf_counter() - start)
         result["ms"] = statistics.median(times) * 1e3
     else:  # hidden: the ring forward, its transfers alone, its calls alone
@@ -188,11 +192,12 @@ def main():
             rows["memory"].append(dict(scheme=scheme, processes=world, longest=max(fitting, default=0),
                                        capped=peaks[-1][1] <= args.budget_mb, peaks=peaks))
         one = run(dict(kind="time", scheme=scheme, length=args.time_length, threads=2, reps=args.reps), 1)[0]["ms"]
-        two = max(r["ms"] for r in run(dict(kind="time", scheme=scheme, length=args.time_length, threads=1,
-                                             reps=args.reps), 2))
-        rows["time"].append(dict(scheme=scheme, length=args.time_length, one_ms=one, two_ms=two, ratio=two / one))
+        two, a2a = (max(r["ms"] for r in run(dict(kind="time", scheme=scheme, length=args.time_length, threads=1,
+                                                  reps=args.reps, strategy=s), 2)) for s in ("ring", "ulysses"))
+        rows["time"].append(dict(scheme=scheme, length=args.time_length, one_ms=one, two_ms=two, ratio=two / one,
+                                 all_to_all_ms=a2a, all_to_all_ratio=a2a / one))
         print(f"time   {scheme:5s} L={args.time_length}: 1 process {one:.1f} ms, 2 processes {two:.1f} ms "
-              f"({two / one:.2f}x)", flush=True)
+              f"({two / one:.2f}x), all-to-all {a2a:.1f} ms ({a2a / one:.2f}x)", flush=True)
         h = run(dict(kind="hidden", scheme=scheme, length=args.time_length, threads=1, reps=args.reps), 2)
         comm, calc, ring = (max(r[n] for r in h) for n in ("comm_ms", "calc_ms", "ring_ms"))
         hidden = min(1.0, max(0.0, (comm + calc - ring) / comm)) if comm > 0 else 0.0
@@ -220,9 +225,12 @@ def markdown(rows, meta) -> str:
         ratio = got[4]["longest"] / got[1]["longest"] if got[1]["longest"] else float("nan")
         lines.append(f"| {scheme} | {cell(1)} | {cell(2)} | {cell(4)} | {ratio:.1f}x |")
     lines += ["", "Time per forward+backward step, 2 processes (1 thread each) over 1 process (2 threads), the same "
-              "2 cores:", "", "| scheme | L | 1 process ms | 2 processes ms | ratio |", "|---|---|---|---|---|"]
+              "2 cores, ring attention and all-to-all:", "",
+              "| scheme | L | 1 process ms | ring, 2 processes ms | ratio | all-to-all, 2 processes ms | ratio |",
+              "|---|---|---|---|---|---|---|"]
     for r in rows["time"]:
-        lines.append(f"| {r['scheme']} | {r['length']} | {r['one_ms']:.1f} | {r['two_ms']:.1f} | {r['ratio']:.2f}x |")
+        lines.append(f"| {r['scheme']} | {r['length']} | {r['one_ms']:.1f} | {r['two_ms']:.1f} | {r['ratio']:.2f}x | "
+                     f"{r['all_to_all_ms']:.1f} | {r['all_to_all_ratio']:.2f}x |")
     lines += ["", "Communication hidden behind compute (forward, 2 processes):", "",
               "| scheme | transfers alone ms | calls alone ms | ring ms | hidden |", "|---|---|---|---|---|"]
     for r in rows["hidden"]:

@@ -1,5 +1,7 @@
 """Context parallelism: attention over a sequence sharded along its length across
-the processes of a ``torch.distributed`` group, with any relpos scheme.
+the processes of a ``torch.distributed`` group, with any relpos scheme. Two
+strategies: ring attention (below) and all-to-all (``ulysses_attention``: the
+heads sharded instead of the sequence for the attention itself).
 
 Ring attention: every rank keeps its query chunk and passes its key/value chunk
 (with its key padding and absolute key offset) around the ring, one step per rank;
@@ -17,15 +19,18 @@ gloo on CPU tensors, which is what relpos computes on.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Optional
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn.functional as dnn
 
 import relpos
+import relpos.torch  # noqa: F401  (relpos.torch.attention, for the all-to-all strategy)
 from relpos import torch_op
 
-__all__ = ["ring_attention", "shard_sequence", "gather_sequence"]
+__all__ = ["ring_attention", "ulysses_attention", "shard_sequence", "gather_sequence"]
 
 
 def _merge_into(out, lse, out_s, lse_s) -> None:
@@ -62,6 +67,20 @@ def _rows(segments: Segments):
         first += length
 
 
+def _every_rank(segments: Segments, group) -> list:
+    """Every rank's segments, in rank order: their counts, then the (position, rows)
+    pairs padded to the longest list (two small tensor gathers, not pickled objects)."""
+    size = dist.get_world_size(group)
+    count = torch.tensor([len(segments)], dtype=torch.int64)
+    counts = [torch.zeros_like(count) for _ in range(size)]
+    dist.all_gather(counts, count, group=group)
+    mine = torch.zeros(int(max(c.item() for c in counts)), 2, dtype=torch.int64)
+    mine[:len(segments)] = torch.tensor(segments, dtype=torch.int64)
+    every = [torch.zeros_like(mine) for _ in range(size)]
+    dist.all_gather(every, mine, group=group)
+    return [[(int(o), int(n)) for o, n in e[:int(c.item())].tolist()] for e, c in zip(every, counts)]
+
+
 class _Ring:
     """The group, this rank's neighbours and every rank's key segments."""
 
@@ -70,17 +89,7 @@ class _Ring:
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         neighbour = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
         self.next, self.prev = neighbour((self.rank + 1) % self.size), neighbour((self.rank - 1) % self.size)
-        # Every rank's segments: their counts, then the (position, rows) pairs padded
-        # to the longest list (two small tensor gathers, not pickled objects).
-        count = torch.tensor([len(k_segments)], dtype=torch.int64)
-        counts = [torch.zeros_like(count) for _ in range(self.size)]
-        dist.all_gather(counts, count, group=group)
-        longest = int(max(c.item() for c in counts))
-        mine = torch.zeros(longest, 2, dtype=torch.int64)
-        mine[:len(k_segments)] = torch.tensor(k_segments, dtype=torch.int64)
-        every = [torch.zeros_like(mine) for _ in range(self.size)]
-        dist.all_gather(every, mine, group=group)
-        self.segments = [[(int(o), int(n)) for o, n in e[:int(c.item())].tolist()] for e, c in zip(every, counts)]
+        self.segments = _every_rank(k_segments, group)
 
     def owner(self, step: int) -> int:
         """Whose key chunk this rank holds at a step: its own at step 0, then its predecessors'."""
@@ -244,3 +253,99 @@ def gather_sequence(x: torch.Tensor, segments, group=None, *, dim: int = 1) -> t
             pieces.append((position, part.narrow(dim, first, n)))
             first += n
     return torch.cat([p for _, p in sorted(pieces, key=lambda t: t[0])], dim)
+
+
+class _SumGradOverGroup(torch.autograd.Function):
+    """Identity forward; backward sums the gradient over the group (a parameter
+    every rank uses for different heads or rows)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def _scheme_for_heads(scheme, h0: int, h1: int, heads: int, group):
+    """The scheme restricted to query heads [h0, h1): per-head tensors sliced (their
+    gradients summed over the group), shared ones whole."""
+
+    def part(t, per_head: bool):
+        if t is None:
+            return None
+        t = _SumGradOverGroup.apply(t, group) if t.requires_grad else t
+        return t[h0:h1] if per_head else t
+
+    if scheme.name == "t5":
+        return replace(scheme, table=part(scheme.table, True))
+    if scheme.name == "alibi":
+        slopes = scheme.slopes if scheme.slopes is not None else torch.tensor(relpos.alibi_slopes(heads))
+        return replace(scheme, slopes=part(slopes, True))
+    if scheme.name == "xl":
+        return replace(scheme, u=part(scheme.u, True), v=part(scheme.v, True), w_r=part(scheme.w_r, True))
+    if scheme.name == "shaw":
+        return replace(scheme, wk=part(scheme.wk, scheme.wk is not None and scheme.wk.dim() == 3),
+                       wv=part(scheme.wv, scheme.wv is not None and scheme.wv.dim() == 3))
+    return scheme
+
+
+def ulysses_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"] = None, causal: bool = False,
+                      key_padding=None, q_offset: int = 0, segments=None, scale: Optional[float] = None,
+                      threads: Optional[int] = None):
+    """Self-attention over a sequence sharded across ``group`` by all-to-all
+    exchanges: each rank sends every other rank its rows of that rank's heads,
+    attends over the whole sequence for H / P query heads (and Hkv / P key heads),
+    and sends the output rows back. Arguments as ``ring_attention`` (one set of
+    segments for queries and keys; together they must cover one run of positions).
+    H and Hkv must divide by the group size. Differentiable; the scheme's tensors
+    get the sum of their gradients over the group."""
+    scheme = relpos.NoPosition() if scheme is None else scheme
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("relpos: ulysses_attention: torch.distributed is not initialised (init_process_group first)")
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    H, Hkv = q.shape[1], k.shape[1]
+    if H % size or Hkv % size:
+        raise ValueError(f"relpos: ulysses_attention: the query heads ({H}) and key heads ({Hkv}) must divide by the "
+                         f"group size {size}; use ring_attention")
+    mine = _segments(segments, q_offset, q.shape[2], "segments" if segments is not None else "q_offset")
+    every = _every_rank(mine, group)
+    lengths = [sum(n for _, n in s) for s in every]
+    positions = torch.tensor([o + i for s in every for o, n in s for i in range(n)])
+    order = torch.argsort(positions)
+    start = int(positions.min())
+    if not torch.equal(positions[order], torch.arange(start, start + len(positions))):
+        raise ValueError("relpos: ulysses_attention: the ranks' segments must cover one run of positions")
+
+    # gloo exchanges equal sizes: rows are padded to the longest rank's and trimmed after
+    longest = max(lengths)
+
+    def exchange(parts, heads):
+        padded = [torch.nn.functional.pad(p, (0, 0, 0, longest - p.shape[2])).contiguous() for p in parts]
+        empty = parts[0].new_empty((parts[0].shape[0], heads, longest, parts[0].shape[3]))
+        return dnn.all_to_all([torch.empty_like(empty) for _ in range(size)], padded, group=group)
+
+    def to_heads(x):  # (B, h, L_r, d) on each rank -> (B, h / P, L, d) in position order
+        received = exchange(list(x.chunk(size, dim=1)), x.shape[1] // size)
+        return torch.cat([r[:, :, :n] for r, n in zip(received, lengths)], 2).index_select(2, order)
+
+    def to_rows(x):  # (B, H / P, L, d) in position order -> (B, H, L_r, d)
+        received = exchange(list(x.index_select(2, torch.argsort(order)).split(lengths, dim=2)), x.shape[1])
+        return torch.cat([r[:, :, :lengths[rank]] for r in received], 1)
+
+    padding = None
+    if key_padding is not None:
+        padded = torch.zeros(key_padding.shape[0], longest, dtype=torch.uint8)
+        padded[:, :key_padding.shape[1]] = key_padding.to(torch.uint8)
+        gathered = [torch.empty_like(padded) for _ in range(size)]
+        dist.all_gather(gathered, padded, group=group)
+        padding = torch.cat([g[:, :n] for g, n in zip(gathered, lengths)], 1).index_select(1, order).bool()
+    h0, h1 = rank * H // size, (rank + 1) * H // size
+    out = relpos.torch.attention(to_heads(q), to_heads(k), to_heads(v), _scheme_for_heads(scheme, h0, h1, H, group),
+                                 causal=causal, key_padding=padding, q_offset=start, k_offset=start, scale=scale,
+                                 threads=threads)
+    return to_rows(out)

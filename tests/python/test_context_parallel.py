@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 import relpos
 import relpos.torch as rt
-from relpos.context_parallel import gather_sequence, ring_attention, shard_sequence
+from relpos.context_parallel import gather_sequence, ring_attention, shard_sequence, ulysses_attention
 
 B, H, HKV, D = 2, 4, 2, 5
 CHUNKS = {2: [9, 14], 4: [5, 7, 3, 8]}
@@ -48,20 +48,21 @@ def make_params(name, g):
     return params
 
 
-def whole_problem(name, L, seed):
+def whole_problem(name, L, seed, hkv=HKV):
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(B, HKV, L, D, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, hkv, L, D, generator=g, dtype=torch.float64) for _ in range(2))
     pad = torch.zeros(B, L, dtype=torch.bool)
     pad[1, L // 3: L // 3 + 4] = True  # padding inside a chunk, not only at the end
     dout = torch.randn(B, H, L, D, generator=g, dtype=torch.float64)
     return q, k, v, pad, dout, make_params(name, g)
 
 
-def run_case(name, causal, chunks, rank, seed, zigzag=False):
-    """Uneven contiguous chunks, or shard_sequence's zigzag pieces of the same length."""
+def run_case(name, causal, chunks, rank, seed, zigzag=False, strategy="ring", hkv=HKV):
+    """Uneven contiguous chunks, or shard_sequence's zigzag pieces of the same length;
+    ring attention or the all-to-all strategy."""
     L = sum(chunks)
-    q, k, v, pad, dout, params = whole_problem(name, L, seed)
+    q, k, v, pad, dout, params = whole_problem(name, L, seed, hkv)
     if zigzag:
         index, segments = shard_sequence(torch.arange(L), rank, len(chunks), dim=0, position=POSITION)
         rows = index
@@ -78,10 +79,14 @@ def run_case(name, causal, chunks, rank, seed, zigzag=False):
     # this rank's chunk through the ring
     mine = [x[:, :, rows].clone().requires_grad_() for x in (q, k, v)]
     my_params = {n: p.clone().requires_grad_() for n, p in params.items()}
-    ring_out = ring_attention(*mine, make_scheme(name, my_params), causal=causal, key_padding=pad[:, rows],
-                              q_segments=segments, k_segments=segments)
+    if strategy == "ring":
+        ring_out = ring_attention(*mine, make_scheme(name, my_params), causal=causal, key_padding=pad[:, rows],
+                                  q_segments=segments, k_segments=segments)
+    else:
+        ring_out = ulysses_attention(*mine, make_scheme(name, my_params), causal=causal, key_padding=pad[:, rows],
+                                     segments=segments)
     got = torch.autograd.grad(ring_out, [*mine, *my_params.values()], dout[:, :, rows])
-    where = f"{name} causal={causal} chunks={chunks} zigzag={zigzag} rank={rank}"
+    where = f"{strategy} {name} causal={causal} chunks={chunks} zigzag={zigzag} rank={rank}"
     torch.testing.assert_close(gather_sequence(ring_out.detach(), segments, dim=2), out.detach(), rtol=1e-12,
                                atol=1e-12, msg=f"{where}: gathered")
     torch.testing.assert_close(ring_out, out[:, :, rows].detach(), rtol=1e-12, atol=1e-12, msg=where)
@@ -141,6 +146,36 @@ def cross_attention_case(name, rank, world):
         torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12, msg=f"{where}: d{what}")
     for what, a, e in zip(params, got[3:], expected[3:]):
         torch.testing.assert_close(a, e, rtol=1e-11, atol=1e-12, msg=f"{where}: d{what}")
+
+
+def worker_all_to_all(rank, world, store):
+    """The all-to-all strategy: every scheme with Hkv = 2 on 2 processes; on 4, Hkv = 4
+    (and Hkv = 2 refused: the heads must divide by the group)."""
+    init(rank, world, store)
+    try:
+        hkv = 2 if world == 2 else 4
+        for i, name in enumerate(["none", "shaw", "t5", "alibi", "rope", "xl"]):
+            for causal in (False, True):
+                for zigzag in (False, True):
+                    first = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag, "ulysses", hkv)
+                    again = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag, "ulysses", hkv)
+                    assert all(torch.equal(a, b) for a, b in zip(first, again)), f"{name}: a second run differs"
+        if world == 4:
+            q = torch.randn(1, 4, 3, 2, dtype=torch.float64)
+            kv = torch.randn(1, 2, 3, 2, dtype=torch.float64)
+            try:
+                ulysses_attention(q, kv, kv)
+                raise AssertionError("2 key heads over 4 processes were accepted")
+            except ValueError as e:
+                assert "must divide by the group size 4" in str(e), e
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_to_all_equals_one_process_on_the_whole_sequence(world):
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker_all_to_all, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
 
 
 @pytest.mark.parametrize("world", [2, 4])
