@@ -84,12 +84,13 @@ def _every_rank(segments: Segments, group) -> list:
 class _Ring:
     """The group, this rank's neighbours and every rank's key segments."""
 
-    def __init__(self, group, k_segments: Segments):
+    def __init__(self, group, k_segments: Segments, every: Optional[list] = None):
         self.group = group
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         neighbour = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
         self.next, self.prev = neighbour((self.rank + 1) % self.size), neighbour((self.rank - 1) % self.size)
-        self.segments = _every_rank(k_segments, group)
+        # every rank's key segments: gathered once per forward, reused by its backward
+        self.segments = every if every is not None else _every_rank(k_segments, group)
 
     def owner(self, step: int) -> int:
         """Whose key chunk this rank holds at a step: its own at step 0, then its predecessors'."""
@@ -147,20 +148,21 @@ class _RingAttention(torch.autograd.Function):
                 wait()
                 chunk = incoming
         ctx.save_for_backward(q, k, v, out, lse, *(() if key_padding is None else (key_padding,)), *params)
-        ctx.meta = (group, q_segments, k_segments, reduce_params, scheme_name, ints, floats, key_padding is not None)
+        ctx.meta = (group, q_segments, ring.segments, reduce_params, scheme_name, ints, floats,
+                    key_padding is not None)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        group, q_segments, k_segments, reduce_params, scheme_name, ints, floats, has_padding = ctx.meta
+        group, q_segments, every, reduce_params, scheme_name, ints, floats, has_padding = ctx.meta
         q, k, v, out, lse, *rest = ctx.saved_tensors
         key_padding = rest.pop(0) if has_padding else None
         params = rest
         record, options = torch_op._decode(scheme_name, params, ints, floats)
         causal = options.pop("causal")
         del options["q_offset"], options["k_offset"]
-        ring = _Ring(group, k_segments)
+        ring = _Ring(group, None, every)
         dout = dout.contiguous()
         dq = torch.zeros_like(q)
         dparams = [torch.zeros_like(p) for p in params]
