@@ -21,9 +21,10 @@ namespace {
 
 
 std::vector<SchemeCase> cases() {
-  std::vector<SchemeCase> c(6);
-  const char* labels[] = {"none", "shaw k=64 K+V", "t5", "alibi", "rope", "transformer-xl"};
-  const Scheme schemes[] = {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl};
+  std::vector<SchemeCase> c(7);
+  const char* labels[] = {"none", "shaw k=64 K+V", "t5", "alibi", "rope", "transformer-xl", "kerple"};
+  const Scheme schemes[] = {Scheme::none, Scheme::shaw,  Scheme::t5,    Scheme::alibi,
+                            Scheme::rope, Scheme::xl, Scheme::kerple};
   for (size_t i = 0; i < c.size(); ++i) c[i].label = labels[i], c[i].scheme = schemes[i], c[i].shaw_k = 64;
   return c;
 }

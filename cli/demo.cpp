@@ -31,7 +31,8 @@ namespace {
 constexpr nn::PositionKind kAllSchemes[] = {nn::PositionKind::sinusoidal, nn::PositionKind::learned,
                                             nn::PositionKind::none,       nn::PositionKind::shaw,
                                             nn::PositionKind::t5,         nn::PositionKind::alibi,
-                                            nn::PositionKind::rope,       nn::PositionKind::xl};
+                                            nn::PositionKind::rope,       nn::PositionKind::xl,
+                                            nn::PositionKind::kerple};
 
 // The default run fits in 10 minutes on 2 cores (docs/trainer.md has the
 // measurement); --full trains larger models for longer.
@@ -100,7 +101,7 @@ int run_demo(int argc, char** argv, int first) {
   bool no_sliding = false;
   Options opts("relpos demo",
                "Train short, test long: trains one small byte-level language model per position scheme\n"
-               "(sinusoidal, learned, none, shaw, t5, alibi, rope, xl) at --length on the same data (default:\n"
+               "(sinusoidal, learned, none, shaw, t5, alibi, rope, xl, kerple) at --length on the same data (default:\n"
                "Debian's English fortune files), then scores each on held-out text at 1x..16x that length\n"
                "(bits per byte; non-overlapping and sliding windows; Transformer-XL also with a memory of\n"
                "(n-1) x length). Prints the tables and writes demo.json, bits_per_byte.svg and one checkpoint\n"

@@ -23,6 +23,7 @@ std::vector<SchemeCase> check_cases() {
   add("rope half-split", Scheme::rope);
   add("rope interleaved", Scheme::rope).rope_style = RopeStyle::interleaved;
   add("transformer-xl mem=L/2", Scheme::xl).mem_len = -1;  // resolved to length/2
+  add("kerple", Scheme::kerple);
   return cases;
 }
 
@@ -38,12 +39,13 @@ View4<T> view4(std::vector<T>& buf, int64_t b, int64_t h, int64_t l, int64_t d) 
 
 template <class T>
 void Problem<T>::clear_grads() {
-  for (std::vector<T>* g : {&dq, &dk, &dv, &dwk, &dwv, &dt5_table, &du, &dxv, &dw_r}) std::fill(g->begin(), g->end(), T(0));
+  for (std::vector<T>* g : {&dq, &dk, &dv, &dwk, &dwv, &dt5_table, &du, &dxv, &dw_r, &dkerple_r1, &dkerple_r2})
+    std::fill(g->begin(), g->end(), T(0));
 }
 
 template <class T>
 std::vector<const std::vector<T>*> Problem<T>::grads() const {
-  return {&dq, &dk, &dv, &dwk, &dwv, &dt5_table, &du, &dxv, &dw_r};
+  return {&dq, &dk, &dv, &dwk, &dwv, &dt5_table, &du, &dxv, &dw_r, &dkerple_r1, &dkerple_r2};
 }
 
 template <class T>
@@ -108,6 +110,14 @@ Problem<T> make_problem(const ProblemShape& s, const SchemeCase& c, uint64_t see
       std::tie(pos.xl.v, g.xl_v) = param(pb.xv, pb.dxv, std::array<int64_t, 2>{H, d}, 0.5);
       std::tie(pos.xl.w_r, g.xl_w_r) = param(pb.w_r, pb.dw_r, std::array<int64_t, 3>{H, d, d}, 0.1);
       break;
+    case Scheme::kerple: {  // r1 in (0.5, 1.5), r2 in (0.25, 0.75): positive, as KERPLE requires
+      const std::array<int64_t, 1> heads{H};
+      std::tie(pos.kerple.r1, g.kerple_r1) = param(pb.kerple_r1, pb.dkerple_r1, heads, 0.0);
+      std::tie(pos.kerple.r2, g.kerple_r2) = param(pb.kerple_r2, pb.dkerple_r2, heads, 0.0);
+      for (int64_t h = 0; h < H; ++h)
+        pb.kerple_r1[h] = T(0.5 + double(h % 4) / 4), pb.kerple_r2[h] = T(0.25 + double(h % 3) / 4);
+      break;
+    }
     case Scheme::none:
     case Scheme::alibi:
       break;

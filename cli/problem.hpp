@@ -34,9 +34,9 @@ template <class T>
 struct Problem {
   // Inputs and parameters (values are float-representable, so the float and
   // double problems built from one seed hold exactly the same numbers).
-  std::vector<T> q, k, v, dout, wk, wv, t5_table, u, xv, w_r;
+  std::vector<T> q, k, v, dout, wk, wv, t5_table, u, xv, w_r, kerple_r1, kerple_r2;
   // Outputs and gradients.
-  std::vector<T> out, lse, dq, dk, dv, dwk, dwv, dt5_table, du, dxv, dw_r;
+  std::vector<T> out, lse, dq, dk, dv, dwk, dwv, dt5_table, du, dxv, dw_r, dkerple_r1, dkerple_r2;
   AttentionBackward<T> params;  // views into the buffers above
 
   Problem() = default;

@@ -13,6 +13,7 @@
 #include <typeinfo>
 #include <string>
 
+#include "../src/schemes/registry.hpp"
 #include "relpos/attention.hpp"
 #include "relpos/info.hpp"
 
@@ -113,21 +114,18 @@ void fill_forward(const nb::dict& a, AttentionForward<T>& p) {
   const std::string beyond = option<std::string>(a, "shaw_beyond", "clip");
   if (beyond != "clip" && beyond != "zero") fail("shaw beyond: must be 'clip' or 'zero', got '" + beyond + "'");
   pos.shaw.beyond = beyond == "zero" ? Beyond::zero : Beyond::clip;
-  pos.shaw.wk = input<T, 3>(a, "shaw_wk");
-  pos.shaw.wv = input<T, 3>(a, "shaw_wv");
-  pos.t5.table = input<T, 2>(a, "t5_table");
+  // Every scheme's learnable tensors, by their names ("t5_table", ...).
+  for_each_scheme_param(pos, [&](const char* name, auto& param) {
+    param = input<T, std::tuple_size_v<decltype(param.shape)>>(a, name);
+  });
   pos.t5.bidirectional = option<bool>(a, "t5_bidirectional", true);
   pos.t5.max_distance = option<int64_t>(a, "t5_max_distance", 128);
-  pos.alibi.slopes = input<T, 1>(a, "alibi_slopes");
   pos.rope.base = option<double>(a, "rope_base", 10000.0);
   pos.rope.rotary_dims = option<int64_t>(a, "rope_dims", 0);
   const std::string style = option<std::string>(a, "rope_style", "half_split");
   if (style != "half_split" && style != "interleaved")
     fail("rope style: must be 'half_split' or 'interleaved', got '" + style + "'");
   pos.rope.style = style == "interleaved" ? RopeStyle::interleaved : RopeStyle::half_split;
-  pos.xl.u = input<T, 2>(a, "xl_u");
-  pos.xl.v = input<T, 2>(a, "xl_v");
-  pos.xl.w_r = input<T, 3>(a, "xl_w_r");
   pos.xl.clamp_len = option<int64_t>(a, "xl_clamp_len", 0);
 }
 
@@ -140,13 +138,6 @@ void run_forward(const nb::dict& a) {
 }
 
 template <class T>
-void run_check(const nb::dict& a) {
-  AttentionForward<T> p;
-  fill_forward(a, p);
-  validate_forward(p);
-}
-
-template <class T>
 void run_backward(const nb::dict& a) {
   AttentionBackward<T> p;
   fill_forward(a, p);
@@ -154,20 +145,17 @@ void run_backward(const nb::dict& a) {
   p.dq = output<T, 4>(a, "dq");
   p.dk = output<T, 4>(a, "dk");
   p.dv = output<T, 4>(a, "dv");
-  p.dpos.shaw_wk = output<T, 3>(a, "d_shaw_wk");
-  p.dpos.shaw_wv = output<T, 3>(a, "d_shaw_wv");
-  p.dpos.t5_table = output<T, 2>(a, "d_t5_table");
-  p.dpos.alibi_slopes = output<T, 1>(a, "d_alibi_slopes");
-  p.dpos.xl_u = output<T, 2>(a, "d_xl_u");
-  p.dpos.xl_v = output<T, 2>(a, "d_xl_v");
-  p.dpos.xl_w_r = output<T, 3>(a, "d_xl_w_r");
+  // Their gradients, by "d_" and the parameter's name.
+  for_each_scheme_param(p.pos, [&](const char* name, const auto&, auto& grad) {
+    grad = output<T, std::tuple_size_v<decltype(grad.shape)>>(a, ("d_" + std::string(name)).c_str());
+  }, p.dpos);
   nb::gil_scoped_release release;
   attention_backward(p);
 }
 
 // Dispatch on q's dtype: float32 or float64.
 template <template <class> class Run>
-void by_dtype(const nb::dict& a) {
+auto by_dtype(const nb::dict& a) -> decltype(Run<float>{}(a)) {
   if (!has(a, "q")) fail("q: missing");
   const nb::dlpack::dtype dt = array<InArray>(a, "q").dtype();
   if (dt == nb::dtype<float>()) return Run<float>{}(a);
@@ -180,8 +168,14 @@ struct Forward {
   void operator()(const nb::dict& a) const { run_forward<T>(a); }
 };
 template <class T>
-struct Check {
-  void operator()(const nb::dict& a) const { run_check<T>(a); }
+struct Available {
+  std::vector<std::string> operator()(const nb::dict& a) const {
+    AttentionForward<T> p;
+    fill_forward(a, p);
+    std::vector<std::string> names;
+    for (Algorithm algorithm : available_algorithms(p)) names.push_back(to_string(algorithm));
+    return names;
+  }
 };
 template <class T>
 struct Backward {
@@ -193,8 +187,8 @@ struct Backward {
 NB_MODULE(_relpos, m) {
   m.doc() = "relpos C++ core: use the relpos package, not this module directly";
   m.def("forward", &by_dtype<Forward>, nb::arg("args"), "Fill args['out'] and args['lse'].");
-  m.def("check_algorithm", &by_dtype<Check>, nb::arg("args"),
-        "Validate a forward call without running it: ValueError naming 'algorithm' if it cannot serve the call.");
+  m.def("available_algorithms", &by_dtype<Available>, nb::arg("args"),
+        "The algorithms that serve a forward call (validated, not run), from the capability table.");
   m.def("backward", &by_dtype<Backward>, nb::arg("args"), "Add gradients into args['d*'] arrays.");
   m.def(
       "t5_bucket",

@@ -12,13 +12,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "relpos/position.hpp"
 #include "relpos/tensor.hpp"
 
 namespace relpos {
 
-enum class Scheme { none, shaw, t5, alibi, rope, xl };
+enum class Scheme { none, shaw, t5, alibi, rope, xl, kerple };
 
 // Largest thread count relpos accepts anywhere (0 = OpenMP's maximum); checked
 // before OpenMP or the GEMM library sees it (100000 crashed inside libgomp).
@@ -83,6 +84,13 @@ struct XLParams {
   int64_t clamp_len = 0;  // 0 = unclamped
 };
 
+// KERPLE (Chi et al. 2022, logarithmic variant): bias -r1_h * log(1 + r2_h * |r|),
+// r1, r2 (H), every entry finite and > 0.
+template <class T>
+struct KerpleParams {
+  View1<const T> r1, r2;
+};
+
 template <class T>
 struct PositionParams {
   Scheme scheme = Scheme::none;
@@ -91,6 +99,7 @@ struct PositionParams {
   AlibiParams<T> alibi;
   RopeParams rope;
   XLParams<T> xl;
+  KerpleParams<T> kerple;
 };
 
 // Gradients of the learnable positional parameters, same shapes as the
@@ -102,6 +111,7 @@ struct PositionGrads {
   View1<T> alibi_slopes;  // needs explicit slopes in PositionParams
   View2<T> xl_u, xl_v;
   View3<T> xl_w_r;
+  View1<T> kerple_r1, kerple_r2;
 };
 
 template <class T>
@@ -151,6 +161,13 @@ Algorithm resolve_algorithm(const AttentionForward<T>& p);
 // not serve its scheme, mask or shape. Part of validate_forward.
 template <class T>
 void check_algorithm(const AttentionForward<T>& p);
+
+// The algorithms (automatic excluded) that serve p, from the schemes'
+// capability tables, the algorithms' mask and shape conditions and the
+// machine's memory; nothing is computed. Throws std::invalid_argument when p
+// is invalid for a reason other than its algorithm.
+template <class T>
+std::vector<Algorithm> available_algorithms(const AttentionForward<T>& p);
 
 // Scratch memory (bytes) a call's algorithm needs beyond its inputs and
 // outputs, forward and backward, estimated from the shapes before any work.

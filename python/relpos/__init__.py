@@ -46,17 +46,14 @@ def _prefer_passive_openmp_wait() -> None:
 _prefer_passive_openmp_wait()
 
 from . import _relpos  # noqa: E402  (after the wait policy is set)
-from .schemes import ALiBi, NoPosition, RoPE, Shaw, T5, TransformerXL, choice, integer, number
+from . import schemes
+from .schemes import *  # noqa: E402,F401,F403  (the scheme records: NoPosition, Shaw, T5, ...; schemes.__all__)
+from .schemes import choice, integer, number
 
 __all__ = [
     "forward",
     "backward",
-    "NoPosition",
-    "Shaw",
-    "T5",
-    "ALiBi",
-    "RoPE",
-    "TransformerXL",
+    *schemes.__all__,
     "t5_bucket",
     "alibi_slopes",
     "ALGORITHMS",
@@ -266,21 +263,12 @@ def available_algorithms(
 ) -> list[str]:
     """The algorithms (besides ``"auto"``) that serve this call: every one of
     them gives the reference's result; they differ in memory and time."""
-    names = []
-    for algorithm in ALGORITHMS[1:]:
-        args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, None, layout)
-        qa, va = args["q"], args["v"]
-        # Validated as a forward call (shapes, options, memory), on outputs never written.
-        args["out"] = _new(qa, tuple(qa.shape[:3]) + tuple(va.shape[3:]), zero=False)
-        args["lse"] = _new(qa, qa.shape[:3], zero=False)
-        try:
-            _relpos.check_algorithm(args)
-        except ValueError as e:
-            if "relpos: algorithm:" not in str(e):
-                raise
-            continue
-        names.append(algorithm)
-    return names
+    args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, "auto", None, layout)
+    qa, va = args["q"], args["v"]
+    # Validated as a forward call (shapes, options, memory), on outputs never written.
+    args["out"] = _new(qa, tuple(qa.shape[:3]) + tuple(va.shape[3:]), zero=False)
+    args["lse"] = _new(qa, qa.shape[:3], zero=False)
+    return list(_relpos.available_algorithms(args))
 
 
 def _writable(a):
@@ -314,9 +302,9 @@ def backward(
     those gradients are added into them, in place, instead of into new zeros.
 
     Returns a dict (torch tensors if q is one) with ``"q"``, ``"k"``, ``"v"`` and one entry per learnable
-    parameter of the scheme: ``"shaw_wk"``, ``"shaw_wv"``, ``"t5_table"``,
-    ``"alibi_slopes"`` (explicit slopes only), ``"xl_u"``, ``"xl_v"``,
-    ``"xl_w_r"``; each gradient has its parameter's shape.
+    parameter of the scheme, named ``<scheme>_<field>``: ``"shaw_wk"``, ``"shaw_wv"``,
+    ``"t5_table"``, ``"alibi_slopes"`` (explicit slopes only), ``"xl_u"``, ``"xl_v"``,
+    ``"xl_w_r"``, ``"kerple_r1"``, ``"kerple_r2"``; each gradient has its parameter's shape.
     """
     args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads, layout)
     # The core reads out and lse through the same (writable) views forward filled.

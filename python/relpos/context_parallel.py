@@ -283,17 +283,9 @@ def _scheme_for_heads(scheme, h0: int, h1: int, heads: int, group):
         t = _SumGradOverGroup.apply(t, group) if t.requires_grad else t
         return t[h0:h1] if per_head else t
 
-    if scheme.name == "t5":
-        return replace(scheme, table=part(scheme.table, True))
-    if scheme.name == "alibi":
-        slopes = scheme.slopes if scheme.slopes is not None else torch.tensor(relpos.alibi_slopes(heads))
-        return replace(scheme, slopes=part(slopes, True))
-    if scheme.name == "xl":
-        return replace(scheme, u=part(scheme.u, True), v=part(scheme.v, True), w_r=part(scheme.w_r, True))
-    if scheme.name == "shaw":
-        return replace(scheme, wk=part(scheme.wk, scheme.wk is not None and scheme.wk.dim() == 3),
-                       wv=part(scheme.wv, scheme.wv is not None and scheme.wv.dim() == 3))
-    return scheme
+    if scheme.name == "alibi" and scheme.slopes is None:  # the paper's slopes, one per head
+        scheme = replace(scheme, slopes=torch.tensor(relpos.alibi_slopes(heads)))
+    return scheme._for_heads(part)
 
 
 def ulysses_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"] = None, causal: bool = False,

@@ -1,17 +1,19 @@
 """Position schemes: small records holding each scheme's options and parameters.
 
-Each scheme knows how to describe itself to the C++ core (``_args``) and which
-of its arrays are learnable (``_params``), so ``relpos.forward``/``backward``
-stay scheme-agnostic.
+Each scheme knows how to describe itself to the C++ core (``_args``), which of
+its arrays are learnable (``_tensors``, passed as ``<name>_<field>``), and how
+its options travel through the registered torch ops (``_op_options`` /
+``_from_op``), so ``relpos.forward``/``backward`` and ``relpos.torch`` stay
+scheme-agnostic. A new scheme is one class here, listed in ``SCHEMES``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL"]
+__all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL", "KERPLE"]
 
 
 def integer(x: Any, name: str) -> int:
@@ -39,21 +41,45 @@ def choice(x: Any, name: str, allowed: tuple[str, ...]) -> str:
     return x
 
 
-@dataclass
-class NoPosition:
-    """Plain attention: no relative term (absolute embeddings, if any, live in the model)."""
+class _Scheme:
+    """What every scheme record shares: its learnable tensors by field name, and
+    the packing of its options into the ints and floats of a torch op."""
 
-    name = "none"
+    name: ClassVar[str]
+    _tensors: ClassVar[tuple[str, ...]] = ()  # learnable fields, in the order the ops take them
 
     def _args(self) -> dict[str, Any]:
         return {}
 
-    def _params(self) -> dict[str, np.ndarray]:
-        return {}
+    def _params(self) -> dict[str, Any]:
+        """The learnable tensors given, as the core names them (``t5_table``)."""
+        return {f"{self.name}_{f}": getattr(self, f) for f in self._tensors if getattr(self, f) is not None}
+
+    def _op_options(self) -> tuple[list[int], list[float]]:
+        return [], []
+
+    @classmethod
+    def _from_op(cls, tensors: Sequence[Any], ints: Sequence[int], floats: Sequence[float]) -> "_Scheme":
+        return cls(*tensors)
+
+    def _per_head(self, field: str) -> bool:
+        """Whether learnable tensor ``field`` holds one slice per head (its first dimension)."""
+        return True
+
+    def _for_heads(self, part: Callable[[Any, bool], Any]) -> "_Scheme":
+        """The record with each learnable tensor t replaced by ``part(t, per_head)``."""
+        return replace(self, **{f: part(getattr(self, f), self._per_head(f)) for f in self._tensors})
 
 
 @dataclass
-class Shaw:
+class NoPosition(_Scheme):
+    """Plain attention: no relative term (absolute embeddings, if any, live in the model)."""
+
+    name = "none"
+
+
+@dataclass
+class Shaw(_Scheme):
     """Shaw et al. 2018: score ``q_i . wk[c(r)]`` and value ``wv[c(r)]``,
     ``c(r) = clip(r, -k, k) + k``.
 
@@ -68,16 +94,26 @@ class Shaw:
     wv: Optional[np.ndarray] = None
     beyond: str = "clip"
     name = "shaw"
+    _tensors = ("wk", "wv")
+    _BEYOND = ("clip", "zero")
 
     def _args(self) -> dict[str, Any]:
-        return {"shaw_k": integer(self.k, "shaw.k"), "shaw_beyond": choice(self.beyond, "shaw.beyond", ("clip", "zero"))}
+        return {"shaw_k": integer(self.k, "shaw.k"), "shaw_beyond": choice(self.beyond, "shaw.beyond", self._BEYOND)}
 
-    def _params(self) -> dict[str, np.ndarray]:
-        return {n: t for n, t in (("shaw_wk", self.wk), ("shaw_wv", self.wv)) if t is not None}
+    def _op_options(self):
+        return [self.k, self._BEYOND.index(self.beyond)], []
+
+    @classmethod
+    def _from_op(cls, tensors, ints, floats):
+        return cls(k=ints[0], wk=tensors[0], wv=tensors[1], beyond=cls._BEYOND[ints[1]])
+
+    def _per_head(self, field):
+        table = getattr(self, field)
+        return table is not None and table.ndim == 3  # (2k+1, d) is shared by the heads
 
 
 @dataclass
-class T5:
+class T5(_Scheme):
     """T5 bucketed bias ``table[h, bucket(r)]``, ``table`` of shape ``(H, num_buckets)``.
 
     Buckets follow HF transformers' ``_relative_position_bucket`` exactly:
@@ -89,6 +125,7 @@ class T5:
     bidirectional: bool = True
     max_distance: int = 128
     name = "t5"
+    _tensors = ("table",)
 
     def _args(self) -> dict[str, Any]:
         return {
@@ -96,27 +133,26 @@ class T5:
             "t5_max_distance": integer(self.max_distance, "t5.max_distance"),
         }
 
-    def _params(self) -> dict[str, np.ndarray]:
-        return {"t5_table": self.table}
+    def _op_options(self):
+        return [int(bool(self.bidirectional)), self.max_distance], []
+
+    @classmethod
+    def _from_op(cls, tensors, ints, floats):
+        return cls(tensors[0], bidirectional=bool(ints[0]), max_distance=ints[1])
 
 
 @dataclass
-class ALiBi:
+class ALiBi(_Scheme):
     """ALiBi bias ``-m_h * |r|``. ``slopes=None`` uses the paper's slopes for
     the head count (any count); explicit ``slopes`` of shape ``(H,)`` are learnable."""
 
     slopes: Optional[np.ndarray] = None
     name = "alibi"
-
-    def _args(self) -> dict[str, Any]:
-        return {}
-
-    def _params(self) -> dict[str, np.ndarray]:
-        return {} if self.slopes is None else {"alibi_slopes": self.slopes}
+    _tensors = ("slopes",)
 
 
 @dataclass
-class RoPE:
+class RoPE(_Scheme):
     """Rotary embeddings: q rotated by its absolute position, k by its.
 
     ``dims`` rotary features (even, <= d; ``None`` = all of d), ``style``
@@ -127,13 +163,21 @@ class RoPE:
     dims: Optional[int] = None
     style: str = "half_split"
     name = "rope"
+    _STYLES = ("half_split", "interleaved")
 
     def _args(self) -> dict[str, Any]:
         return {
             "rope_base": number(self.base, "rope.base"),
             "rope_dims": 0 if self.dims is None else self._rotary_dims(),
-            "rope_style": choice(self.style, "rope.style", ("half_split", "interleaved")),
+            "rope_style": choice(self.style, "rope.style", self._STYLES),
         }
+
+    def _op_options(self):
+        return [-1 if self.dims is None else self.dims, self._STYLES.index(self.style)], [float(self.base)]
+
+    @classmethod
+    def _from_op(cls, tensors, ints, floats):
+        return cls(base=floats[0], dims=None if ints[0] < 0 else ints[0], style=cls._STYLES[ints[1]])
 
     def _rotary_dims(self) -> int:
         # The core reads 0 as "all of d"; here that is None, and 0 a mistake.
@@ -142,12 +186,9 @@ class RoPE:
             raise ValueError(f"relpos: rope.dims: must be even and >= 2 (None rotates all of d), got {dims}")
         return dims
 
-    def _params(self) -> dict[str, np.ndarray]:
-        return {}
-
 
 @dataclass
-class TransformerXL:
+class TransformerXL(_Scheme):
     """Transformer-XL: score ``(q_i + u) . k_j + (q_i + v) . W_R R(-r)``.
 
     ``u``, ``v`` of shape ``(H, d)``, ``w_r`` of shape ``(H, d, pos_dim)``
@@ -161,9 +202,33 @@ class TransformerXL:
     w_r: np.ndarray
     clamp_len: int = 0
     name = "xl"
+    _tensors = ("u", "v", "w_r")
 
     def _args(self) -> dict[str, Any]:
         return {"xl_clamp_len": integer(self.clamp_len, "xl.clamp_len")}
 
-    def _params(self) -> dict[str, np.ndarray]:
-        return {"xl_u": self.u, "xl_v": self.v, "xl_w_r": self.w_r}
+    def _op_options(self):
+        return [self.clamp_len], []
+
+    @classmethod
+    def _from_op(cls, tensors, ints, floats):
+        return cls(*tensors, clamp_len=ints[0])
+
+
+@dataclass
+class KERPLE(_Scheme):
+    """KERPLE (Chi et al. 2022), logarithmic variant: bias ``-r1_h * log(1 + r2_h * |r|)``.
+
+    ``r1`` and ``r2`` of shape ``(H,)``, every entry finite and > 0, both learnable
+    (the paper initialises them uniformly in (0, 2) and (0, 1) and keeps them
+    positive by clamping at 0.01; ``RelativeMultiheadAttention`` does both).
+    """
+
+    r1: np.ndarray
+    r2: np.ndarray
+    name = "kerple"
+    _tensors = ("r1", "r2")
+
+
+# Every scheme record by its name.
+SCHEMES = {cls.name: cls for cls in (NoPosition, Shaw, T5, ALiBi, RoPE, TransformerXL, KERPLE)}

@@ -76,7 +76,8 @@ def attention(
     return (out, lse.detach()) if return_lse else out
 
 
-SCHEMES = ("none", "shaw", "t5", "alibi", "rope", "xl")
+SCHEMES = tuple(relpos.schemes.SCHEMES)
+KERPLE_MIN = 0.01  # the floor of KERPLE's r1 and r2 in the module
 
 
 class RelativeMultiheadAttention(nn.Module):
@@ -110,6 +111,8 @@ class RelativeMultiheadAttention(nn.Module):
       alibi  the paper's slopes, or a learnable ``alibi_slopes`` ``(H,)`` with ``alibi_learnable``.
       rope   ``rope_base``, ``rope_dims``, ``rope_style`` (no parameters).
       xl     ``xl_u``, ``xl_v`` ``(H, head_dim)``, ``xl_w_r`` ``(H, head_dim, xl_pos_dim)``.
+      kerple ``kerple_r1``, ``kerple_r2`` ``(H,)``, initialised uniformly in (0, 2) and (0, 1)
+             and clamped at ``KERPLE_MIN`` = 0.01 in forward, as in the paper's code.
     """
 
     def __init__(
@@ -177,6 +180,7 @@ class RelativeMultiheadAttention(nn.Module):
         H, d = num_heads, head_dim
         self.shaw_wk = self.shaw_wv = self.t5_table = self.alibi_slopes = None
         self.xl_u = self.xl_v = self.xl_w_r = None
+        self.kerple_r1 = self.kerple_r2 = None
         if scheme == "shaw":
             self.shaw_k, self.shaw_beyond, self.shaw_tied = shaw_k, shaw_beyond, shaw_tied
             shape = ((H,) if shaw_per_head else ()) + (2 * shaw_k + 1, d)
@@ -197,6 +201,9 @@ class RelativeMultiheadAttention(nn.Module):
             self.xl_u = nn.Parameter(torch.randn(H, d) * 0.02)
             self.xl_v = nn.Parameter(torch.randn(H, d) * 0.02)
             self.xl_w_r = nn.Parameter(torch.randn(H, d, pos_dim) * pos_dim**-0.5)
+        elif scheme == "kerple":
+            self.kerple_r1 = nn.Parameter(torch.rand(H) * 2)
+            self.kerple_r2 = nn.Parameter(torch.rand(H))
 
     def position_scheme(self):
         """The relpos scheme record holding this module's parameters (not copies)."""
@@ -212,6 +219,8 @@ class RelativeMultiheadAttention(nn.Module):
             return self.rope
         if s == "xl":
             return relpos.TransformerXL(self.xl_u, self.xl_v, self.xl_w_r, clamp_len=self.xl_clamp_len)
+        if s == "kerple":  # a parameter stepped below the floor keeps it, with a zero gradient
+            return relpos.KERPLE(self.kerple_r1.clamp(min=KERPLE_MIN), self.kerple_r2.clamp(min=KERPLE_MIN))
         return relpos.NoPosition()
 
     def _heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:

@@ -19,22 +19,9 @@ from typing import Optional, Sequence
 import torch
 
 import relpos
-from relpos.schemes import ALiBi, NoPosition, RoPE, Shaw, T5, TransformerXL, choice, integer, number
+from relpos.schemes import SCHEMES, choice, integer, number
 
 __all__ = ["attention_forward", "attention_backward"]
-
-# The learnable tensors of each scheme, in the order the ops take them.
-_PARAMS = {
-    "none": (),
-    "shaw": ("wk", "wv"),
-    "t5": ("table",),
-    "alibi": ("slopes",),
-    "rope": (),
-    "xl": ("u", "v", "w_r"),
-}
-_BEYOND = ("clip", "zero")
-_ROPE_STYLES = ("half_split", "interleaved")
-
 
 def _encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
     """(name, params, ints, floats) for a scheme record and call options.
@@ -48,44 +35,24 @@ def _encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"relpos: {role}: expected a torch tensor, got {type(p).__name__}")
     name = scheme.name
-    params = [getattr(scheme, field) for field in _PARAMS[name]]
+    params = [getattr(scheme, field) for field in scheme._tensors]
     present = sum(1 << i for i, p in enumerate(params) if p is not None)
     threads = None if threads is None else relpos.check_threads(threads)
     ints = [int(bool(causal)), integer(q_offset, "q_offset"), integer(k_offset, "k_offset"),
             -1 if threads is None else threads, relpos.ALGORITHMS.index(choice(algorithm, "algorithm", relpos.ALGORITHMS)),
             present]
     floats = [math.nan if scale is None else number(scale, "scale")]
-    if name == "shaw":
-        ints += [scheme.k, _BEYOND.index(scheme.beyond)]
-    elif name == "t5":
-        ints += [int(bool(scheme.bidirectional)), scheme.max_distance]
-    elif name == "rope":
-        ints += [-1 if scheme.dims is None else scheme.dims, _ROPE_STYLES.index(scheme.style)]
-        floats += [float(scheme.base)]
-    elif name == "xl":
-        ints += [scheme.clamp_len]
-    return name, [p for p in params if p is not None], ints, floats
+    extra_ints, extra_floats = scheme._op_options()
+    return name, [p for p in params if p is not None], ints + extra_ints, floats + extra_floats
 
 
 def _decode(name: str, params: Sequence[torch.Tensor], ints: Sequence[int], floats: Sequence[float]):
     """The scheme record and the keyword options of relpos.forward / backward."""
     causal, q_offset, k_offset, threads, algorithm, present = ints[:6]
-    options, extra_ints, extra_floats = {}, ints[6:], floats[1:]
+    cls = SCHEMES[name]
     it = iter(params)
-    tensors = [next(it) if present >> i & 1 else None for i in range(len(_PARAMS[name]))]
-    if name == "shaw":
-        scheme = Shaw(k=extra_ints[0], wk=tensors[0], wv=tensors[1], beyond=_BEYOND[extra_ints[1]])
-    elif name == "t5":
-        scheme = T5(tensors[0], bidirectional=bool(extra_ints[0]), max_distance=extra_ints[1])
-    elif name == "alibi":
-        scheme = ALiBi(slopes=tensors[0])
-    elif name == "rope":
-        scheme = RoPE(base=extra_floats[0], dims=None if extra_ints[0] < 0 else extra_ints[0],
-                      style=_ROPE_STYLES[extra_ints[1]])
-    elif name == "xl":
-        scheme = TransformerXL(*tensors, clamp_len=extra_ints[0])
-    else:
-        scheme = NoPosition()
+    tensors = [next(it) if present >> i & 1 else None for i in range(len(cls._tensors))]
+    scheme = cls._from_op(tensors, ints[6:], floats[1:])
     options = dict(causal=bool(causal), q_offset=q_offset, k_offset=k_offset,
                    scale=None if math.isnan(floats[0]) else floats[0],
                    algorithm=relpos.ALGORITHMS[algorithm],

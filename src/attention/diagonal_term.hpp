@@ -5,12 +5,11 @@
 //
 // A Layout provides
 //   static const char* name;
-//   static void check(const AttentionForward<T>&)       throws if it cannot serve the call
 //   static int64_t count(const Head<T>&)                 distances m = 0 .. count-1 it uses
 //   static void to_pairs(hd, X, scale, Y)                Y_ij += scale * X[i, m(i, j)]
 //   static void to_distances(hd, Y, X)                   X[i, m(i, j)] += Y_ij
 // to_pairs may write garbage where m(i, j) is out of its range; those pairs
-// are masked (the check guarantees it) and to_distances only ever sees zeros there.
+// are masked (dispatch's geometry conditions guarantee it) and to_distances only ever sees zeros there.
 #pragma once
 
 #include "distance_table.hpp"

@@ -1,7 +1,10 @@
 // The one place where a call is validated and routed to an algorithm.
+#include <optional>
 #include <stdexcept>
+#include <vector>
 
 #include "../backend/scratch.hpp"
+#include "../schemes/registry.hpp"
 #include "fused.hpp"
 #include "reference.hpp"
 #include "unfused.hpp"
@@ -10,37 +13,48 @@
 namespace relpos {
 
 namespace {
-constexpr std::pair<Scheme, const char*> kSchemeNames[] = {
-    {Scheme::none, "none"}, {Scheme::shaw, "shaw"}, {Scheme::t5, "t5"},
-    {Scheme::alibi, "alibi"}, {Scheme::rope, "rope"}, {Scheme::xl, "xl"}};
 constexpr std::pair<Algorithm, const char*> kAlgorithmNames[] = {
     {Algorithm::automatic, "auto"},     {Algorithm::reference, "reference"},
     {Algorithm::split, "split"},        {Algorithm::gather, "gather"},
     {Algorithm::skew, "skew"},          {Algorithm::generalized_skew, "generalized_skew"},
     {Algorithm::relshift, "relshift"},  {Algorithm::fused, "fused"}};
 
-template <class E, size_t N>
-E parse(const std::pair<E, const char*> (&names)[N], const std::string& s, const char* what) {
-  std::string known;
-  for (const auto& [e, n] : names) {
-    if (s == n) return e;
-    known += (known.empty() ? "" : ", ") + std::string(n);
-  }
-  throw std::invalid_argument(std::string("relpos: unknown ") + what + " '" + s + "' (known: " + known + ")");
-}
-
-template <class E, size_t N>
-const char* name_of(const std::pair<E, const char*> (&names)[N], E e) {
-  for (const auto& [x, n] : names)
-    if (x == e) return n;
-  return "?";
+[[noreturn]] void unknown(const char* what, const std::string& name, const std::string& known) {
+  throw std::invalid_argument(std::string("relpos: unknown ") + what + " '" + name + "' (known: " + known + ")");
 }
 }  // namespace
 
-const char* to_string(Scheme s) { return name_of(kSchemeNames, s); }
-const char* to_string(Algorithm a) { return name_of(kAlgorithmNames, a); }
-Scheme parse_scheme(const std::string& name) { return parse(kSchemeNames, name, "scheme"); }
-Algorithm parse_algorithm(const std::string& name) { return parse(kAlgorithmNames, name, "algorithm"); }
+const char* to_string(Scheme s) {
+  const char* name = "?";
+  AllSchemes::visit(s, [&](auto scheme) { name = decltype(scheme)::name; });
+  return name;
+}
+
+const char* to_string(Algorithm a) {
+  for (const auto& [x, n] : kAlgorithmNames)
+    if (x == a) return n;
+  return "?";
+}
+
+Scheme parse_scheme(const std::string& name) {
+  std::optional<Scheme> found;
+  std::string known;
+  AllSchemes::for_each([&](auto scheme) {
+    if (name == decltype(scheme)::name) found = decltype(scheme)::id;
+    known += (known.empty() ? "" : ", ") + std::string(decltype(scheme)::name);
+  });
+  if (!found) unknown("scheme", name, known);
+  return *found;
+}
+
+Algorithm parse_algorithm(const std::string& name) {
+  std::string known;
+  for (const auto& [a, n] : kAlgorithmNames) {
+    if (name == n) return a;
+    known += (known.empty() ? "" : ", ") + std::string(n);
+  }
+  unknown("algorithm", name, known);
+}
 
 // The fused kernel serves every call, needs no (L, L) buffer and was the
 // fastest in `relpos bench attention` for every scheme at every length
@@ -50,11 +64,49 @@ Algorithm resolve_algorithm(const AttentionForward<T>& p) {
   return p.algorithm == Algorithm::automatic ? Algorithm::fused : p.algorithm;
 }
 
+namespace {
+// Why algorithm a cannot serve p's mask and shapes (empty: it can). The
+// schemes an algorithm serves are the schemes' own capability tables.
+template <class T>
+std::string geometry_refusal(Algorithm a, const AttentionForward<T>& p) {
+  const int64_t lq = p.q.shape[2], lk = p.k.shape[2];
+  if (a == Algorithm::skew && !(p.causal && lq == lk && p.q_offset == p.k_offset))
+    return "'skew' needs causal self-attention (Lq == Lk, q_offset == k_offset); "
+           "use 'generalized_skew' for other masks and shapes";
+  if (a == Algorithm::relshift && !(p.causal && p.k_offset + lk == p.q_offset + lq))
+    return "'relshift' needs a causal mask and queries end-aligned with the keys "
+           "(k_offset + Lk == q_offset + Lq, as with memory); use 'generalized_skew' otherwise";
+  return {};
+}
+}  // namespace
+
 template <class T>
 void check_algorithm(const AttentionForward<T>& p) {
   const Algorithm a = resolve_algorithm(p);
-  if (a != Algorithm::reference && a != Algorithm::fused)  // those two serve every call
-    unfused::make_term<T>(a, p, nullptr);                  // throws if a does not serve p
+  if (!scheme_serves(p.pos.scheme, a))
+    throw std::invalid_argument(std::string("relpos: algorithm: '") + to_string(a) + "' does not serve scheme '" +
+                                to_string(p.pos.scheme) + "'");
+  if (const std::string why = geometry_refusal(a, p); !why.empty())
+    throw std::invalid_argument("relpos: algorithm: " + why);
+}
+
+template <class T>
+std::vector<Algorithm> available_algorithms(const AttentionForward<T>& p) {
+  AttentionForward<T> each = p;
+  each.algorithm = Algorithm::fused;  // serves every call in the least memory: validates the rest
+  validate_forward(each);
+  std::vector<Algorithm> served;
+  for (const auto& [a, name] : kAlgorithmNames) {
+    if (a == Algorithm::automatic) continue;
+    each.algorithm = a;
+    if (!scheme_serves(p.pos.scheme, a) || !geometry_refusal(a, each).empty()) continue;
+    try {
+      check_scratch_fits(each);
+      served.push_back(a);
+    } catch (const std::invalid_argument&) {  // needs more memory than the machine has
+    }
+  }
+  return served;
 }
 
 namespace {
@@ -128,5 +180,7 @@ template Algorithm resolve_algorithm<float>(const AttentionForward<float>&);
 template Algorithm resolve_algorithm<double>(const AttentionForward<double>&);
 template void check_algorithm<float>(const AttentionForward<float>&);
 template void check_algorithm<double>(const AttentionForward<double>&);
+template std::vector<Algorithm> available_algorithms<float>(const AttentionForward<float>&);
+template std::vector<Algorithm> available_algorithms<double>(const AttentionForward<double>&);
 
 }  // namespace relpos

@@ -3,7 +3,7 @@
 // inputs and, for Shaw, O(Lq (2k+1)) bucket matrices; per tile a (Bq, Bk) block.
 //
 // Relative terms per tile (docs/design.md section 2):
-//   T5, ALiBi   one bias per distance, precomputed per head
+//   T5, ALiBi, KERPLE   one bias per distance, precomputed per head
 //   RoPE        q and k rotated once, before the tiles
 //   Shaw key    R = qp wk^T (Bq, 2k+1) per query tile, gathered by c(r)
 //   Shaw value  per-row bucket sums of P, rescaled with the running max like
@@ -466,7 +466,7 @@ void finish_head(const AttentionBackward<T>& p, const XLKeys<T>& xl, const Posit
     unfused::add_to_table(g.shaw_wv, hd.h, dwv);
   }
   if (c.xl()) unfused::DistanceTable<T>(p.pos, &g, &xl.R).add_key_grad(hd, q.dE, hd.distances());
-  if (!q.dbias.empty()) add_bias_grad(p.pos, g, c.x, q.dbias);
+  if (!q.dbias.empty()) add_bias_grad(g, c.x, q.dbias);
   write_input_grads(p, c.x, g, q.dqc, q.dqp, dk, dv);
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "../backend/scratch.hpp"
+#include "../schemes/registry.hpp"
 #include "relpos/attention.hpp"
 
 namespace relpos {
@@ -27,15 +28,10 @@ void add_view(const View<T, N>& dst, const View<T, N>& src) {
 }
 
 // Calls f(a.x, b.x) for every gradient member x of two PositionGrads.
-template <class A, class B, class F>
-void for_each_grad(A& a, B& b, F&& f) {
-  f(a.shaw_wk, b.shaw_wk);
-  f(a.shaw_wv, b.shaw_wv);
-  f(a.t5_table, b.t5_table);
-  f(a.alibi_slopes, b.alibi_slopes);
-  f(a.xl_u, b.xl_u);
-  f(a.xl_v, b.xl_v);
-  f(a.xl_w_r, b.xl_w_r);
+template <class T, class B, class F>
+void for_each_grad(const PositionGrads<T>& a, B& b, F&& f) {
+  const PositionParams<T> no_params;
+  for_each_scheme_param(no_params, [&](const char*, const auto&, auto& x, auto& y) { f(x, y); }, a, b);
 }
 
 template <class T>

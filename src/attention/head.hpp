@@ -4,10 +4,12 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "../backend/row_ops.hpp"
 #include "../backend/scratch.hpp"
+#include "../schemes/registry.hpp"
 #include "relpos/attention.hpp"
 
 namespace relpos {
@@ -79,17 +81,16 @@ template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
 // One head's inputs (after RoPE; Transformer-XL's u and v added) and its
-// bias per distance (T5, ALiBi). One per thread and call: what depends only
-// on the call (RoPE's angles, T5's buckets, ALiBi's slopes) is computed for
-// its first head and kept.
+// bias per distance (T5, ALiBi, KERPLE). One per thread and call: what depends
+// only on the call (RoPE's angles, T5's buckets, ALiBi's slopes) is computed
+// for its first head and kept.
 template <class T>
 struct HeadData {
   Head<T> hd;
   Scratch<T> qc, qp, k, v;    // qp is filled only for Transformer-XL (q + v)
-  Scratch<T> bias;            // (distances), T5 / ALiBi; empty otherwise
+  Scratch<T> bias;            // (distances) for a scheme whose term is a bias per distance; empty otherwise
   RopeAngles<T> rope_q, rope_k;  // RoPE cos/sin per position
-  Scratch<int64_t> t5_buckets;   // T5 bucket per distance
-  std::vector<double> slopes;    // ALiBi's slopes when the call gives none
+  std::unique_ptr<DistanceBias<T>> distance_bias;  // the scheme's bias per (head, distance), made for the first head
 
   // Keys and values as the kernels read them: row j of k at kp + j * ldk (of
   // v at vp + j * ldv), the caller's tensors in place or the copies k, v.
@@ -159,22 +160,10 @@ inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadDa
     hd.qp = x.qp.data();
   }
   x.bias.clear();
-  if (pos.scheme == Scheme::t5) {
-    if (x.t5_buckets.empty()) {  // the same distances for every head of the call
-      x.t5_buckets.resize(hd.distances());
-      for (int64_t m = 0; m < hd.distances(); ++m)
-        x.t5_buckets[m] = t5_bucket(hd.rmin + m, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance);
-    }
+  if (!x.distance_bias) x.distance_bias = make_distance_bias(p);
+  if (x.distance_bias) {
     x.bias.resize(hd.distances());
-    for (int64_t m = 0; m < hd.distances(); ++m) x.bias[m] = pos.t5.table(h, x.t5_buckets[m]);
-  } else if (pos.scheme == Scheme::alibi) {
-    if (pos.alibi.slopes.empty() && x.slopes.empty()) x.slopes = alibi_slopes(p.q.shape[1]);
-    const T slope = pos.alibi.slopes.empty() ? T(x.slopes[h]) : pos.alibi.slopes(h);
-    x.bias.resize(hd.distances());
-    for (int64_t m = 0; m < hd.distances(); ++m) {
-      const int64_t r = hd.rmin + m;
-      x.bias[m] = -slope * T(r < 0 ? -r : r);
-    }
+    x.distance_bias->values(h, x.bias.data());
   }
 }
 
@@ -183,19 +172,11 @@ inline bool masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t i, i
   return (p.causal && hd.r(i, j) > 0) || (!p.key_padding.empty() && p.key_padding(hd.b, j) != 0);
 }
 
-// Bias gradients of T5 (per bucket) and ALiBi (per slope) from the gradient
-// of the bias per distance, dbias (distances), of the head load_head prepared in x.
+// The gradients of the scheme's parameters from the gradient of the bias per
+// distance, dbias (distances), of the head load_head prepared in x.
 template <class T>
-inline void add_bias_grad(const PositionParams<T>& pos, const PositionGrads<T>& g, const HeadData<T>& x,
-                          const Scratch<T>& dbias) {
-  const Head<T>& hd = x.hd;
-  if (pos.scheme == Scheme::t5 && !g.t5_table.empty())
-    for (int64_t m = 0; m < hd.distances(); ++m) g.t5_table(hd.h, x.t5_buckets[m]) += dbias[m];
-  if (pos.scheme == Scheme::alibi && !g.alibi_slopes.empty())
-    for (int64_t m = 0; m < hd.distances(); ++m) {
-      const int64_t r = hd.rmin + m;
-      g.alibi_slopes(hd.h) -= dbias[m] * T(r < 0 ? -r : r);
-    }
+inline void add_bias_grad(const PositionGrads<T>& g, const HeadData<T>& x, const Scratch<T>& dbias) {
+  x.distance_bias->add_grad(g, x.hd.h, dbias.data());
 }
 
 // The end of every per-head backward: from the gradients of the content query

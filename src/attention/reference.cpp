@@ -7,15 +7,17 @@
 //   logits(i,j) = scale * (qc_i . k_j + qp_i . rk(i,j)) + bias(i,j)
 //   out_i       = sum_j P(i,j) * (v_j + rv(i,j))
 // with qc = q + u and qp = q + v for Transformer-XL (qc = qp = q otherwise),
-// rk = Shaw A^K or Transformer-XL's W_R R(-r), rv = Shaw A^V, bias = T5 / ALiBi,
-// and q, k rotated first for RoPE.
+// rk = Shaw A^K or Transformer-XL's W_R R(-r), rv = Shaw A^V, bias = the
+// scheme's bias per distance (T5, ALiBi, KERPLE), and q, k rotated first for RoPE.
 #include "reference.hpp"
 
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "../backend/scratch.hpp"
+#include "../schemes/registry.hpp"
 
 namespace relpos::reference {
 namespace {
@@ -27,10 +29,12 @@ struct HeadTerms {
   Scratch<T> rk;            // (Lq, Lk, d), empty when no relative score term
   Scratch<T> rv;            // (Lq, Lk, dv), empty when no relative value term
   Scratch<T> bias;          // (Lq, Lk)
+  std::unique_ptr<DistanceBias<T>> distance_bias;  // the scheme's bias per distance, if its term is one
   Scratch<uint8_t> masked;  // (Lq, Lk)
   std::vector<double> inv_freq; // RoPE frequencies
-  // Transformer-XL: R and W_R R for each distance r = rmin + m, m < Lq + Lk - 1
-  // (each distance's embedding is computed once, then copied to its pairs).
+  // The call's distances are r = rmin + m, m < Lq + Lk - 1. Transformer-XL: R
+  // and W_R R for each (each distance's embedding is computed once, then
+  // copied to its pairs).
   int64_t rmin = 0;
   Scratch<T> xl_r, xl_e;  // (Lq + Lk - 1, pos_dim), (Lq + Lk - 1, d)
 };
@@ -96,11 +100,15 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
   const bool xl = pos.scheme == Scheme::xl;
   if (shaw_k || xl) t.rk.assign(t.lq * t.lk * t.d, T(0));
   if (shaw_v) t.rv.assign(t.lq * t.lk * t.dv, T(0));
-  const std::vector<double> alibi =
-      pos.scheme == Scheme::alibi && pos.alibi.slopes.empty() ? alibi_slopes(p.q.shape[1]) : std::vector<double>{};
+  t.rmin = rel(p, t.lq - 1, 0);
+  Scratch<T> bias_per_distance;
+  t.distance_bias = make_distance_bias(p);
+  if (t.distance_bias) {
+    bias_per_distance.resize(t.lq + t.lk - 1);
+    t.distance_bias->values(h, bias_per_distance.data());
+  }
   if (xl) {
     const int64_t pos_dim = pos.xl.w_r.shape[2], n = t.lq + t.lk - 1;
-    t.rmin = rel(p, t.lq - 1, 0);
     t.xl_r.resize(n * pos_dim);
     t.xl_e.assign(n * t.d, T(0));
     for (int64_t m = 0; m < n; ++m) {
@@ -128,12 +136,7 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
       }
       if (xl)
         for (int64_t x = 0; x < t.d; ++x) t.rk[ij * t.d + x] = t.xl_e[(r - t.rmin) * t.d + x];
-      if (pos.scheme == Scheme::t5)
-        t.bias[ij] = pos.t5.table(h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance));
-      if (pos.scheme == Scheme::alibi) {
-        const T slope = alibi.empty() ? pos.alibi.slopes(h) : T(alibi[h]);
-        t.bias[ij] = -slope * T(r < 0 ? -r : r);
-      }
+      if (t.distance_bias) t.bias[ij] = bias_per_distance[r - t.rmin];
     }
   }
   return t;
@@ -201,6 +204,7 @@ void backward(const AttentionBackward<T>& p) {
       Scratch<T> dq(t.lq * d, T(0)), dk(t.lk * d, T(0));
       Scratch<T> P(t.lk), dS(t.lk);
       Scratch<T> dxl_e(t.xl_e.size(), T(0));  // gradient of W_R R per distance
+      Scratch<T> dbias(t.distance_bias ? t.lq + t.lk - 1 : 0, T(0));  // gradient of the bias per distance
       for (int64_t i = 0; i < t.lq; ++i) {
         const T lse = p.lse(b, h, i);
         if (lse == -std::numeric_limits<T>::infinity()) continue;  // fully masked: zero gradients
@@ -253,12 +257,10 @@ void backward(const AttentionBackward<T>& p) {
           }
           if (pos.scheme == Scheme::xl)
             for (int64_t x = 0; x < d; ++x) dxl_e[(r - t.rmin) * d + x] += ds * t.qp[i * d + x];
-          if (pos.scheme == Scheme::t5 && !g.t5_table.empty())
-            g.t5_table(h, t5_bucket(r, pos.t5.bidirectional, pos.t5.table.shape[1], pos.t5.max_distance)) += dS[j];
-          if (pos.scheme == Scheme::alibi && !g.alibi_slopes.empty())
-            g.alibi_slopes(h) -= dS[j] * T(r < 0 ? -r : r);
+          if (t.distance_bias) dbias[r - t.rmin] += dS[j];
         }
       }
+      if (t.distance_bias) t.distance_bias->add_grad(g, h, dbias.data());
       if (pos.scheme == Scheme::xl && !g.xl_w_r.empty()) {  // dW_R = sum over distances of dE_m R_m^T
         const int64_t pos_dim = pos.xl.w_r.shape[2];
         for (int64_t m = 0; m < t.lq + t.lk - 1; ++m)

@@ -16,14 +16,6 @@ namespace {
 struct RelShift {
   static constexpr const char* name = "relshift";
 
-  template <class T>
-  static void check(const AttentionForward<T>& p) {
-    if (p.pos.scheme != Scheme::xl) throw std::invalid_argument("relpos: algorithm: 'relshift' serves Transformer-XL only");
-    if (!p.causal || p.k_offset + p.k.shape[2] != p.q_offset + p.q.shape[2])
-      throw std::invalid_argument(
-          "relpos: algorithm: 'relshift' needs a causal mask and queries end-aligned with the keys "
-          "(k_offset + Lk == q_offset + Lq, as with memory); use 'generalized_skew' otherwise");
-  }
 
   template <class T>
   static int64_t count(const Head<T>& hd) {
@@ -57,7 +49,6 @@ struct RelShift {
 
 template <class T>
 std::unique_ptr<RelativeTerm<T>> make_relshift(const AttentionForward<T>& p, const PositionGrads<T>* grads) {
-  RelShift::check(p);
   return std::make_unique<DiagonalTerm<T, RelShift>>(p.pos, grads);
 }
 

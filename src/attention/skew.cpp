@@ -16,14 +16,6 @@ namespace {
 struct MusicSkew {
   static constexpr const char* name = "skew";
 
-  template <class T>
-  static void check(const AttentionForward<T>& p) {
-    if (p.pos.scheme != Scheme::shaw) throw std::invalid_argument("relpos: algorithm: 'skew' serves Shaw only");
-    if (!p.causal || p.q.shape[2] != p.k.shape[2] || p.q_offset != p.k_offset)
-      throw std::invalid_argument(
-          "relpos: algorithm: 'skew' needs causal self-attention (Lq == Lk, q_offset == k_offset); "
-          "use 'generalized_skew' for other masks and shapes");
-  }
 
   template <class T>
   static int64_t count(const Head<T>& hd) {
@@ -60,11 +52,6 @@ struct MusicSkew {
 struct GeneralizedSkew {
   static constexpr const char* name = "generalized_skew";
 
-  template <class T>
-  static void check(const AttentionForward<T>& p) {
-    if (p.pos.scheme != Scheme::shaw && p.pos.scheme != Scheme::xl)
-      throw std::invalid_argument("relpos: algorithm: 'generalized_skew' serves Shaw and Transformer-XL");
-  }
 
   template <class T>
   static int64_t count(const Head<T>& hd) {
@@ -92,13 +79,11 @@ struct GeneralizedSkew {
 
 template <class T>
 std::unique_ptr<RelativeTerm<T>> make_skew(const AttentionForward<T>& p, const PositionGrads<T>* grads) {
-  MusicSkew::check(p);
   return std::make_unique<DiagonalTerm<T, MusicSkew>>(p.pos, grads);
 }
 
 template <class T>
 std::unique_ptr<RelativeTerm<T>> make_generalized_skew(const AttentionForward<T>& p, const PositionGrads<T>* grads) {
-  GeneralizedSkew::check(p);
   return std::make_unique<DiagonalTerm<T, GeneralizedSkew>>(p.pos, grads);
 }
 

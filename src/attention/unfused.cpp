@@ -113,7 +113,7 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
     dbias.assign(hd.distances(), T(0));
     for (int64_t i = 0; i < lq; ++i)
       for (int64_t j = 0; j < lk; ++j) dbias[hd.diagonal(i, j)] += dS[i * lk + j];
-    add_bias_grad(pos, g, x, dbias);
+    add_bias_grad(g, x, dbias);
   }
   dqc.resize(lq * d), dk.resize(lk * d);
   gemm<T>(Trans::no, Trans::no, lq, d, lk, scale, dS.data(), lk, x.k.data(), d, T(0), dqc.data(), d);
@@ -159,15 +159,9 @@ void backward(const AttentionBackward<T>& p) {
 template <class T>
 std::unique_ptr<RelativeTerm<T>> make_term(Algorithm algorithm, const AttentionForward<T>& p,
                                            const PositionGrads<T>* grads) {
-  const Scheme s = p.pos.scheme;
-  auto unsupported = [&]() -> std::unique_ptr<RelativeTerm<T>> {
-    throw std::invalid_argument(std::string("relpos: algorithm: '") + to_string(algorithm) +
-                                "' does not serve scheme '" + to_string(s) + "'");
-  };
-  switch (algorithm) {  // each make_* checks that it serves p
+  switch (algorithm) {  // check_algorithm has established that `algorithm` serves p
     case Algorithm::gather:
-      if (s == Scheme::shaw) return make_shaw_gather(p, grads);
-      if (s == Scheme::xl) return unsupported();
+      if (p.pos.scheme == Scheme::shaw) return make_shaw_gather(p, grads);
       return std::make_unique<RelativeTerm<T>>();  // no relative embedding; biases are gathered per distance
     case Algorithm::split:
       return make_shaw_split(p, grads);
@@ -182,7 +176,7 @@ std::unique_ptr<RelativeTerm<T>> make_term(Algorithm algorithm, const AttentionF
     case Algorithm::fused:
       break;
   }
-  return unsupported();
+  throw std::logic_error(std::string("relpos: unfused pipeline asked to run '") + to_string(algorithm) + "'");
 }
 
 template void forward<float>(const AttentionForward<float>&);

@@ -8,34 +8,15 @@
 #include <string>
 #include <vector>
 
+#include "../schemes/checks.hpp"
+#include "../schemes/registry.hpp"
 #include "relpos/attention.hpp"
 
 namespace relpos {
 namespace {
 
-[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument("relpos: " + msg); }
+using namespace checks;
 
-template <std::size_t N>
-std::string shape_str(const std::array<int64_t, N>& s) {
-  std::ostringstream o;
-  o << '(';
-  for (std::size_t a = 0; a < N; ++a) o << (a ? ", " : "") << s[a];
-  o << ')';
-  return o.str();
-}
-
-// `expected` uses -1 for "any extent >= 1".
-template <class T, std::size_t N>
-void check_shape(const char* name, const View<T, N>& v, const std::array<int64_t, N>& expected,
-                 const std::string& meaning) {
-  if (v.data == nullptr) fail(std::string(name) + ": missing (null data pointer)");
-  bool ok = true;
-  for (std::size_t a = 0; a < N; ++a) {
-    if (v.shape[a] < 1) fail(std::string(name) + ": every dimension must be >= 1, got shape " + shape_str<N>(v.shape));
-    ok = ok && (expected[a] < 0 || v.shape[a] == expected[a]);
-  }
-  if (!ok) fail(std::string(name) + ": expected shape " + meaning + ", got " + shape_str<N>(v.shape));
-}
 
 // An output must not map two indices to one address, or writes would race
 // and accumulate into each other.
@@ -58,7 +39,7 @@ void check_writable(const char* name, const View<T, N>& v) {
 // address range, and the element layout for an exact test between views that
 // share their strides (dq, dk, dv interleaved in one (B, L, 3, H, d) buffer).
 struct Region {
-  const char* name = nullptr;
+  std::string name;
   uintptr_t base = 0;        // address of element 0
   uintptr_t lo = 0, hi = 0;  // bytes [lo, hi)
   std::size_t item = 0;
@@ -66,7 +47,7 @@ struct Region {
 };
 
 template <class T, std::size_t N>
-Region region(const char* name, const View<T, N>& v) {
+Region region(const std::string& name, const View<T, N>& v) {
   Region r{name, reinterpret_cast<uintptr_t>(v.data), 0, 0, sizeof(T), {v.shape.begin(), v.shape.end()},
            {v.stride.begin(), v.stride.end()}};
   if (v.empty()) return r;
@@ -142,11 +123,14 @@ void check_no_overlap(const std::vector<Region>& inputs, const std::vector<Regio
 
 template <class T>
 std::vector<Region> input_regions(const AttentionForward<T>& p) {
-  const PositionParams<T>& pos = p.pos;
-  return {region("q", p.q), region("k", p.k), region("v", p.v), region("key_padding", p.key_padding),
-          region("shaw.wk", pos.shaw.wk), region("shaw.wv", pos.shaw.wv), region("t5.table", pos.t5.table),
-          region("alibi.slopes", pos.alibi.slopes), region("xl.u", pos.xl.u), region("xl.v", pos.xl.v),
-          region("xl.w_r", pos.xl.w_r)};
+  std::vector<Region> regions = {region("q", p.q), region("k", p.k), region("v", p.v),
+                                 region("key_padding", p.key_padding)};
+  for_each_scheme_param(p.pos, [&](const char* name, const auto& param) {
+    std::string label = name;  // "xl_w_r" is the argument xl.w_r
+    label[label.find('_')] = '.';
+    regions.push_back(region(label, param));
+  });
+  return regions;
 }
 
 template <class T, std::size_t N>
@@ -162,92 +146,9 @@ void check_optional_grad(const char* name, const View<T, N>& g, const std::array
   check_output(name, g, shape, "equal to its parameter's " + shape_str<N>(shape));
 }
 
-std::string dims(const char* what, int64_t n) { return std::string(what) + "=" + std::to_string(n); }
-
-template <class T>
-const char* precision_name() {
-  return sizeof(T) == 4 ? "float32" : "float64";
-}
-
-// The largest |r| among the call's (query, key) pairs (offsets and lengths are
-// bounded by 2^40, so this cannot overflow).
-template <class T>
-int64_t farthest_distance(const AttentionForward<T>& p) {
-  const int64_t first = p.k_offset - (p.q_offset + p.q.shape[2] - 1);  // last query, first key
-  const int64_t last = p.k_offset + p.k.shape[2] - 1 - p.q_offset;     // first query, last key
-  return std::max(std::llabs(first), std::llabs(last));
-}
-
 template <class T>
 void check_position(const AttentionForward<T>& p) {
-  const int64_t H = p.q.shape[1], d = p.q.shape[3], dv = p.v.shape[3];
-  const PositionParams<T>& pos = p.pos;
-  switch (pos.scheme) {
-    case Scheme::none:
-      break;
-    case Scheme::shaw: {
-      const ShawParams<T>& s = pos.shaw;
-      if (s.k < 0 || s.k > kMaxPosition)
-        fail("shaw.k: the clipping distance must be in [0, 2^40], got " + std::to_string(s.k));
-      if (s.wk.empty() && s.wv.empty()) fail("shaw: give wk, wv or both (K-only, V-only, K+V)");
-      const int64_t rows = 2 * s.k + 1;
-      struct Table {
-        const char* name;
-        const View3<const T>* view;
-        int64_t width;
-      };
-      for (const Table& tab : {Table{"shaw.wk", &s.wk, d}, Table{"shaw.wv", &s.wv, dv}}) {
-        const char* name = tab.name;
-        const View3<const T>* table = tab.view;
-        const int64_t width = tab.width;
-        if (table->empty()) continue;
-        const std::string meaning =
-            "(1 or " + dims("H", H) + ", " + dims("2k+1", rows) + ", " + std::to_string(width) + ")";
-        check_shape(name, *table, {-1, rows, width}, meaning);
-        if (table->shape[0] != 1 && table->shape[0] != H) fail(std::string(name) + ": expected shape " + meaning);
-      }
-      break;
-    }
-    case Scheme::t5: {
-      const T5Params<T>& t = pos.t5;
-      check_shape("t5.table", t.table, {H, -1}, "(" + dims("H", H) + ", num_buckets)");
-      check_t5_config(t.bidirectional, t.table.shape[1], t.max_distance);
-      break;
-    }
-    case Scheme::alibi:
-      if (!pos.alibi.slopes.empty()) {
-        check_shape("alibi.slopes", pos.alibi.slopes, {H}, "(" + dims("H", H) + ")");
-        // The bias -m |r| is computed in T; the farthest distance of the call must not overflow it.
-        const double far = double(farthest_distance(p));
-        for (int64_t h = 0; h < H; ++h) {
-          const double m = double(pos.alibi.slopes(h));
-          if (!std::isfinite(m)) fail("alibi.slopes: every slope must be finite");
-          if (!std::isfinite(static_cast<T>(std::abs(m) * far)))
-            fail("alibi.slopes: slope " + std::to_string(m) + " of head " + std::to_string(h) + " times the farthest distance " +
-                 std::to_string(int64_t(far)) + " overflows " + precision_name<T>());
-        }
-      }
-      break;
-    case Scheme::rope: {
-      const RopeParams& r = pos.rope;
-      const int64_t rd = r.rotary_dims ? r.rotary_dims : d;
-      if (r.rotary_dims < 0 || rd < 2 || rd % 2 != 0 || rd > d)
-        fail("rope.rotary_dims: must be even, >= 2 and <= d=" + std::to_string(d) + ", got " + std::to_string(rd) +
-             (r.rotary_dims ? "" : " (0 means d)"));
-      if (!(std::isfinite(r.base) && r.base > 1.0)) fail("rope.base: must be finite and > 1");
-      break;
-    }
-    case Scheme::xl: {
-      const XLParams<T>& x = pos.xl;
-      const std::string hd = "(" + dims("H", H) + ", " + dims("d", d) + ")";
-      check_shape("xl.u", x.u, {H, d}, hd);
-      check_shape("xl.v", x.v, {H, d}, hd);
-      check_shape("xl.w_r", x.w_r, {H, d, -1}, "(" + dims("H", H) + ", " + dims("d", d) + ", pos_dim)");
-      if (x.w_r.shape[2] % 2 != 0) fail("xl.w_r: pos_dim (last dimension) must be even for [sin, cos]");
-      if (x.clamp_len < 0 || x.clamp_len > kMaxPosition) fail("xl.clamp_len: must be in [0, 2^40] (0 = unclamped)");
-      break;
-    }
-  }
+  AllSchemes::visit(p.pos.scheme, [&](auto scheme) { decltype(scheme)::check(p); });
 }
 
 }  // namespace
@@ -294,34 +195,25 @@ void validate_backward(const AttentionBackward<T>& p) {
   check_optional_grad("dq", p.dq, q);
   check_optional_grad("dk", p.dk, p.k.shape);
   check_optional_grad("dv", p.dv, p.v.shape);
-  const PositionParams<T>& pos = p.pos;
-  const PositionGrads<T>& g = p.dpos;
-  auto unused = [&](bool given, Scheme s, const char* name) {
-    if (given && pos.scheme != s)
-      fail(std::string(name) + ": gradient requested for a parameter of scheme " + to_string(s) +
-           " but the scheme is " + to_string(pos.scheme));
-  };
-  unused(!g.shaw_wk.empty() || !g.shaw_wv.empty(), Scheme::shaw, "dpos.shaw");
-  unused(!g.t5_table.empty(), Scheme::t5, "dpos.t5_table");
-  unused(!g.alibi_slopes.empty(), Scheme::alibi, "dpos.alibi_slopes");
-  unused(!g.xl_u.empty() || !g.xl_v.empty() || !g.xl_w_r.empty(), Scheme::xl, "dpos.xl");
-  if (!g.shaw_wk.empty() && pos.shaw.wk.empty()) fail("dpos.shaw_wk: no wk table was given");
-  if (!g.shaw_wv.empty() && pos.shaw.wv.empty()) fail("dpos.shaw_wv: no wv table was given");
-  if (!g.alibi_slopes.empty() && pos.alibi.slopes.empty())
-    fail("dpos.alibi_slopes: slopes are learnable only when given explicitly");
-  check_optional_grad("dpos.shaw_wk", g.shaw_wk, pos.shaw.wk.shape);
-  check_optional_grad("dpos.shaw_wv", g.shaw_wv, pos.shaw.wv.shape);
-  check_optional_grad("dpos.t5_table", g.t5_table, pos.t5.table.shape);
-  check_optional_grad("dpos.alibi_slopes", g.alibi_slopes, pos.alibi.slopes.shape);
-  check_optional_grad("dpos.xl_u", g.xl_u, pos.xl.u.shape);
-  check_optional_grad("dpos.xl_v", g.xl_v, pos.xl.v.shape);
-  check_optional_grad("dpos.xl_w_r", g.xl_w_r, pos.xl.w_r.shape);
   std::vector<Region> inputs = input_regions(p);  // backward reads out, lse and dout too
   for (Region r : {region("out", p.out), region("lse", p.lse), region("dout", p.dout)}) inputs.push_back(r);
-  check_no_overlap(inputs, {region("dq", p.dq), region("dk", p.dk), region("dv", p.dv),
-                            region("dpos.shaw_wk", g.shaw_wk), region("dpos.shaw_wv", g.shaw_wv),
-                            region("dpos.t5_table", g.t5_table), region("dpos.alibi_slopes", g.alibi_slopes),
-                            region("dpos.xl_u", g.xl_u), region("dpos.xl_v", g.xl_v), region("dpos.xl_w_r", g.xl_w_r)});
+  std::vector<Region> outputs = {region("dq", p.dq), region("dk", p.dk), region("dv", p.dv)};
+  // A scheme's parameter gradients: wanted only for the call's scheme and a
+  // parameter it was given, shaped like that parameter.
+  AllSchemes::for_each([&](auto scheme) {
+    using S = decltype(scheme);
+    S::for_each_param(p.pos, [&](const char* name, const auto& param, const auto& grad) {
+      const std::string what = std::string("dpos.") + name;
+      if (!grad.empty() && p.pos.scheme != S::id)
+        fail(what + ": gradient requested for a parameter of scheme " + S::name + " but the scheme is " +
+             to_string(p.pos.scheme));
+      if (!grad.empty() && param.empty())
+        fail(what + ": no " + name + " was given (a parameter is learnable only when given explicitly)");
+      check_optional_grad(what.c_str(), grad, param.shape);
+      outputs.push_back(region(what, grad));
+    }, p.dpos);
+  });
+  check_no_overlap(inputs, outputs);
 }
 
 template void validate_forward<float>(const AttentionForward<float>&);

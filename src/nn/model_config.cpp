@@ -16,7 +16,7 @@ namespace relpos::nn {
 
 namespace {
 
-constexpr const char* kPositionNames[] = {"none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "xl"};
+constexpr const char* kPositionNames[] = {"none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "xl", "kerple"};
 
 [[noreturn]] void fail(const std::string& field, const std::string& why) {
   throw std::invalid_argument("ModelConfig." + field + ": " + why);
@@ -51,7 +51,7 @@ PositionKind parse_position_kind(const std::string& name) {
   for (int i = 0; i < static_cast<int>(std::size(kPositionNames)); ++i)
     if (name == kPositionNames[i]) return static_cast<PositionKind>(i);
   throw std::invalid_argument("position: unknown kind '" + name +
-                              "' (none, sinusoidal, learned, shaw, t5, alibi, rope, xl)");
+                              "' (none, sinusoidal, learned, shaw, t5, alibi, rope, xl, kerple)");
 }
 
 void ModelConfig::validate() const {
@@ -93,6 +93,7 @@ void ModelConfig::validate() const {
       break;
     case PositionKind::none:
     case PositionKind::learned:
+    case PositionKind::kerple:
       break;
   }
 }

@@ -194,8 +194,28 @@ class ModelImpl {
         p.xl.v = View2<const T>::contiguous(param(layout_.xl_v), {h, dh});
         p.xl.w_r = View3<const T>::contiguous(param(o.xl_w_r), {h, dh, config_.width});
         break;
+      case PositionKind::kerple: {
+        p.scheme = Scheme::kerple;
+        const int64_t layer = &o - layout_.layers.data();
+        T* clamped = kerple_clamped_.data() + layer * 2 * h;
+        for (int64_t i = 0; i < h; ++i) {
+          clamped[i] = std::max(param(o.kerple_r1)[i], T(kKerpleFloor));
+          clamped[h + i] = std::max(param(o.kerple_r2)[i], T(kKerpleFloor));
+        }
+        p.kerple.r1 = View1<const T>::contiguous(clamped, {h});
+        p.kerple.r2 = View1<const T>::contiguous(clamped + h, {h});
+        break;
+      }
     }
     return p;
+  }
+
+  // KERPLE's parameters enter clamped at kKerpleFloor: no gradient below it.
+  void clamp_kerple_grads(const LayerOffsets& o) {
+    if (o.kerple_r1 < 0) return;
+    for (int64_t offset : {o.kerple_r1, o.kerple_r2})
+      for (int64_t i = 0; i < config_.heads; ++i)
+        if (param(offset)[i] < T(kKerpleFloor)) grad(offset)[i] = T(0);
   }
 
   PositionGrads<T> position_grads(const LayerOffsets& o) {
@@ -206,6 +226,10 @@ class ModelImpl {
       g.shaw_wv = View3<T>::contiguous(grad(o.shaw_wv), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
     }
     if (layout_.t5_table >= 0) g.t5_table = View2<T>::contiguous(grad(layout_.t5_table), {h, config_.t5_buckets});
+    if (o.kerple_r1 >= 0) {
+      g.kerple_r1 = View1<T>::contiguous(grad(o.kerple_r1), {h});
+      g.kerple_r2 = View1<T>::contiguous(grad(o.kerple_r2), {h});
+    }
     if (o.xl_w_r >= 0) {
       g.xl_u = View2<T>::contiguous(grad(layout_.xl_u), {h, dh});
       g.xl_v = View2<T>::contiguous(grad(layout_.xl_v), {h, dh});
@@ -330,6 +354,7 @@ class ModelImpl {
       zero(act_.d_qkv, 3 * n * w);
       attention_layer_backward(attention_args(l), act_.d_attn, act_.d_qkv, act_.d_keys, act_.d_values,
                                position_grads(o));
+      clamp_kerple_grads(o);
       zero(act_.d_norm, n * w);
       linear_backward(act_.d_qkv, a.ln1_out, param(o.qkv_weight), n, w, 3 * w, act_.d_norm, grad(o.qkv_weight),
                       grad(o.qkv_bias));
@@ -385,6 +410,8 @@ class ModelImpl {
   ModelConfig config_;
   ParameterLayout layout_;
   std::vector<T> params_, grads_, buffer_;
+  // KERPLE's r1, r2 of every layer as the attention sees them (clamped).
+  mutable std::vector<T> kerple_clamped_ = std::vector<T>(2 * int64_t(config_.layers) * config_.heads);
   Activations<T> act_;
   AttentionShape shape_;
   int64_t first_position_ = 0;

@@ -19,7 +19,7 @@ constexpr double kInitStd = 0.02;
 // Offsets into the parameter buffer; -1 = the configuration has no such tensor.
 struct LayerOffsets {
   int64_t ln1_weight = -1, ln1_bias = -1, qkv_weight = -1, qkv_bias = -1, out_weight = -1, out_bias = -1;
-  int64_t shaw_wk = -1, shaw_wv = -1, xl_w_r = -1;
+  int64_t shaw_wk = -1, shaw_wv = -1, xl_w_r = -1, kerple_r1 = -1, kerple_r2 = -1;
   int64_t ln2_weight = -1, ln2_bias = -1, up_weight = -1, up_bias = -1, down_weight = -1, down_bias = -1;
 };
 
@@ -55,6 +55,10 @@ struct ParameterLayout {
         o.shaw_wv = add(p + "attn.shaw.wv", {1, 2 * int64_t(c.shaw_k) + 1, dh}, false, kInitStd);
       }
       if (c.position == PositionKind::xl) o.xl_w_r = add(p + "attn.xl.w_r", {c.heads, dh, w}, false, kInitStd);
+      if (c.position == PositionKind::kerple) {
+        o.kerple_r1 = add(p + "attn.kerple.r1", {c.heads}, false, -1);
+        o.kerple_r2 = add(p + "attn.kerple.r2", {c.heads}, false, -1);
+      }
       o.out_weight = add(p + "attn.out.weight", {w, w}, true, residual_std);
       o.out_bias = add(p + "attn.out.bias", {w}, false, 0);
       o.ln2_weight = add(p + "ln2.weight", {w}, false, -1);

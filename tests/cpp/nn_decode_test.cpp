@@ -59,7 +59,8 @@ std::vector<uint8_t> columns(const std::vector<uint8_t>& tokens, int batch, int 
 
 const auto kAllKinds =
     ::testing::Values(PositionKind::none, PositionKind::sinusoidal, PositionKind::learned, PositionKind::shaw,
-                      PositionKind::t5, PositionKind::alibi, PositionKind::rope, PositionKind::xl);
+                      PositionKind::t5, PositionKind::alibi, PositionKind::rope, PositionKind::xl,
+                      PositionKind::kerple);
 
 }  // namespace
 

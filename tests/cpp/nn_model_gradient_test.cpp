@@ -102,5 +102,5 @@ TEST_P(NnModelGradient, WithMemoryMatchesCentralDifferences) {
 INSTANTIATE_TEST_SUITE_P(AllPositionKinds, NnModelGradient,
                          ::testing::Values(PositionKind::none, PositionKind::sinusoidal, PositionKind::learned,
                                            PositionKind::shaw, PositionKind::t5, PositionKind::alibi,
-                                           PositionKind::rope, PositionKind::xl),
+                                           PositionKind::rope, PositionKind::xl, PositionKind::kerple),
                          [](const auto& info) { return std::string(to_string(info.param)); });

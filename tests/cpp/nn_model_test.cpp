@@ -88,6 +88,29 @@ TEST(NnModel, InitialisationIsDeterministicAndScaled) {
   EXPECT_NEAR(m.loss(tokens, 2, 16), std::log(256.0), 0.3);
 }
 
+// KERPLE's r1, r2 enter the attention clamped at kKerpleFloor: a parameter
+// below it gives the loss of the floor and receives no gradient.
+TEST(NnModel, KerpleParametersBelowTheFloorActAsTheFloorWithoutGradient) {
+  std::vector<uint8_t> tokens(2 * 17);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint8_t>((i * 13) % 251);
+  auto loss_and_grad = [&](float r2_head1) {
+    Model m(small_config(PositionKind::kerple));
+    m.num_threads = 1;
+    const int64_t r2 = find(m, "layer0.attn.kerple.r2").offset;
+    m.parameters()[r2 + 1] = r2_head1;
+    const float loss = m.forward_backward(tokens, 2, 16);
+    return std::pair{loss, m.gradients()[r2 + 1]};
+  };
+  const auto [below, below_grad] = loss_and_grad(-0.5f);
+  const auto [floor, floor_grad] = loss_and_grad(float(relpos::nn::kKerpleFloor));
+  const auto [above, above_grad] = loss_and_grad(0.5f);
+  EXPECT_EQ(below, floor);
+  EXPECT_EQ(below_grad, 0.0f);
+  EXPECT_NE(above, floor);
+  EXPECT_NE(above_grad, 0.0f);
+  EXPECT_NE(floor_grad, 0.0f);  // at the floor itself the parameter still learns
+}
+
 TEST(NnModel, ThreadsGiveTheSameLossAndGradients) {
   std::vector<uint8_t> tokens(4 * 33);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint8_t>((i * i * 7) % 251);

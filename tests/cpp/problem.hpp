@@ -201,6 +201,7 @@ class Problem {
   Tensor<T, 1> alibi_slopes, grad_alibi_slopes;
   Tensor<T, 2> xl_u, xl_v, grad_xl_u, grad_xl_v;
   Tensor<T, 3> xl_w_r, grad_xl_w_r;
+  Tensor<T, 1> kerple_r1, kerple_r2, grad_kerple_r1, grad_kerple_r2;
 
   explicit Problem(const Spec& s) : spec(s), rng_(s.seed) {
     random(q, {s.B, s.H, s.Lq, s.d}, -1, 1);
@@ -242,6 +243,12 @@ class Problem {
       zeros_like(grad_xl_v, xl_v);
       zeros_like(grad_xl_w_r, xl_w_r);
     }
+    if (s.scheme == Scheme::kerple) {
+      random(kerple_r1, {s.H}, 0.2, 1.5);
+      random(kerple_r2, {s.H}, 0.1, 1.0);
+      zeros_like(grad_kerple_r1, kerple_r1);
+      zeros_like(grad_kerple_r2, kerple_r2);
+    }
   }
 
   // The scheme's default scale: 1 for T5, 1 / sqrt(d) for the others.
@@ -269,6 +276,7 @@ class Problem {
     pos.alibi.slopes = alibi_slopes.cview();
     pos.rope = spec.rope;
     pos.xl = {xl_u.cview(), xl_v.cview(), xl_w_r.cview(), spec.xl_clamp_len};
+    pos.kerple = {kerple_r1.cview(), kerple_r2.cview()};
     a.algorithm = spec.algorithm;
     a.num_threads = spec.num_threads;
     return a;
@@ -283,7 +291,8 @@ class Problem {
     a.dk = dk.view();
     a.dv = dv.view();
     a.dpos = {grad_shaw_wk.view(), grad_shaw_wv.view(), grad_t5_table.view(), grad_alibi_slopes.view(),
-              grad_xl_u.view(),    grad_xl_v.view(),    grad_xl_w_r.view()};
+              grad_xl_u.view(),    grad_xl_v.view(),    grad_xl_w_r.view(),       grad_kerple_r1.view(),
+              grad_kerple_r2.view()};
     return a;
   }
 
@@ -306,6 +315,8 @@ class Problem {
     add("xl.u", xl_u, grad_xl_u);
     add("xl.v", xl_v, grad_xl_v);
     add("xl.w_r", xl_w_r, grad_xl_w_r);
+    add("kerple.r1", kerple_r1, grad_kerple_r1);
+    add("kerple.r2", kerple_r2, grad_kerple_r2);
     return ps;
   }
 
@@ -320,7 +331,8 @@ class Problem {
               dv.padding_untouched();
     for (auto* g : {&grad_shaw_wk, &grad_shaw_wv, &grad_xl_w_r}) ok = ok && g->padding_untouched();
     for (auto* g : {&grad_t5_table, &grad_xl_u, &grad_xl_v}) ok = ok && g->padding_untouched();
-    return ok && grad_alibi_slopes.padding_untouched();
+    for (auto* g : {&grad_alibi_slopes, &grad_kerple_r1, &grad_kerple_r2}) ok = ok && g->padding_untouched();
+    return ok;
   }
 
  private:
@@ -419,6 +431,7 @@ inline std::vector<Spec> scheme_variants() {
   add("rope_half_split_rot4_base100", Scheme::rope, [](Spec& s) { s.rope.rotary_dims = 4, s.rope.base = 100.0; });
   add("xl_unclamped", Scheme::xl);
   add("xl_clamp2", Scheme::xl, [](Spec& s) { s.xl_clamp_len = 2; });
+  add("kerple", Scheme::kerple);
   return out;
 }
 

@@ -94,6 +94,14 @@ std::vector<BadInput> bad_inputs() {
       // ALiBi
       {"alibi_slopes_wrong_length", S::alibi, [](auto&, Args& a) { a.pos.alibi.slopes.shape[0] -= 1; }, "alibi.slopes"},
       {"alibi_slope_nan", S::alibi, [nan](Problem<double>& p, Args&) { p.alibi_slopes(1) = nan; }, "alibi.slopes"},
+      // KERPLE
+      {"kerple_r1_wrong_length", S::kerple, [](auto&, Args& a) { a.pos.kerple.r1.shape[0] -= 1; }, "kerple.r1"},
+      {"kerple_r2_missing", S::kerple, [](auto&, Args& a) { a.pos.kerple.r2 = {}; }, "kerple.r2"},
+      {"kerple_r1_zero", S::kerple, [](Problem<double>& p, Args&) { p.kerple_r1(0) = 0; }, "kerple.r1"},
+      {"kerple_r2_negative", S::kerple, [](Problem<double>& p, Args&) { p.kerple_r2(1) = -0.5; }, "kerple.r2"},
+      {"kerple_r2_nan", S::kerple, [nan](Problem<double>& p, Args&) { p.kerple_r2(2) = nan; }, "kerple.r2"},
+      {"kerple_bias_overflows", S::kerple,
+       [](Problem<double>& p, Args&) { p.kerple_r1(0) = 1e308, p.kerple_r2(0) = 1e300; }, "kerple.r1"},
       // RoPE
       {"rope_rotary_dims_odd", S::rope, [](auto&, Args& a) { a.pos.rope.rotary_dims = 3; }, "rope.rotary_dims"},
       {"rope_rotary_dims_above_d", S::rope, [](auto&, Args& a) { a.pos.rope.rotary_dims = 8; }, "rope.rotary_dims"},
@@ -115,15 +123,18 @@ std::vector<BadInput> bad_inputs() {
        [](auto&, Args& a) { a.dpos.t5_table = relpos::View2<double>::contiguous(scratch, {3, 10}); }, "dpos.t5_table",
        true},
       {"shaw_gradient_for_t5", S::t5,
-       [](auto&, Args& a) { a.dpos.shaw_wk = relpos::View3<double>::contiguous(scratch, {3, 5, 6}); }, "dpos.shaw",
+       [](auto&, Args& a) { a.dpos.shaw_wk = relpos::View3<double>::contiguous(scratch, {3, 5, 6}); }, "dpos.shaw_wk",
        true},
       {"xl_gradient_for_shaw", S::shaw,
-       [](auto&, Args& a) { a.dpos.xl_u = relpos::View2<double>::contiguous(scratch, {3, 6}); }, "dpos.xl", true},
+       [](auto&, Args& a) { a.dpos.xl_u = relpos::View2<double>::contiguous(scratch, {3, 6}); }, "dpos.xl_u", true},
       {"alibi_gradient_for_rope", S::rope,
        [](auto&, Args& a) { a.dpos.alibi_slopes = relpos::View1<double>::contiguous(scratch, {3}); },
        "dpos.alibi_slopes", true},
       {"alibi_gradient_of_default_slopes", S::alibi, [](auto&, Args& a) { a.pos.alibi.slopes = {}; },
        "dpos.alibi_slopes", true},
+      {"kerple_gradient_for_alibi", S::alibi,
+       [](auto&, Args& a) { a.dpos.kerple_r2 = relpos::View1<double>::contiguous(scratch, {3}); }, "dpos.kerple_r2",
+       true},
       {"shaw_wv_gradient_without_wv", S::shaw, [](auto&, Args& a) { a.pos.shaw.wv = {}; }, "dpos.shaw_wv", true},
       {"t5_gradient_shape_mismatch", S::t5, [](auto&, Args& a) { a.dpos.t5_table.shape[1] -= 1; }, "dpos.t5_table",
        true},
@@ -186,7 +197,7 @@ INSTANTIATE_TEST_SUITE_P(AllArguments, RejectsBadInput, ::testing::ValuesIn(bad_
 // The valid problems the bad inputs start from pass, and so does every case
 // the other test files use.
 TEST(AcceptsValidInput, BaseProblemsOfEveryScheme) {
-  for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl}) {
+  for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl, Scheme::kerple}) {
     Problem<double> p(base(s));
     EXPECT_NO_THROW(p.forward()) << relpos::to_string(s);
     EXPECT_NO_THROW(p.backward()) << relpos::to_string(s);
@@ -313,7 +324,7 @@ TEST(ScratchEstimate, HugeBroadcastShawTableIsRefusedWithTheSize) {
 // ---- names of schemes and algorithms ------------------------------------------
 
 TEST(Names, SchemesAndAlgorithmsRoundTrip) {
-  for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl})
+  for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl, Scheme::kerple})
     EXPECT_EQ(relpos::parse_scheme(relpos::to_string(s)), s);
   EXPECT_EQ(relpos::parse_scheme("t5"), Scheme::t5);
   EXPECT_STREQ(relpos::to_string(Scheme::xl), "xl");

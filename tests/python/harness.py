@@ -78,6 +78,8 @@ class Problem:
             return relpos.RoPE(base=o.get("base", 10000.0), dims=o.get("dims"), style=o.get("style", "half_split"))
         if c.scheme == "xl":
             return relpos.TransformerXL(p["xl_u"], p["xl_v"], p["xl_w_r"], clamp_len=o.get("clamp_len", 0))
+        if c.scheme == "kerple":
+            return relpos.KERPLE(p["kerple_r1"], p["kerple_r2"])
         raise ValueError(c.scheme)
 
     def call_kwargs(self) -> dict:
@@ -111,6 +113,9 @@ def make_problem(case: Case) -> Problem:
         params["xl_u"] = 0.5 * rng.standard_normal((c.H, c.d))
         params["xl_v"] = 0.5 * rng.standard_normal((c.H, c.d))
         params["xl_w_r"] = rng.standard_normal((c.H, c.d, pos_dim)) / np.sqrt(pos_dim)
+    elif c.scheme == "kerple":
+        params["kerple_r1"] = rng.uniform(0.1, 2.0, c.H)
+        params["kerple_r2"] = rng.uniform(0.05, 1.0, c.H)
     key_padding = None
     if c.padding in ("random", "uint8"):
         key_padding = rng.random((c.B, c.Lk)) < 0.3

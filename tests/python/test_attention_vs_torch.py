@@ -59,6 +59,10 @@ CASES = [
     C("alibi-H6-learned-L97-d59-offsets", "alibi", B=1, H=6, Lq=97, Lk=97, d=59, q_offset=3, k_offset=40,
       opts=dict(learn=True)),
     C("alibi-H1-paper-L1", "alibi", H=1, Lq=1, Lk=1),
+    C("kerple-H4-L7", "kerple", B=1, H=4),
+    C("kerple-H3-L97-d64-causal-offsets", "kerple", B=1, H=3, Lq=97, Lk=97, d=64, causal=True, q_offset=5, k_offset=5),
+    C("kerple-H5-cross5x13-pad", "kerple", H=5, Lq=5, Lk=13, padding="random", k_offset=20),
+    C("kerple-H2-L300-multi-tile", "kerple", B=1, H=2, Lq=300, Lk=300, d=16, causal=True),
     # --- RoPE -----------------------------------------------------------------
     C("rope-half-L97-d64-causal", "rope", B=1, Lq=97, Lk=97, d=64, causal=True, opts=dict(style="half_split")),
     C("rope-interleaved-L7-d16", "rope", opts=dict(style="interleaved")),
@@ -89,7 +93,7 @@ CASES = [
 # in the future of the first query rows, plus one batch entry entirely padded.
 SCHEME_OPTS = {
     "none": {}, "shaw": dict(k=3, tables="kv"), "t5": dict(bidirectional=False, num_buckets=8, max_distance=16),
-    "alibi": dict(learn=True), "rope": dict(dims=8), "xl": dict(pos_dim=8, clamp_len=0),
+    "alibi": dict(learn=True), "rope": dict(dims=8), "xl": dict(pos_dim=8, clamp_len=0), "kerple": {},
 }
 MASKED_CASES = [C(f"{s}-fully-masked-rows", s, Lq=6, Lk=8, k_offset=3, causal=True, padding="batch", opts=o)
                 for s, o in SCHEME_OPTS.items()]
@@ -98,7 +102,7 @@ MASKED_CASES = [C(f"{s}-fully-masked-rows", s, Lq=6, Lk=8, k_offset=3, causal=Tr
 def expected_algorithms(case: Case) -> set[str]:
     """Which algorithms serve a case, stated from the papers (docs/design.md section 2)."""
     algos = {"reference", "fused"}
-    if case.scheme in ("none", "rope", "t5", "alibi"):
+    if case.scheme in ("none", "rope", "t5", "alibi", "kerple"):
         algos |= {"gather"}
     if case.scheme == "shaw":
         algos |= {"split", "gather", "generalized_skew"}

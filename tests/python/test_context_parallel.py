@@ -26,6 +26,7 @@ from relpos.context_parallel import gather_sequence, ring_attention, shard_seque
 B, H, HKV, D = 2, 4, 2, 5
 CHUNKS = {2: [9, 14], 4: [5, 7, 3, 8]}
 POSITION = 3  # absolute position of the sequence's first token
+SCHEMES = ["none", "shaw", "t5", "alibi", "rope", "xl", "kerple"]
 
 
 def make_scheme(name, params):
@@ -36,15 +37,19 @@ def make_scheme(name, params):
         "alibi": lambda: relpos.ALiBi(params["slopes"]),
         "rope": lambda: relpos.RoPE(dims=4),
         "xl": lambda: relpos.TransformerXL(params["u"], params["v"], params["w_r"]),
+        "kerple": lambda: relpos.KERPLE(params["r1"], params["r2"]),
     }[name]()
 
 
 def make_params(name, g):
     shapes = {"none": {}, "shaw": {"wk": (H, 9, D), "wv": (9, D)}, "t5": {"table": (H, 10)},
-              "alibi": {"slopes": (H,)}, "rope": {}, "xl": {"u": (H, D), "v": (H, D), "w_r": (H, D, 6)}}[name]
+              "alibi": {"slopes": (H,)}, "rope": {}, "xl": {"u": (H, D), "v": (H, D), "w_r": (H, D, 6)},
+              "kerple": {"r1": (H,), "r2": (H,)}}[name]
     params = {n: 0.5 * torch.randn(s, generator=g, dtype=torch.float64) for n, s in shapes.items()}
     if name == "alibi":
         params["slopes"] = torch.rand(H, generator=g, dtype=torch.float64) + 0.1
+    if name == "kerple":  # r1, r2 > 0
+        params = {n: torch.rand(H, generator=g, dtype=torch.float64) + 0.1 for n in ("r1", "r2")}
     return params
 
 
@@ -106,7 +111,7 @@ def init(rank, world, store):
 def worker_every_case(rank, world, store):
     init(rank, world, store)
     try:
-        for i, name in enumerate(["none", "shaw", "t5", "alibi", "rope", "xl"]):
+        for i, name in enumerate(SCHEMES):
             for causal in (False, True):
                 for zigzag in (False, True):
                     first = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag)
@@ -154,7 +159,7 @@ def worker_all_to_all(rank, world, store):
     init(rank, world, store)
     try:
         hkv = 2 if world == 2 else 4
-        for i, name in enumerate(["none", "shaw", "t5", "alibi", "rope", "xl"]):
+        for i, name in enumerate(SCHEMES):
             for causal in (False, True):
                 for zigzag in (False, True):
                     first = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag, "ulysses", hkv)

@@ -19,6 +19,7 @@ GRADCHECK = [
     ("alibi", dict(), {"slopes": (2,)}),
     ("rope", dict(k_offset=2), {}),
     ("xl", dict(causal=True, q_offset=1), {"u": (2, 3), "v": (2, 3), "w_r": (2, 3, 4)}),
+    ("kerple", dict(causal=True, q_offset=1), {"r1": (2,), "r2": (2,)}),
 ]
 
 
@@ -30,6 +31,7 @@ def scheme_of(name: str, params: dict):
         "alibi": lambda: relpos.ALiBi(params["slopes"]),
         "rope": lambda: relpos.RoPE(dims=2),
         "xl": lambda: relpos.TransformerXL(params["u"], params["v"], params["w_r"]),
+        "kerple": lambda: relpos.KERPLE(params["r1"], params["r2"]),
     }[name]()
 
 
@@ -41,6 +43,8 @@ def test_gradcheck_float64(name, call, shapes):
     params = {n: (0.5 * torch.randn(s, generator=g)).requires_grad_() for n, s in shapes.items()}
     if name == "alibi":
         params["slopes"] = torch.rand(2, generator=g).add(0.1).requires_grad_()
+    if name == "kerple":  # r1, r2 > 0
+        params = {n: torch.rand(2, generator=g).add(0.2).requires_grad_() for n in ("r1", "r2")}
     names = list(params)
 
     def f(q, k, v, *ps):
@@ -72,6 +76,8 @@ def oracle_module_forward(m: rt.RelativeMultiheadAttention, x, kv, *, causal, ke
         opts = dict(base=s.base, dims=s.dims, style=s.style)
     elif m.scheme == "xl":
         opts, params = dict(clamp_len=s.clamp_len), {"xl_u": s.u, "xl_v": s.v, "xl_w_r": s.w_r}
+    elif m.scheme == "kerple":
+        params = {"kerple_r1": s.r1, "kerple_r2": s.r2}
     out, _ = torch_oracle.attention(q, k, v, m.scheme, opts, params, causal=causal, key_padding=key_padding,
                                     q_offset=q_offset, scale=m.scale)
     B, _, Lq, _ = out.shape
@@ -89,6 +95,7 @@ MODULES = [
     ("rope", dict(scheme="rope", rope_dims=4, rope_style="interleaved"), dict(causal=True)),
     ("xl-mems", dict(scheme="xl", xl_pos_dim=6, xl_clamp_len=4), dict(causal=True, mems=3)),
     ("none-cross", dict(scheme="none", kdim=7, vdim=7), dict(cross=7, pad=True)),
+    ("kerple", dict(scheme="kerple"), dict(causal=True, pad=True)),
 ]
 
 
@@ -115,6 +122,24 @@ def test_module_matches_oracle_and_autograd(mid, ctor, call):
     names = ["x"] + (["kv"] if "cross" in call else []) + [n for n, _ in m.named_parameters()]
     for n, a, b in zip(names, g_got, g_ref):
         torch.testing.assert_close(a, b if b is not None else torch.zeros_like(a), rtol=1e-9, atol=1e-10, msg=n)
+
+
+def test_kerple_module_clamps_its_parameters_at_the_floor():
+    """A KERPLE parameter stepped below KERPLE_MIN acts as KERPLE_MIN and gets no gradient;
+    the others still learn."""
+    torch.manual_seed(3)
+    m = rt.RelativeMultiheadAttention(8, 2, "kerple")
+    x = torch.randn(1, 5, 8)
+    with torch.no_grad():
+        m.kerple_r1[0] = -1.0
+    y = m(x, causal=True)
+    with torch.no_grad():
+        m.kerple_r1[0] = rt.KERPLE_MIN
+    torch.testing.assert_close(y, m(x, causal=True), rtol=0, atol=0)
+    with torch.no_grad():
+        m.kerple_r1[0] = -1.0
+    m(x, causal=True).square().sum().backward()
+    assert m.kerple_r1.grad[0] == 0 and m.kerple_r1.grad[1] != 0 and (m.kerple_r2.grad != 0).all()
 
 
 def test_module_float32_and_bad_configuration():

@@ -152,6 +152,7 @@ def attention(
       alibi  params alibi_slopes (H,) optional (default: the paper's slopes)
       rope   opts base, dims (None = d), style ('half_split'|'interleaved')
       xl     opts clamp_len; params xl_u (H, d), xl_v (H, d), xl_w_r (H, d, pos_dim)
+      kerple params kerple_r1, kerple_r2 (H,): bias -r1 log(1 + r2 |r|) (Chi et al. 2022, eq. for KERPLE-log)
     key_padding: bool (B, Lk), True = padded.
     """
     opts, params = opts or {}, params or {}
@@ -190,6 +191,10 @@ def attention(
             slopes = torch.tensor(alibi_paper_slopes(H), dtype=q.dtype)
         score = q @ k.transpose(-1, -2)
         bias = -slopes[:, None, None] * r.abs().to(q.dtype)
+    elif scheme == "kerple":
+        r1, r2 = params["kerple_r1"], params["kerple_r2"]
+        score = q @ k.transpose(-1, -2)
+        bias = -r1[:, None, None] * torch.log(1 + r2[:, None, None] * r.abs().to(q.dtype))
     elif scheme == "rope":
         base, dims, style = opts.get("base", 10000.0), opts.get("dims"), opts.get("style", "half_split")
         qr = rope(q, q_offset + torch.arange(Lq), base, dims, style)

@@ -49,7 +49,11 @@ namespace relpos::nn {
 //   rope   base rope_base, half-split, over the whole head dimension
 //   xl     u, v (heads, head_dim) shared by all layers, W_R (heads, head_dim,
 //          width) per layer, sinusoid of size width; no absolute embeddings
-enum class PositionKind { none, sinusoidal, learned, shaw, t5, alibi, rope, xl };
+//   kerple per-layer r1, r2 (heads) of the logarithmic KERPLE bias, initialised
+//          to 1 and used clamped at kKerpleFloor (a parameter below it gets a
+//          zero gradient), as the paper's code clamps them
+enum class PositionKind { none, sinusoidal, learned, shaw, t5, alibi, rope, xl, kerple };
+inline constexpr double kKerpleFloor = 0.01;
 const char* to_string(PositionKind kind);
 PositionKind parse_position_kind(const std::string& name);  // throws std::invalid_argument
 

@@ -1,0 +1,20 @@
+// Plain attention: no relative term (absolute embeddings, if any, live in the model).
+#pragma once
+
+#include "scheme.hpp"
+
+namespace relpos {
+
+struct NoPositionScheme {
+  static constexpr Scheme id = Scheme::none;
+  static constexpr const char* name = "none";
+  static constexpr AlgorithmSet algorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
+
+  template <class Params, class F, class... Grads>
+  static void for_each_param(Params&, F&&, Grads&...) {}
+
+  template <class T>
+  static void check(const AttentionForward<T>&) {}
+};
+
+}  // namespace relpos

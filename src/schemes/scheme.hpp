@@ -1,0 +1,78 @@
+// What a position scheme is to the kernels. Each scheme lives in one file of
+// this folder, a struct with:
+//
+//   id, name         its Scheme value and the name frontends use
+//   algorithms       the algorithms that serve it (the capability table;
+//                    mask and shape conditions of an algorithm live in dispatch)
+//   for_each_param   its learnable tensors, with their members in any number of
+//                    PositionGrads, by the names frontends use ("t5_table";
+//                    its gradient is "dpos.t5_table")
+//   check(p)         its arguments, each error naming the argument
+//   Bias<T>          for a scheme whose relative term is a bias per (head,
+//                    distance): a DistanceBias<T> (below) built from the call,
+//                    that bias and the reduction of its gradient to the
+//                    scheme's parameters
+//
+// The other kinds of relative term are computed by the kernels themselves and
+// selected by the scheme's parameters: a per-distance key embedding read by a
+// query-side vector (Shaw's clipped table; Transformer-XL's band W_R R(-r)
+// read by q + v), a per-distance value embedding (Shaw), a content bias
+// (Transformer-XL's u) and a rotation of q and k (RoPE).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+
+#include "relpos/attention.hpp"
+
+namespace relpos {
+
+// A set of algorithms, one bit per Algorithm value.
+class AlgorithmSet {
+ public:
+  constexpr AlgorithmSet(std::initializer_list<Algorithm> algorithms) {
+    for (Algorithm a : algorithms) bits_ |= bit(a);
+  }
+  constexpr bool contains(Algorithm a) const { return (bits_ & bit(a)) != 0; }
+
+ private:
+  static constexpr unsigned bit(Algorithm a) { return 1u << static_cast<unsigned>(a); }
+  unsigned bits_ = 0;
+};
+
+// Every algorithm that serves a scheme whose relative term is a bias per
+// distance: the reference, the per-distance gathers and the fused kernel.
+inline constexpr AlgorithmSet kBiasAlgorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
+
+// A bias per (head, distance) for the distances of one call,
+// r = rmin + m, m < count, rmin = k_offset - (q_offset + Lq - 1),
+// count = Lq + Lk - 1 (the same for every head). Built once per call and
+// thread; what depends only on the call (T5's buckets) is computed once.
+template <class T>
+class DistanceBias {
+ public:
+  DistanceBias(const AttentionForward<T>& p)
+      : rmin_(p.k_offset - (p.q_offset + p.q.shape[2] - 1)), count_(p.q.shape[2] + p.k.shape[2] - 1) {}
+  virtual ~DistanceBias() = default;
+
+  int64_t rmin() const { return rmin_; }
+  int64_t count() const { return count_; }
+
+  // bias[m] for head h, m < count().
+  virtual void values(int64_t h, T* bias) const = 0;
+  // Adds into g the gradient of the scheme's parameters of head h, given the
+  // gradient of the loss with respect to bias[m], m < count().
+  virtual void add_grad(const PositionGrads<T>& g, int64_t h, const T* dbias) const = 0;
+
+ protected:
+  int64_t distance_magnitude(int64_t m) const {
+    const int64_t r = rmin_ + m;
+    return r < 0 ? -r : r;
+  }
+
+ private:
+  int64_t rmin_, count_;
+};
+
+}  // namespace relpos

@@ -1,0 +1,49 @@
+// Shaw et al. 2018 (and Music Transformer's zero beyond k): a per-distance key
+// embedding wk[c(r)] read by the query and a per-distance value embedding
+// wv[c(r)], c(r) = clip(r, -k, k) + k, tables shared by heads or per head.
+#pragma once
+
+#include "checks.hpp"
+#include "scheme.hpp"
+
+namespace relpos {
+
+struct ShawScheme {
+  static constexpr Scheme id = Scheme::shaw;
+  static constexpr const char* name = "shaw";
+  static constexpr AlgorithmSet algorithms = {Algorithm::reference, Algorithm::split,
+                                              Algorithm::gather,    Algorithm::skew,
+                                              Algorithm::generalized_skew, Algorithm::fused};
+
+  template <class Params, class F, class... Grads>
+  static void for_each_param(Params& pos, F&& f, Grads&... g) {
+    f("shaw_wk", pos.shaw.wk, g.shaw_wk...);
+    f("shaw_wv", pos.shaw.wv, g.shaw_wv...);
+  }
+
+  template <class T>
+  static void check(const AttentionForward<T>& p) {
+    using namespace checks;
+    const ShawParams<T>& s = p.pos.shaw;
+    const int64_t H = p.q.shape[1];
+    if (s.k < 0 || s.k > kMaxPosition)
+      fail("shaw.k: the clipping distance must be in [0, 2^40], got " + std::to_string(s.k));
+    if (s.wk.empty() && s.wv.empty()) fail("shaw: give wk, wv or both (K-only, V-only, K+V)");
+    const int64_t rows = 2 * s.k + 1;
+    struct Table {
+      const char* name;
+      const View3<const T>* view;
+      int64_t width;
+    };
+    for (const Table& table : {Table{"shaw.wk", &s.wk, p.q.shape[3]}, Table{"shaw.wv", &s.wv, p.v.shape[3]}}) {
+      if (table.view->empty()) continue;
+      const std::string meaning =
+          "(1 or " + dims("H", H) + ", " + dims("2k+1", rows) + ", " + std::to_string(table.width) + ")";
+      check_shape(table.name, *table.view, {-1, rows, table.width}, meaning);
+      if (table.view->shape[0] != 1 && table.view->shape[0] != H)
+        fail(std::string(table.name) + ": expected shape " + meaning);
+    }
+  }
+};
+
+}  // namespace relpos

@@ -1,0 +1,54 @@
+// T5 (Raffel et al. 2020): a bias per (head, bucket), buckets of the distance
+// exactly as HF transformers' _relative_position_bucket (position.hpp).
+#pragma once
+
+#include <vector>
+
+#include "checks.hpp"
+#include "scheme.hpp"
+
+namespace relpos {
+
+struct T5Scheme {
+  static constexpr Scheme id = Scheme::t5;
+  static constexpr const char* name = "t5";
+  static constexpr AlgorithmSet algorithms = kBiasAlgorithms;
+
+  template <class Params, class F, class... Grads>
+  static void for_each_param(Params& pos, F&& f, Grads&... g) {
+    f("t5_table", pos.t5.table, g.t5_table...);
+  }
+
+  template <class T>
+  static void check(const AttentionForward<T>& p) {
+    using namespace checks;
+    const T5Params<T>& t = p.pos.t5;
+    const int64_t H = p.q.shape[1];
+    check_shape("t5.table", t.table, {H, -1}, "(" + dims("H", H) + ", num_buckets)");
+    check_t5_config(t.bidirectional, t.table.shape[1], t.max_distance);
+  }
+
+  template <class T>
+  class Bias final : public DistanceBias<T> {
+   public:
+    explicit Bias(const AttentionForward<T>& p) : DistanceBias<T>(p), table_(p.pos.t5.table), bucket_(this->count()) {
+      const T5Params<T>& t = p.pos.t5;
+      for (int64_t m = 0; m < this->count(); ++m)
+        bucket_[m] = t5_bucket(this->rmin() + m, t.bidirectional, t.table.shape[1], t.max_distance);
+    }
+    void values(int64_t h, T* bias) const override {
+      for (int64_t m = 0; m < this->count(); ++m) bias[m] = table_(h, bucket_[m]);
+    }
+    void add_grad(const PositionGrads<T>& g, int64_t h, const T* dbias) const override {
+      if (g.t5_table.empty()) return;
+      for (int64_t m = 0; m < this->count(); ++m) g.t5_table(h, bucket_[m]) += dbias[m];
+    }
+
+   private:
+    View2<const T> table_;
+    std::vector<int64_t> bucket_;
+  };
+
+};
+
+}  // namespace relpos
