@@ -19,6 +19,7 @@ gloo on CPU tensors, which is what relpos computes on.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Optional
 
@@ -82,43 +83,95 @@ def _every_rank(segments: Segments, group) -> list:
 
 
 class _Ring:
-    """The group, this rank's neighbours and every rank's key segments."""
+    """The group, this rank's neighbours, every rank's key segments and the pieces
+    a key chunk travels in.
 
-    def __init__(self, group, k_segments: Segments, every: Optional[list] = None):
+    A chunk travels in ``pieces`` near-equal runs of rows, one ring per piece:
+    a rank holds one visiting piece and the next (not a whole visiting chunk and
+    the next), so the ring adds 4 / pieces rows of keys, values and their gradients
+    per local row, not 8, at the cost of ``pieces`` times more (smaller) calls."""
+
+    # Seconds this process has spent waiting for transfers to finish (exposed
+    # communication), over every ring; bench/context_parallel.py reads it.
+    waited = 0.0
+
+    def __init__(self, group, k_segments: Segments, every: Optional[list] = None, pieces: Optional[int] = None):
         self.group = group
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         neighbour = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
         self.next, self.prev = neighbour((self.rank + 1) % self.size), neighbour((self.rank - 1) % self.size)
         # every rank's key segments: gathered once per forward, reused by its backward
         self.segments = every if every is not None else _every_rank(k_segments, group)
+        shortest = min(sum(n for _, n in s) for s in self.segments)
+        # Automatic: pieces of at least _PIECE_ROWS keys, at most _MAX_PIECES; the same on every rank.
+        self.pieces = pieces if pieces is not None else max(1, min(_MAX_PIECES, shortest // _PIECE_ROWS))
+        if not 1 <= self.pieces <= shortest:
+            raise ValueError(f"relpos: kv_pieces: must be in [1, {shortest}] (the shortest key chunk), "
+                             f"got {self.pieces}")
 
     def owner(self, step: int) -> int:
         """Whose key chunk this rank holds at a step: its own at step 0, then its predecessors'."""
         return (self.rank - step) % self.size
 
-    def shift(self, tensors, step: int):
-        """Starts sending `tensors` (the chunk of owner(step)) to the next rank and
-        receiving the chunk of owner(step + 1) from the previous one; returns the
-        receive buffers and a function that waits for both."""
-        incoming = sum(n for _, n in self.segments[self.owner(step + 1)])
-        buffers = [torch.empty((*t.shape[:2], incoming, *t.shape[3:]), dtype=t.dtype) if t.dim() == 4
-                   else torch.empty((t.shape[0], incoming), dtype=t.dtype) for t in tensors]
+    def piece(self, owner: int, i: int) -> tuple[slice, Segments]:
+        """Rows of piece i of owner's chunk, and their segments (absolute positions)."""
+        length = sum(n for _, n in self.segments[owner])
+        lo, hi = round(i * length / self.pieces), round((i + 1) * length / self.pieces)
+        segments = []
+        for first, (offset, n) in _rows(self.segments[owner]):
+            a, b = max(lo, first), min(hi, first + n)
+            if a < b:
+                segments.append((offset + a - first, b - a))
+        return slice(lo, hi), segments
+
+    def shift(self, tensors, rows: int):
+        """Starts sending `tensors` to the next rank and receiving `rows` rows of
+        each from the previous one; returns the receive buffers and a function
+        that waits for both."""
+        buffers = [torch.empty((*t.shape[:2], rows, *t.shape[3:]), dtype=t.dtype) if t.dim() == 4
+                   else torch.empty((t.shape[0], rows), dtype=t.dtype) for t in tensors]
         ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, b, self.prev, self.group) for b in buffers]
         requests = dist.batch_isend_irecv(ops)
 
         def wait():
+            start = time.perf_counter()
             for r in requests:
                 r.wait()
+            _Ring.waited += time.perf_counter() - start
         return buffers, wait
 
-    def pairs(self, q_segments: Segments, owner: int, causal: bool):
+    def pairs(self, q_segments: Segments, k_segments: Segments, causal: bool):
         """(query rows, key rows, q_offset, k_offset) of every query segment of this
-        rank and key segment of owner's chunk that a causal mask leaves visible."""
+        rank and key segment of a visiting piece that a causal mask leaves visible."""
         for qs, (qo, ql) in _rows(q_segments):
-            for ks, (ko, kl) in _rows(self.segments[owner]):
+            for ks, (ko, kl) in _rows(k_segments):
                 if not causal or ko <= qo + ql - 1:
                     yield slice(qs, qs + ql), slice(ks, ks + kl), qo, ko
+
+    def visit(self, i: int, held: list, backward: bool):
+        """One ring for piece i: yields (segments, tensors) of the piece this rank
+        holds at each step, starting from `held` (this rank's rows of piece i).
+        Forward: the next piece is already on its way while the caller computes.
+        Backward: a piece moves on once the caller has added its gradients into the
+        accumulators travelling with it, and after the last step it moves once
+        more, home; it is then `self.home`."""
+        for step in range(self.size):
+            owner, last = self.owner(step), step == self.size - 1
+            rows = self.piece(self.owner(step + 1), i)[0]
+            if not backward and not last:
+                incoming, wait = self.shift(held, rows.stop - rows.start)
+            yield self.piece(owner, i)[1], held
+            if backward:
+                incoming, wait = self.shift(held, rows.stop - rows.start)
+            if backward or not last:
+                wait()
+                held = incoming
+        self.home = held
+
+
+_PIECE_ROWS = 1024  # automatic pieces hold at least this many keys (fewer, smaller calls cost time)
+_MAX_PIECES = 8
 
 
 def _padding_of(pad, batch: int, length: int):
@@ -127,71 +180,69 @@ def _padding_of(pad, batch: int, length: int):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, key_padding, group, q_segments, k_segments, reduce_params, scheme_name, ints, floats,
-                *params):
+    def forward(ctx, q, k, v, key_padding, group, q_segments, k_segments, pieces, reduce_params, scheme_name, ints,
+                floats, *params):
         record, options = torch_op._decode(scheme_name, params, ints, floats)
         causal = options.pop("causal")
         del options["q_offset"], options["k_offset"]  # the segments hold the positions
-        ring = _Ring(group, k_segments)
-        chunk = [k.detach(), v.detach(), _padding_of(key_padding, k.shape[0], k.shape[2])]
+        ring = _Ring(group, k_segments, pieces=pieces)
+        padding = _padding_of(key_padding, k.shape[0], k.shape[2])
         out = q.new_zeros((*q.shape[:3], v.shape[3]))
         lse = q.new_full(q.shape[:3], float("-inf"))
-        for step in range(ring.size):
-            if step < ring.size - 1:
-                incoming, wait = ring.shift(chunk, step)
-            for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, ring.owner(step), causal):
-                out_s, lse_s = relpos.forward(q.detach()[:, :, qrows], chunk[0][:, :, krows], chunk[1][:, :, krows],
-                                              record, causal=causal, key_padding=chunk[2][:, krows],
-                                              q_offset=q_offset, k_offset=k_offset, **options)
-                _merge_into(out[:, :, qrows], lse[:, :, qrows], out_s, lse_s)
-            if step < ring.size - 1:
-                wait()
-                chunk = incoming
+        for i in range(ring.pieces):
+            rows = ring.piece(ring.rank, i)[0]
+            own = [k.detach()[:, :, rows], v.detach()[:, :, rows], padding[:, rows]]
+            for segments, (kp, vp, pad) in ring.visit(i, own, backward=False):
+                for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, segments, causal):
+                    out_s, lse_s = relpos.forward(q.detach()[:, :, qrows], kp[:, :, krows], vp[:, :, krows], record,
+                                                  causal=causal, key_padding=pad[:, krows], q_offset=q_offset,
+                                                  k_offset=k_offset, **options)
+                    _merge_into(out[:, :, qrows], lse[:, :, qrows], out_s, lse_s)
         ctx.save_for_backward(q, k, v, out, lse, *(() if key_padding is None else (key_padding,)), *params)
-        ctx.meta = (group, q_segments, ring.segments, reduce_params, scheme_name, ints, floats,
+        ctx.meta = (group, q_segments, ring.segments, ring.pieces, reduce_params, scheme_name, ints, floats,
                     key_padding is not None)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        group, q_segments, every, reduce_params, scheme_name, ints, floats, has_padding = ctx.meta
+        group, q_segments, every, pieces, reduce_params, scheme_name, ints, floats, has_padding = ctx.meta
         q, k, v, out, lse, *rest = ctx.saved_tensors
         key_padding = rest.pop(0) if has_padding else None
         params = rest
         record, options = torch_op._decode(scheme_name, params, ints, floats)
         causal = options.pop("causal")
         del options["q_offset"], options["k_offset"]
-        ring = _Ring(group, None, every)
+        ring = _Ring(group, None, every, pieces)
         dout = dout.contiguous()
-        dq = torch.zeros_like(q)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         dparams = [torch.zeros_like(p) for p in params]
-        # The travelling chunk: keys, values, padding and their gradient accumulators.
-        chunk = [k.detach(), v.detach(), _padding_of(key_padding, k.shape[0], k.shape[2]),
-                 torch.zeros_like(k), torch.zeros_like(v)]
+        padding = _padding_of(key_padding, k.shape[0], k.shape[2])
         names = list(record._params())
-        for step in range(ring.size):
-            for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, ring.owner(step), causal):
-                # added in place into dq and the travelling dk, dv: no per-call gradient buffers
-                relpos.backward(q.detach()[:, :, qrows], chunk[0][:, :, krows], chunk[1][:, :, krows],
-                                out[:, :, qrows], lse[:, :, qrows], dout[:, :, qrows], record, causal=causal,
-                                key_padding=chunk[2][:, krows], q_offset=q_offset, k_offset=k_offset,
-                                add_into={"q": dq[:, :, qrows], "k": chunk[3][:, :, krows], "v": chunk[4][:, :, krows],
-                                          **dict(zip(names, dparams))}, **options)
-            # Every chunk moves on, the last step included: that send takes dk, dv home.
-            incoming, wait = ring.shift(chunk, step)
-            wait()
-            chunk = incoming
+        for i in range(ring.pieces):
+            rows = ring.piece(ring.rank, i)[0]
+            # The travelling piece: keys, values, padding and their gradient accumulators.
+            own = [k.detach()[:, :, rows], v.detach()[:, :, rows], padding[:, rows],
+                   torch.zeros_like(dk[:, :, rows]), torch.zeros_like(dv[:, :, rows])]
+            for segments, (kp, vp, pad, dkp, dvp) in ring.visit(i, own, backward=True):
+                for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, segments, causal):
+                    # added in place into dq and the travelling dk, dv: no per-call gradient buffers
+                    relpos.backward(q.detach()[:, :, qrows], kp[:, :, krows], vp[:, :, krows], out[:, :, qrows],
+                                    lse[:, :, qrows], dout[:, :, qrows], record, causal=causal,
+                                    key_padding=pad[:, krows], q_offset=q_offset, k_offset=k_offset,
+                                    add_into={"q": dq[:, :, qrows], "k": dkp[:, :, krows], "v": dvp[:, :, krows],
+                                              **dict(zip(names, dparams))}, **options)
+            dk[:, :, rows], dv[:, :, rows] = ring.home[3], ring.home[4]
         if reduce_params:
             for g in dparams:
                 dist.all_reduce(g, group=group)
-        return (dq, chunk[3], chunk[4], None, None, None, None, None, None, None, None, *dparams)
+        return (dq, dk, dv, None, None, None, None, None, None, None, None, None, *dparams)
 
 
 def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"] = None, causal: bool = False,
                    key_padding=None, q_offset: int = 0, k_offset: int = 0, q_segments=None, k_segments=None,
                    scale: Optional[float] = None, threads: Optional[int] = None, return_lse: bool = False,
-                   reduce_param_grads: bool = True):
+                   reduce_param_grads: bool = True, kv_pieces: Optional[int] = None):
     """Attention with ``scheme`` over a sequence sharded across ``group`` (default:
     the whole world), differentiable. Each rank passes its own rows: q
     ``(B, H, Lq_r, d)`` at absolute positions ``q_offset + i``, k, v
@@ -204,7 +255,11 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
     v's return to their owners, the scheme's tensors get the sum over all ranks
     (the same on every rank), or with ``reduce_param_grads=False`` this rank's
     share, for a model that sums every replicated parameter's gradient over the
-    group itself. Every rank must call it with the same scheme options."""
+    group itself. Every rank must call it with the same scheme options.
+    ``kv_pieces``: how many pieces a key/value chunk travels in (default: pieces
+    of at least 1024 keys, at most 8): a rank holds one visiting piece and the
+    next, so more pieces need less memory (the ring's own buffers shrink from 8 to
+    8 / pieces rows of H x d per local row) and make more, smaller calls."""
     scheme = relpos.NoPosition() if scheme is None else scheme
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("relpos: ring_attention: torch.distributed is not initialised (init_process_group first)")
@@ -214,8 +269,10 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
     qs = _segments(q_segments, q_offset, q.shape[2], "q_segments" if q_segments is not None else "q_offset")
     ks = _segments(k_segments, k_offset, k.shape[2], "k_segments" if k_segments is not None else "k_offset")
     name, params, ints, floats = torch_op._encode(scheme, causal, 0, 0, scale, "fused", threads)
-    out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, bool(reduce_param_grads), name, ints, floats,
-                                    *params)
+    if kv_pieces is not None:
+        kv_pieces = relpos.integer(kv_pieces, "kv_pieces")
+    out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, kv_pieces, bool(reduce_param_grads), name,
+                                    ints, floats, *params)
     return (out, lse) if return_lse else out
 
 

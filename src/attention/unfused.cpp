@@ -82,7 +82,6 @@ template <class T>
 void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const PositionGrads<T>& g, int64_t b,
                    int64_t h, BackwardScratch<T>& w) {
   const T scale = T(effective_scale(p));
-  const PositionParams<T>& pos = p.pos;
   auto& [x, P, dS, dout, dv, dqc, dqp, dk, dbias] = w;
   load_head(p, b, h, x);
   const Head<T>& hd = x.hd;

@@ -63,9 +63,10 @@ def whole_problem(name, L, seed, hkv=HKV):
     return q, k, v, pad, dout, make_params(name, g)
 
 
-def run_case(name, causal, chunks, rank, seed, zigzag=False, strategy="ring", hkv=HKV):
+def run_case(name, causal, chunks, rank, seed, zigzag=False, strategy="ring", hkv=HKV, kv_pieces=None):
     """Uneven contiguous chunks, or shard_sequence's zigzag pieces of the same length;
-    ring attention or the all-to-all strategy."""
+    ring attention (its key/value chunks travelling in kv_pieces pieces) or the
+    all-to-all strategy."""
     L = sum(chunks)
     q, k, v, pad, dout, params = whole_problem(name, L, seed, hkv)
     if zigzag:
@@ -86,12 +87,12 @@ def run_case(name, causal, chunks, rank, seed, zigzag=False, strategy="ring", hk
     my_params = {n: p.clone().requires_grad_() for n, p in params.items()}
     if strategy == "ring":
         ring_out = ring_attention(*mine, make_scheme(name, my_params), causal=causal, key_padding=pad[:, rows],
-                                  q_segments=segments, k_segments=segments)
+                                  q_segments=segments, k_segments=segments, kv_pieces=kv_pieces)
     else:
         ring_out = ulysses_attention(*mine, make_scheme(name, my_params), causal=causal, key_padding=pad[:, rows],
                                      segments=segments)
     got = torch.autograd.grad(ring_out, [*mine, *my_params.values()], dout[:, :, rows])
-    where = f"{strategy} {name} causal={causal} chunks={chunks} zigzag={zigzag} rank={rank}"
+    where = f"{strategy} {name} causal={causal} chunks={chunks} zigzag={zigzag} pieces={kv_pieces} rank={rank}"
     torch.testing.assert_close(gather_sequence(ring_out.detach(), segments, dim=2), out.detach(), rtol=1e-12,
                                atol=1e-12, msg=f"{where}: gathered")
     torch.testing.assert_close(ring_out, out[:, :, rows].detach(), rtol=1e-12, atol=1e-12, msg=where)
@@ -187,6 +188,32 @@ def test_all_to_all_equals_one_process_on_the_whole_sequence(world):
 def test_ring_attention_equals_one_process_on_the_whole_sequence(world):
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker_every_case, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
+
+
+def worker_pieces(rank, world, store):
+    """Key/value chunks travelling in 3 uneven pieces (a piece may straddle the two
+    zigzag segments); too many pieces are refused."""
+    init(rank, world, store)
+    try:
+        for i, name in enumerate(SCHEMES):
+            for causal, zigzag in ((True, True), (False, False)):
+                first = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag, kv_pieces=3)
+                again = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag, kv_pieces=3)
+                assert all(torch.equal(a, b) for a, b in zip(first, again)), f"{name}: a second run differs"
+        q = torch.randn(1, 2, 4, 3, dtype=torch.float64)
+        try:
+            ring_attention(q, q, q, q_offset=4 * rank, k_offset=4 * rank, kv_pieces=5)
+            raise AssertionError("5 pieces of 4 keys were accepted")
+        except ValueError as e:
+            assert "kv_pieces: must be in [1, 4]" in str(e), e
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_attention_in_pieces_equals_one_process(world):
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker_pieces, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
 
 
 def worker_one_leaves(rank, world, store):
