@@ -6,7 +6,9 @@
 Three measurements, float32, B=1, H=8, d=64, causal, zigzag shards, gloo over loopback,
 for plain attention, Shaw K+V (k=64) and Transformer-XL:
 
-1. Longest trainable sequence under a memory budget: for P = 1, 2, 4 processes, L grows
+1. Longest trainable sequence under a memory budget: for P = 1, 2, 4 processes (ring
+   attention with kv_pieces: as many pieces of at least 512 keys as a rank's chunk
+   holds, at most 16), L grows
    by 1.25x (multiples of 64) from --start until one forward+backward step needs more than
    --budget-mb on some process (peak resident memory during the step over the resident
    memory before it, after a warm-up step, per process: /proc/self/clear_refs then VmHWM,
@@ -73,15 +75,22 @@ def shards(L: int, rank: int, world: int, seed: int = 0):
     return [p[0] for p in parts], parts[0][1]
 
 
-def step(q, k, v, dout, scheme, segments, world, strategy="ring"):
+def step(q, k, v, dout, scheme, segments, world, strategy="ring", kv_pieces=None):
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     if world == 1:
         out = relpos.torch.attention(*leaves, scheme, causal=True)
     elif strategy == "ring":
-        out = ring_attention(*leaves, scheme, causal=True, q_segments=segments, k_segments=segments)
+        out = ring_attention(*leaves, scheme, causal=True, q_segments=segments, k_segments=segments,
+                             kv_pieces=kv_pieces)
     else:
         out = ulysses_attention(*leaves, scheme, causal=True, segments=segments)
     out.backward(dout)
+
+
+def lean_pieces(L: int, world: int):
+    """The ring's most memory-lean default-sized pieces for the memory search: as
+    many pieces of at least 512 keys as a rank's chunk holds, at most 16."""
+    return None if world == 1 else max(1, min(16, (L // world) // 512))
 
 
 def worker(rank, world, store, job, results):
@@ -100,7 +109,7 @@ def worker(rank, world, store, job, results):
             (q, k, v, dout), segments = shards(L, rank, world)
             before = resident_kb("VmRSS")
             Path("/proc/self/clear_refs").write_text("5")
-            step(q, k, v, dout, scheme, segments, world)
+            step(q, k, v, dout, scheme, segments, world, kv_pieces=lean_pieces(L, world))
             peak = torch.tensor([(resident_kb("VmHWM") - before) / 1024])
             if world > 1:
                 dist.all_reduce(peak, op=dist.ReduceOp.MAX)
@@ -115,13 +124,14 @@ def worker(rank, world, store, job, results):
     (q, k, v, dout), segments = shards(job["length"], rank, world)
     if job["kind"] == "time":
         strategy = job.get("strategy", "ring")
-        step(q, k, v, dout, scheme, segments, world, strategy)  # warm-up
+        pieces = job.get("kv_pieces")
+        step(q, k, v, dout, scheme, segments, world, strategy, pieces)  # warm-up
         times = []
         for _ in range(job["reps"]):
             if world > 1:
                 dist.barrier()
             start = time.perf_counter()
-            step(q, k, v, dout, scheme, segments, world, strategy)
+            step(q, k, v, dout, scheme, segments, world, strategy, pieces)
             times.append(time.perf_counter() - start)
         result["ms"] = statistics.median(times) * 1e3
     else:  # hidden: the ring forward, its transfers alone, its calls alone
@@ -225,7 +235,8 @@ def markdown(rows, meta) -> str:
              f"Machine: {meta['machine']}; torch {meta['torch']}; float32, B=1, H={H}, d={D}, causal, zigzag shards, "
              f"gloo over loopback.", "",
              f"Longest sequence whose forward+backward step fits {meta['budget_mb']:.0f} MB per process "
-             f"(L grown by 1.25x from {meta['start']}; '+': still fitting at --max-length):", "", "| scheme | 1 process | 2 processes | 4 processes | 4 / 1 |",
+             f"(ring attention with kv_pieces = min(16, chunk / 512); L grown by 1.25x from {meta['start']}; '+': "
+             f"still fitting at --max-length):", "", "| scheme | 1 process | 2 processes | 4 processes | 4 / 1 |",
              "|---|---|---|---|---|"]
     for scheme in SCHEMES:
         got = {r["processes"]: r for r in rows["memory"] if r["scheme"] == scheme}
@@ -233,7 +244,7 @@ def markdown(rows, meta) -> str:
         ratio = got[4]["longest"] / got[1]["longest"] if got[1]["longest"] else float("nan")
         lines.append(f"| {scheme} | {cell(1)} | {cell(2)} | {cell(4)} | {ratio:.1f}x |")
     lines += ["", "Time per forward+backward step, 2 processes (1 thread each) over 1 process (2 threads), the same "
-              "2 cores, ring attention and all-to-all:", "",
+              "2 cores, ring attention (default kv_pieces: whole chunks here) and all-to-all:", "",
               "| scheme | L | 1 process ms | ring, 2 processes ms | ratio | all-to-all, 2 processes ms | ratio |",
               "|---|---|---|---|---|---|---|"]
     for r in rows["time"]:
