@@ -159,6 +159,38 @@ TEST_P(EveryAlgorithm, ServedOnesEqualTheReferenceTheOthersThrow) {
 
 INSTANTIATE_TEST_SUITE_P(AllCases, EveryAlgorithm, ::testing::ValuesIn(algorithm_problem_groups()), group_name);
 
+// available_algorithms (the capability table, nothing run) lists exactly the
+// algorithms the rule serves, automatic excluded, in the enum's order, and
+// writes nothing.
+TEST(AvailableAlgorithms, ListExactlyTheServedOnes) {
+  int cases = 0;
+  for (const CaseGroup& g : algorithm_problem_groups())
+    for (const Spec& c : g.cases) {
+      std::vector<Algorithm> expected;
+      for (Algorithm a : every_algorithm())
+        if (a != Algorithm::automatic && serves(a, c)) expected.push_back(a);
+      Problem<double> p(c);
+      EXPECT_EQ(relpos::available_algorithms(p.forward_args()), expected) << c.label;
+      for (double x : p.out.values()) ASSERT_TRUE(std::isnan(x)) << c.label << ": wrote out";
+      ++cases;
+    }
+  EXPECT_GE(cases, 100);
+}
+
+// An invalid call is refused naming its problem, not answered with a list.
+TEST(AvailableAlgorithms, RefuseAnInvalidCall) {
+  Spec s;
+  s.scheme = Scheme::kerple;
+  Problem<double> p(s);
+  p.kerple_r2(0) = -1;
+  try {
+    relpos::available_algorithms(p.forward_args());
+    FAIL() << "accepted a negative kerple.r2";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("kerple.r2"), std::string::npos) << e.what();
+  }
+}
+
 // Heads run in parallel: with 2 and 4 threads every served algorithm gives
 // the single-threaded result, for every scheme variant over B x H = 6 heads
 // (4 threads: an uneven split), causal with key padding (skew and rel-shift
