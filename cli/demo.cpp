@@ -28,12 +28,6 @@ namespace relpos::cli {
 
 namespace {
 
-constexpr nn::PositionKind kAllSchemes[] = {nn::PositionKind::sinusoidal, nn::PositionKind::learned,
-                                            nn::PositionKind::none,       nn::PositionKind::shaw,
-                                            nn::PositionKind::t5,         nn::PositionKind::alibi,
-                                            nn::PositionKind::rope,       nn::PositionKind::xl,
-                                            nn::PositionKind::kerple};
-
 // The default run fits in 10 minutes on 2 cores (docs/trainer.md has the
 // measurement); --full trains larger models for longer.
 void set_preset(bool full, ModelOptions& m, TrainOptions& t, EvalSettings& e) {
@@ -101,7 +95,7 @@ int run_demo(int argc, char** argv, int first) {
   bool no_sliding = false;
   Options opts("relpos demo",
                "Train short, test long: trains one small byte-level language model per position scheme\n"
-               "(sinusoidal, learned, none, shaw, t5, alibi, rope, xl, kerple) at --length on the same data (default:\n"
+               "(" + nn::position_kind_names() + ") at --length on the same data (default:\n"
                "Debian's English fortune files), then scores each on held-out text at 1x..16x that length\n"
                "(bits per byte; non-overlapping and sliding windows; Transformer-XL also with a memory of\n"
                "(n-1) x length). Prints the tables and writes demo.json, bits_per_byte.svg and one checkpoint\n"
@@ -109,7 +103,7 @@ int run_demo(int argc, char** argv, int first) {
                "trains larger models for longer (the defaults shown follow --full when it is given).");
   opts.add_flag("--full", &full, "larger models, more steps, the whole validation split");
   opts.add_string("--data", &data_path, "training text (any bytes); empty = the default corpus");
-  opts.add_string("--positions", &positions_text, "comma-separated schemes to train (default: all eight)");
+  opts.add_string("--positions", &positions_text, "comma-separated schemes to train (default: all)");
   model.add_to(opts, false);
   training.add_to(opts);
   opts.add_int("--jobs", &jobs, "models trained side by side (0 = as many as --threads allows)", 0);
@@ -122,7 +116,7 @@ int run_demo(int argc, char** argv, int first) {
   if (!opts.parse(argc, argv, first)) return 0;
   eval.multiples = parse_int_list(multiples_text, "--multiples", kMaxMultiple);
   eval.sliding = !no_sliding;
-  std::vector<nn::PositionKind> kinds(std::begin(kAllSchemes), std::end(kAllSchemes));
+  std::vector<nn::PositionKind> kinds = nn::all_position_kinds();
   if (!positions_text.empty()) {
     kinds.clear();
     std::stringstream in(positions_text);

@@ -6,7 +6,7 @@ namespace relpos::cli {
 
 void ModelOptions::add_to(Options& o, bool with_position) {
   if (with_position)
-    o.add_string("--position", &position, "position scheme: none, sinusoidal, learned, shaw, t5, alibi, rope, xl, kerple");
+    o.add_string("--position", &position, "position scheme: " + nn::position_kind_names());
   o.add_int("--length", &length, "training length (bytes per sequence; the model's context)", 1);
   o.add_int("--layers", &layers, "transformer blocks", 1);
   o.add_int("--width", &width, "model width (heads x head dimension)", 1);

@@ -50,8 +50,19 @@ const char* to_string(PositionKind kind) { return kPositionNames[static_cast<int
 PositionKind parse_position_kind(const std::string& name) {
   for (int i = 0; i < static_cast<int>(std::size(kPositionNames)); ++i)
     if (name == kPositionNames[i]) return static_cast<PositionKind>(i);
-  throw std::invalid_argument("position: unknown kind '" + name +
-                              "' (none, sinusoidal, learned, shaw, t5, alibi, rope, xl, kerple)");
+  throw std::invalid_argument("position: unknown kind '" + name + "' (" + position_kind_names() + ")");
+}
+
+std::vector<PositionKind> all_position_kinds() {
+  std::vector<PositionKind> kinds;
+  for (int i = 0; i < static_cast<int>(std::size(kPositionNames)); ++i) kinds.push_back(static_cast<PositionKind>(i));
+  return kinds;
+}
+
+std::string position_kind_names() {
+  std::string names;
+  for (const char* name : kPositionNames) names += (names.empty() ? "" : ", ") + std::string(name);
+  return names;
 }
 
 void ModelConfig::validate() const {

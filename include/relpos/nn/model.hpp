@@ -56,6 +56,8 @@ enum class PositionKind { none, sinusoidal, learned, shaw, t5, alibi, rope, xl, 
 inline constexpr double kKerpleFloor = 0.01;
 const char* to_string(PositionKind kind);
 PositionKind parse_position_kind(const std::string& name);  // throws std::invalid_argument
+std::vector<PositionKind> all_position_kinds();             // every kind, in enum order
+std::string position_kind_names();                          // "none, sinusoidal, ...": every kind's name
 
 struct ModelConfig {
   int layers = 2;
