@@ -144,6 +144,12 @@ CASES = [
     ("alibi-slopes-shape", _bad(scheme=lambda: relpos.ALiBi(np.ones(H + 1))), r"slopes"),
     ("alibi-slopes-2d", _bad(scheme=lambda: relpos.ALiBi(np.ones((H, 1)))), r"slopes"),
     ("alibi-slopes-nan", _bad(scheme=lambda: relpos.ALiBi(np.array([0.5, np.nan]))), r"slopes"),
+    # KERPLE
+    ("kerple-r1-shape", _bad(scheme=lambda: relpos.KERPLE(np.ones(H + 1), np.ones(H))), r"kerple[._]r1"),
+    ("kerple-r2-zero", _bad(scheme=lambda: relpos.KERPLE(np.ones(H), np.zeros(H))), r"kerple[._]r2"),
+    ("kerple-r1-negative", _bad(scheme=lambda: relpos.KERPLE(-np.ones(H), np.ones(H))), r"kerple[._]r1"),
+    ("kerple-r2-inf", _bad(scheme=lambda: relpos.KERPLE(np.ones(H), np.full(H, np.inf))), r"kerple[._]r2"),
+    ("kerple-r2-missing", _bad(scheme=lambda: relpos.KERPLE(np.ones(H), None)), r"kerple[._]r2"),
     # RoPE
     ("rope-odd-dims", _bad(scheme=lambda: relpos.RoPE(dims=3)), r"dims"),
     ("rope-dims-above-d", _bad(scheme=lambda: relpos.RoPE(dims=D + 2)), r"dims"),
