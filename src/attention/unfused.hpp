@@ -67,8 +67,8 @@ Scratch<int64_t> shaw_rows_by_distance(const Head<T>& hd, const ShawParams<T>& s
   return rows;
 }
 
-// The term of `algorithm` for p's scheme; grads is null in forward. Throws
-// std::invalid_argument when the algorithm does not serve the scheme or mask.
+// The term of `algorithm` for p's scheme; grads is null in forward. Call only
+// for an algorithm check_algorithm accepted for p (dispatch's capability table).
 template <class T>
 std::unique_ptr<RelativeTerm<T>> make_term(Algorithm algorithm, const AttentionForward<T>& p,
                                            const PositionGrads<T>* grads);

@@ -5,13 +5,10 @@
 
 namespace relpos {
 
-struct NoPositionScheme {
+struct NoPositionScheme : NoLearnableTensors {
   static constexpr Scheme id = Scheme::none;
   static constexpr const char* name = "none";
   static constexpr AlgorithmSet algorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
-
-  template <class Params, class F, class... Grads>
-  static void for_each_param(Params&, F&&, Grads&...) {}
 
   template <class T>
   static void check(const AttentionForward<T>&) {}

@@ -9,13 +9,10 @@
 
 namespace relpos {
 
-struct RopeScheme {
+struct RopeScheme : NoLearnableTensors {
   static constexpr Scheme id = Scheme::rope;
   static constexpr const char* name = "rope";
   static constexpr AlgorithmSet algorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
-
-  template <class Params, class F, class... Grads>
-  static void for_each_param(Params&, F&&, Grads&...) {}
 
   template <class T>
   static void check(const AttentionForward<T>& p) {

@@ -45,6 +45,12 @@ class AlgorithmSet {
 // distance: the reference, the per-distance gathers and the fused kernel.
 inline constexpr AlgorithmSet kBiasAlgorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
 
+// The for_each_param of a scheme without learnable tensors (none, RoPE).
+struct NoLearnableTensors {
+  template <class Params, class F, class... Grads>
+  static void for_each_param(Params&, F&&, Grads&...) {}
+};
+
 // A bias per (head, distance) for the distances of one call,
 // r = rmin + m, m < count, rmin = k_offset - (q_offset + Lq - 1),
 // count = Lq + Lk - 1 (the same for every head). Built once per call and

@@ -115,12 +115,17 @@ def worker_every_case(rank, world, store):
         for i, name in enumerate(SCHEMES):
             for causal in (False, True):
                 for zigzag in (False, True):
-                    first = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag)
-                    again = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag)
-                    assert all(torch.equal(a, b) for a, b in zip(first, again)), f"{name}: a second run differs"
+                    case_repeats_its_bits(name, causal, world, rank, 10 * i + causal, zigzag)
             cross_attention_case(name, rank, world)
     finally:
         dist.destroy_process_group()
+
+
+def case_repeats_its_bits(name, causal, world, rank, seed, zigzag, **options):
+    """run_case twice: both equal one process on the whole sequence, and to each other bit for bit."""
+    first = run_case(name, causal, CHUNKS[world], rank, seed, zigzag, **options)
+    again = run_case(name, causal, CHUNKS[world], rank, seed, zigzag, **options)
+    assert all(torch.equal(a, b) for a, b in zip(first, again)), f"{name}: a second run differs"
 
 
 def cross_attention_case(name, rank, world):
@@ -163,9 +168,8 @@ def worker_all_to_all(rank, world, store):
         for i, name in enumerate(SCHEMES):
             for causal in (False, True):
                 for zigzag in (False, True):
-                    first = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag, "ulysses", hkv)
-                    again = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag, "ulysses", hkv)
-                    assert all(torch.equal(a, b) for a, b in zip(first, again)), f"{name}: a second run differs"
+                    case_repeats_its_bits(name, causal, world, rank, 10 * i + causal, zigzag, strategy="ulysses",
+                                          hkv=hkv)
         if world == 4:
             q = torch.randn(1, 4, 3, 2, dtype=torch.float64)
             kv = torch.randn(1, 2, 3, 2, dtype=torch.float64)
@@ -197,9 +201,7 @@ def worker_pieces(rank, world, store):
     try:
         for i, name in enumerate(SCHEMES):
             for causal, zigzag in ((True, True), (False, False)):
-                first = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag, kv_pieces=3)
-                again = run_case(name, causal, CHUNKS[world], rank, 10 * i + causal, zigzag, kv_pieces=3)
-                assert all(torch.equal(a, b) for a, b in zip(first, again)), f"{name}: a second run differs"
+                case_repeats_its_bits(name, causal, world, rank, 10 * i + causal, zigzag, kv_pieces=3)
         q = torch.randn(1, 2, 4, 3, dtype=torch.float64)
         try:
             ring_attention(q, q, q, q_offset=4 * rank, k_offset=4 * rank, kv_pieces=5)
