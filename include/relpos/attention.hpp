@@ -6,6 +6,11 @@
 //   out_i       = sum_j softmax_j(logits)(i, j) * (v_j + value terms)
 //   lse_i       = log sum_j exp(logits(i, j))             (-inf for a fully masked row)
 // A fully masked row outputs zeros and receives zero gradients.
+//
+// T, the type the tensors are stored in, is float, double, bfloat16 or
+// float16 (relpos/half.hpp). A call computes in compute_t<T>: T itself, or
+// float32 for the half types, whose results are rounded once at the end and
+// whose lse is float32.
 #pragma once
 
 #include <cmath>
@@ -14,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "relpos/half.hpp"
 #include "relpos/position.hpp"
 #include "relpos/tensor.hpp"
 
@@ -120,7 +126,7 @@ struct AttentionForward {
   View4<const T> k;  // (B, Hkv, Lk, d)   Hkv divides H: query head h reads key head kv_head(h)
   View4<const T> v;  // (B, Hkv, Lk, dv)  (grouped-query attention; Hkv = 1: multi-query; Hkv = H: multi-head)
   View4<T> out;      // (B, H, Lq, dv)    written by forward, read by backward
-  View3<T> lse;      // (B, H, Lq)        written by forward, read by backward
+  View3<compute_t<T>> lse;  // (B, H, Lq)  written by forward, read by backward
 
   bool causal = false;                // mask keys with r > 0
   View2<const uint8_t> key_padding;   // (B, Lk), nonzero = padded key; empty = none

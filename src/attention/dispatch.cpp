@@ -6,6 +6,7 @@
 #include "../backend/scratch.hpp"
 #include "../schemes/registry.hpp"
 #include "fused.hpp"
+#include "half_storage.hpp"
 #include "reference.hpp"
 #include "unfused.hpp"
 #include "relpos/attention.hpp"
@@ -128,7 +129,10 @@ void run(const P& p, Reference run_reference, Fused run_fused, Unfused run_unfus
 template <class T>
 void attention_forward(const AttentionForward<T>& p) {
   validate_forward(p);
-  run(p, reference::forward<T>, fused::forward<T>, unfused::forward<T>);
+  if constexpr (is_half_v<T>)
+    half_storage::forward(p);
+  else
+    run(p, reference::forward<T>, fused::forward<T>, unfused::forward<T>);
 }
 
 namespace {
@@ -166,21 +170,24 @@ void backward_grouped(const AttentionBackward<T>& p) {
 template <class T>
 void attention_backward(const AttentionBackward<T>& p) {
   validate_backward(p);
-  if (p.k.shape[1] != p.q.shape[1])
+  if constexpr (is_half_v<T>)
+    half_storage::backward(p);
+  else if (p.k.shape[1] != p.q.shape[1])
     backward_grouped(p);
   else
     run(p, reference::backward<T>, fused::backward<T>, unfused::backward<T>);
 }
 
-template void attention_forward<float>(const AttentionForward<float>&);
-template void attention_forward<double>(const AttentionForward<double>&);
-template void attention_backward<float>(const AttentionBackward<float>&);
-template void attention_backward<double>(const AttentionBackward<double>&);
-template Algorithm resolve_algorithm<float>(const AttentionForward<float>&);
-template Algorithm resolve_algorithm<double>(const AttentionForward<double>&);
-template void check_algorithm<float>(const AttentionForward<float>&);
-template void check_algorithm<double>(const AttentionForward<double>&);
-template std::vector<Algorithm> available_algorithms<float>(const AttentionForward<float>&);
-template std::vector<Algorithm> available_algorithms<double>(const AttentionForward<double>&);
+#define RELPOS_INSTANTIATE(T)                                                        \
+  template void attention_forward<T>(const AttentionForward<T>&);                  \
+  template void attention_backward<T>(const AttentionBackward<T>&);                \
+  template Algorithm resolve_algorithm<T>(const AttentionForward<T>&);             \
+  template void check_algorithm<T>(const AttentionForward<T>&);                    \
+  template std::vector<Algorithm> available_algorithms<T>(const AttentionForward<T>&);
+RELPOS_INSTANTIATE(float)
+RELPOS_INSTANTIATE(double)
+RELPOS_INSTANTIATE(bfloat16)
+RELPOS_INSTANTIATE(float16)
+#undef RELPOS_INSTANTIATE
 
 }  // namespace relpos

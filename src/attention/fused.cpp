@@ -541,5 +541,7 @@ template void backward<float>(const AttentionBackward<float>&);
 template void backward<double>(const AttentionBackward<double>&);
 template int64_t backward_key_groups<float>(const AttentionForward<float>&);
 template int64_t backward_key_groups<double>(const AttentionForward<double>&);
+template int64_t backward_key_groups<bfloat16>(const AttentionForward<bfloat16>&);
+template int64_t backward_key_groups<float16>(const AttentionForward<float16>&);
 
 }  // namespace relpos::fused

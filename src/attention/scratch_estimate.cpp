@@ -14,6 +14,7 @@
 #include <string>
 
 #include "fused.hpp"
+#include "half_storage.hpp"
 #include "relpos/attention.hpp"
 
 namespace relpos {
@@ -33,7 +34,7 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
                                 : xl  ? d
                                       : 0.0;
   const double pairs = Lq * Lk;
-  double elements = 0;  // of T
+  double elements = 0;  // of compute_t<T>
   switch (resolve_algorithm(p)) {
     case Algorithm::reference:  // one head at a time
       elements = pairs * (relative_terms + 8.0);
@@ -60,7 +61,9 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
   }
   // Grouped-query backward: every query head's dk, dv until summed per group.
   if (p.k.shape[1] != p.q.shape[1]) elements += heads * Lk * (d + dv);
-  return elements * double(sizeof(T));
+  const double bytes = elements * double(sizeof(compute_t<T>));
+  if constexpr (is_half_v<T>) return bytes + half_storage::chunk_bytes(p);  // the float32 copies of a chunk
+  return bytes;
 }
 
 template <class T>
@@ -81,9 +84,13 @@ void check_scratch_fits(const AttentionForward<T>& p) {
                               (a == Algorithm::fused ? "" : "; the fused algorithm holds no (Lq, Lk) buffer"));
 }
 
-template double estimated_scratch_bytes<float>(const AttentionForward<float>&);
-template double estimated_scratch_bytes<double>(const AttentionForward<double>&);
-template void check_scratch_fits<float>(const AttentionForward<float>&);
-template void check_scratch_fits<double>(const AttentionForward<double>&);
+#define RELPOS_INSTANTIATE(T)                                                     \
+  template double estimated_scratch_bytes<T>(const AttentionForward<T>&); \
+  template void check_scratch_fits<T>(const AttentionForward<T>&);
+RELPOS_INSTANTIATE(float)
+RELPOS_INSTANTIATE(double)
+RELPOS_INSTANTIATE(bfloat16)
+RELPOS_INSTANTIATE(float16)
+#undef RELPOS_INSTANTIATE
 
 }  // namespace relpos

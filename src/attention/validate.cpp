@@ -174,9 +174,11 @@ void validate_forward(const AttentionForward<T>& p) {
   // positions and distances stay exact in double and int64.
   if (p.q_offset < 0 || p.q_offset > kMaxPosition) fail("q_offset: must be in [0, 2^40], got " + std::to_string(p.q_offset));
   if (p.k_offset < 0 || p.k_offset > kMaxPosition) fail("k_offset: must be in [0, 2^40], got " + std::to_string(p.k_offset));
-  // The kernels compute in T: a scale finite in double may overflow or vanish in float.
-  if (p.scale && !(std::isfinite(static_cast<T>(*p.scale)) && static_cast<T>(*p.scale) > 0))
-    fail("scale: must be finite and > 0 in the inputs' precision (" + std::string(precision_name<T>()) + "), got " +
+  // The kernels compute in compute_t<T>: a scale finite in double may overflow or vanish in float.
+  using C = compute_t<T>;
+  if (p.scale && !(std::isfinite(static_cast<C>(*p.scale)) && static_cast<C>(*p.scale) > 0))
+    fail("scale: must be finite and > 0 in the precision the call computes in (" + std::string(precision_name<C>()) +
+         "), got " +
          std::to_string(*p.scale));
   if (p.num_threads < 0 || p.num_threads > kMaxThreads)
     fail("num_threads: must be in [0, " + std::to_string(kMaxThreads) + "] (0 = OpenMP's maximum), got " +
@@ -216,9 +218,13 @@ void validate_backward(const AttentionBackward<T>& p) {
   check_no_overlap(inputs, outputs);
 }
 
-template void validate_forward<float>(const AttentionForward<float>&);
-template void validate_forward<double>(const AttentionForward<double>&);
-template void validate_backward<float>(const AttentionBackward<float>&);
-template void validate_backward<double>(const AttentionBackward<double>&);
+#define RELPOS_INSTANTIATE(T)                                       \
+  template void validate_forward<T>(const AttentionForward<T>&); \
+  template void validate_backward<T>(const AttentionBackward<T>&);
+RELPOS_INSTANTIATE(float)
+RELPOS_INSTANTIATE(double)
+RELPOS_INSTANTIATE(bfloat16)
+RELPOS_INSTANTIATE(float16)
+#undef RELPOS_INSTANTIATE
 
 }  // namespace relpos

@@ -27,14 +27,14 @@ struct AlibiScheme {
     if (slopes.empty()) return;  // the paper's slopes
     const int64_t H = p.q.shape[1];
     check_shape("alibi.slopes", slopes, {H}, "(" + dims("H", H) + ")");
-    // The bias -m |r| is computed in T; the farthest distance of the call must not overflow it.
+    // The bias -m |r| is computed in compute_t<T>; the farthest distance of the call must not overflow it.
     const double far = double(farthest_distance(p));
     for (int64_t h = 0; h < H; ++h) {
       const double m = double(slopes(h));
       if (!std::isfinite(m)) fail("alibi.slopes: every slope must be finite");
-      if (!std::isfinite(static_cast<T>(std::abs(m) * far)))
+      if (!std::isfinite(static_cast<compute_t<T>>(std::abs(m) * far)))
         fail("alibi.slopes: slope " + std::to_string(m) + " of head " + std::to_string(h) +
-             " times the farthest distance " + std::to_string(int64_t(far)) + " overflows " + precision_name<T>());
+             " times the farthest distance " + std::to_string(int64_t(far)) + " overflows " + precision_name<compute_t<T>>());
     }
   }
 

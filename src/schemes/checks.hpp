@@ -41,6 +41,8 @@ inline std::string dims(const char* what, int64_t n) { return std::string(what) 
 
 template <class T>
 const char* precision_name() {
+  if constexpr (std::is_same_v<T, bfloat16>) return "bfloat16";
+  if constexpr (std::is_same_v<T, float16>) return "float16";
   return sizeof(T) == 4 ? "float32" : "float64";
 }
 

@@ -37,9 +37,9 @@ struct KerpleScheme {
         if (!(std::isfinite(value) && value > 0))
           fail(std::string(name) + ": every entry must be finite and > 0, head " + std::to_string(h) + " has " +
                std::to_string(value));
-      if (!std::isfinite(static_cast<T>(r1 * std::log1p(r2 * far))))
+      if (!std::isfinite(static_cast<compute_t<T>>(r1 * std::log1p(r2 * far))))
         fail("kerple.r1: the bias of head " + std::to_string(h) + " at the farthest distance " +
-             std::to_string(int64_t(far)) + " overflows " + precision_name<T>());
+             std::to_string(int64_t(far)) + " overflows " + precision_name<compute_t<T>>());
     }
   }
 

@@ -110,7 +110,10 @@ class Tensor {
       size *= shape[order[a]] + (a == N - 1 ? pad : 0);
     }
     // Floating buffers start as NaN: an unwritten output or a read of padding shows.
-    storage_.assign(size, std::is_floating_point_v<T> ? std::numeric_limits<T>::quiet_NaN() : T{});
+    if constexpr (relpos::is_half_v<T>)
+      storage_.assign(size, T(std::numeric_limits<float>::quiet_NaN()));
+    else
+      storage_.assign(size, std::is_floating_point_v<T> ? std::numeric_limits<T>::quiet_NaN() : T{});
     view_.shape = shape;
     view_.data = storage_.data();
   }
@@ -194,7 +197,7 @@ class Problem {
  public:
   Spec spec;
   Tensor<T, 4> q, k, v, out, dout, dq, dk, dv;
-  Tensor<T, 3> lse;
+  Tensor<relpos::compute_t<T>, 3> lse;  // float32 for the half types
   Tensor<uint8_t, 2> key_padding;
   Tensor<T, 3> shaw_wk, shaw_wv, grad_shaw_wk, grad_shaw_wv;
   Tensor<T, 2> t5_table, grad_t5_table;
@@ -345,7 +348,7 @@ class Problem {
   template <std::size_t N>
   void zeros_like(Tensor<T, N>& grad, const Tensor<T, N>& t) {
     grad = Tensor<T, N>(t.shape(), spec.layout);
-    grad.fill(T(0));
+    grad.fill(T(0.0));
   }
   std::mt19937_64 rng_;
 };
@@ -376,7 +379,7 @@ using Outcome = std::vector<std::pair<std::string, std::vector<double>>>;
 template <class T>
 Outcome run_forward_backward(Problem<T>& p) {
   p.forward();
-  p.fill_grads(T(0));
+  p.fill_grads(T(0.0));
   p.backward();
   Outcome o = {{"out", p.out.values()}, {"lse", p.lse.values()}};
   for (Param<T>& param : p.params()) {

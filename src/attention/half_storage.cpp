@@ -1,0 +1,206 @@
+// Half-width storage: a call whose tensors are bfloat16 or float16 runs the
+// float32 implementation of its algorithm on float32 copies of a chunk of
+// batch rows at a time, and rounds each result once into the caller's
+// tensors. Every algorithm therefore serves the half types exactly as it
+// serves float32, with float32 accumulation throughout (FlashAttention's
+// convention); the copies cost O(rows H L d) floats, bounded by
+// kChunkBytes or one batch row, next to the algorithms' own scratch, and
+// their conversion O(B H L d) work next to the attention's O(B H L^2 d).
+//
+// Positional tables are small: they are widened once per call, and their
+// gradients accumulate in float32 over all chunks before the one rounding.
+// Gradients are "added into" the caller's tensors as in float32: the sum
+// old + gradient is formed in float32 and rounded once.
+#include "half_storage.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "../backend/scratch.hpp"
+#include "../schemes/registry.hpp"
+
+namespace relpos::half_storage {
+namespace {
+
+// to[...] = convert(from[...]) over two views of one shape.
+template <class From, class To, std::size_t N, class Convert>
+void copy_elements(const View<From, N>& from, const View<To, N>& to, Convert convert) {
+  const int64_t inner = from.shape[N - 1], fs = from.stride[N - 1], ts = to.stride[N - 1];
+  int64_t outer = 1;
+  for (std::size_t a = 0; a + 1 < N; ++a) outer *= from.shape[a];
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t rest = o, fo = 0, to_offset = 0;
+    for (std::size_t a = N - 1; a-- > 0;) {
+      const int64_t index = rest % from.shape[a];
+      rest /= from.shape[a];
+      fo += index * from.stride[a], to_offset += index * to.stride[a];
+    }
+    const From* f = from.data + fo;
+    To* t = to.data + to_offset;
+    if (fs == 1 && ts == 1)
+      for (int64_t c = 0; c < inner; ++c) t[c] = convert(f[c]);
+    else
+      for (int64_t c = 0; c < inner; ++c) t[c * ts] = convert(f[c * fs]);
+  }
+}
+
+// A dense float32 copy of `from` in `storage` (empty stays empty).
+template <class S, std::size_t N>
+View<float, N> widen(const View<const S, N>& from, Scratch<float>& storage) {
+  if (from.empty()) return {};
+  storage.resize(from.numel());
+  const View<float, N> to = View<float, N>::contiguous(storage.data(), from.shape);
+  copy_elements(from, to, [](S x) { return float(x); });
+  return to;
+}
+
+template <class S, std::size_t N>
+void narrow(const View<float, N>& from, const View<S, N>& to) {
+  if (!to.empty()) copy_elements(View<const float, N>(from), to, [](float x) { return S(x); });
+}
+
+// Batch rows [b0, b0 + n) of a view whose first dimension is the batch.
+template <class T, std::size_t N>
+View<T, N> rows(View<T, N> v, int64_t b0, int64_t n) {
+  if (v.empty()) return v;
+  v.data += b0 * v.stride[0];
+  v.shape[0] = n;
+  return v;
+}
+
+// The call's positional parameters in float32: the options as given, every
+// learnable table widened (owned here).
+template <class S>
+struct WideParams {
+  PositionParams<float> pos;
+  std::vector<Scratch<float>> storage;
+
+  explicit WideParams(const PositionParams<S>& from) : storage(16) {
+    pos.scheme = from.scheme;
+    pos.shaw.k = from.shaw.k, pos.shaw.beyond = from.shaw.beyond;
+    pos.t5.bidirectional = from.t5.bidirectional, pos.t5.max_distance = from.t5.max_distance;
+    pos.rope = from.rope;
+    pos.xl.clamp_len = from.xl.clamp_len;
+    std::size_t next = 0;
+    for_each_scheme_param(pos, [&](const char* name, auto& to) {
+      for_each_scheme_param(from, [&](const char* other, const auto& given) {
+        if constexpr (std::tuple_size_v<decltype(to.shape)> == std::tuple_size_v<decltype(given.shape)>)
+          if (std::strcmp(name, other) == 0) to = widen(given, storage.at(next++));
+      });
+    });
+  }
+};
+
+// The wanted parameter gradients in float32, starting from the caller's
+// values; written back (rounded once) by finish().
+template <class S>
+struct WideGrads {
+  PositionGrads<float> grads;
+  std::vector<Scratch<float>> storage;
+  const PositionGrads<S>& into;
+
+  WideGrads(const PositionParams<S>& pos, const PositionGrads<S>& g) : storage(16), into(g) {
+    std::size_t next = 0;
+    for_each_scheme_param(pos, [&](const char*, const auto&, const auto& given, auto& wide) {
+      wide = widen(View<const S, std::tuple_size_v<decltype(given.shape)>>(given), storage.at(next++));
+    }, g, grads);
+  }
+  void finish() const {
+    PositionParams<S> none;
+    for_each_scheme_param(none, [&](const char*, const auto&, const auto& wide, const auto& given) {
+      narrow(wide, given);
+    }, grads, into);
+  }
+};
+
+// Bytes of float32 copies per batch row: q, out, dout, dq and k, v, dk, dv.
+template <class S>
+double row_bytes(const AttentionForward<S>& p) {
+  const double H = double(p.q.shape[1]), Hkv = double(p.k.shape[1]), Lq = double(p.q.shape[2]),
+               Lk = double(p.k.shape[2]), d = double(p.q.shape[3]), dv = double(p.v.shape[3]);
+  return 4.0 * (H * Lq + Hkv * Lk) * (2.0 * d + 2.0 * dv);
+}
+
+// Batch rows per chunk: as many as fit `budget` bytes of float32 copies, at least one.
+template <class S>
+int64_t chunk_rows(const AttentionForward<S>& p, double budget) {
+  return std::clamp<int64_t>(int64_t(budget / row_bytes(p)), 1, p.q.shape[0]);
+}
+
+// The float32 call of batch rows [b0, b0 + n): inputs widened into `buffers`,
+// everything else as the caller gave it.
+template <class S>
+AttentionForward<float> chunk_call(const AttentionForward<S>& p, const PositionParams<float>& pos, int64_t b0,
+                                   int64_t n, Scratch<float>* buffers) {
+  AttentionForward<float> f;
+  f.q = widen(rows(p.q, b0, n), buffers[0]);
+  f.k = widen(rows(p.k, b0, n), buffers[1]);
+  f.v = widen(rows(p.v, b0, n), buffers[2]);
+  auto out_shape = p.out.shape;
+  out_shape[0] = n;
+  buffers[3].resize(n * p.out.shape[1] * p.out.shape[2] * p.out.shape[3]);
+  f.out = View4<float>::contiguous(buffers[3].data(), out_shape);
+  f.lse = rows(p.lse, b0, n);  // float32 already
+  f.causal = p.causal;
+  f.key_padding = rows(p.key_padding, b0, n);
+  f.q_offset = p.q_offset, f.k_offset = p.k_offset;
+  f.scale = p.scale;
+  f.pos = pos;
+  f.algorithm = p.algorithm;
+  f.num_threads = p.num_threads;
+  return f;
+}
+
+}  // namespace
+
+template <class S>
+double chunk_bytes(const AttentionForward<S>& p) {
+  return row_bytes(p) * double(chunk_rows(p, kChunkBytes));
+}
+
+template <class S>
+void forward(const AttentionForward<S>& p, double budget) {
+  const WideParams<S> wide(p.pos);
+  const int64_t B = p.q.shape[0], n = chunk_rows(p, budget);
+  Scratch<float> buffers[4];
+  for (int64_t b0 = 0; b0 < B; b0 += n) {
+    const int64_t count = std::min(n, B - b0);
+    const AttentionForward<float> f = chunk_call(p, wide.pos, b0, count, buffers);
+    attention_forward(f);
+    narrow(f.out, rows(p.out, b0, count));
+  }
+}
+
+template <class S>
+void backward(const AttentionBackward<S>& p, double budget) {
+  const WideParams<S> wide(p.pos);
+  const WideGrads<S> grads(p.pos, p.dpos);
+  const int64_t B = p.q.shape[0], n = chunk_rows(p, budget);
+  Scratch<float> buffers[8];
+  for (int64_t b0 = 0; b0 < B; b0 += n) {
+    const int64_t count = std::min(n, B - b0);
+    AttentionBackward<float> f;
+    static_cast<AttentionForward<float>&>(f) = chunk_call(p, wide.pos, b0, count, buffers);
+    // out is an input of the backward: widen it over the forward's buffer.
+    f.out = widen(rows(View4<const S>(p.out), b0, count), buffers[3]);
+    f.dout = widen(rows(p.dout, b0, count), buffers[4]);
+    f.dq = widen(rows(View4<const S>(p.dq), b0, count), buffers[5]);
+    f.dk = widen(rows(View4<const S>(p.dk), b0, count), buffers[6]);
+    f.dv = widen(rows(View4<const S>(p.dv), b0, count), buffers[7]);
+    f.dpos = grads.grads;
+    attention_backward(f);
+    narrow(f.dq, rows(p.dq, b0, count));
+    narrow(f.dk, rows(p.dk, b0, count));
+    narrow(f.dv, rows(p.dv, b0, count));
+  }
+  grads.finish();
+}
+
+template void forward<bfloat16>(const AttentionForward<bfloat16>&, double);
+template void forward<float16>(const AttentionForward<float16>&, double);
+template void backward<bfloat16>(const AttentionBackward<bfloat16>&, double);
+template void backward<float16>(const AttentionBackward<float16>&, double);
+template double chunk_bytes<bfloat16>(const AttentionForward<bfloat16>&);
+template double chunk_bytes<float16>(const AttentionForward<float16>&);
+
+}  // namespace relpos::half_storage
