@@ -88,11 +88,14 @@ struct XLKeys {
   }
 };
 
-template <class T>
-void prepare(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, int64_t h, HeadContext<T>& c) {
+// p: the call; data: where its tensors are (p itself, or the stored call of
+// a half-storage twin; see load_head).
+template <class T, class Stored>
+void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const XLKeys<T>& xl, int64_t b,
+             int64_t h, HeadContext<T>& c) {
   if (c.b == b && c.h == h) return;
   c.b = b, c.h = h;
-  load_head(p, b, h, c.x, /*in_place=*/true);
+  load_head(p, data, b, h, c.x, /*in_place=*/true);
   const PositionParams<T>& pos = p.pos;
   c.wk.clear(), c.wv.clear();
   if (pos.scheme == Scheme::shaw) {
@@ -234,11 +237,11 @@ struct ForwardScratch {
 };
 
 // One query tile of one head: all key tiles, online softmax, out and lse.
-template <class T>
-void forward_tile(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, int64_t h, int64_t i0,
-                  ForwardScratch<T>& w) {
+template <class T, class Stored>
+void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const XLKeys<T>& xl, int64_t b,
+                  int64_t h, int64_t i0, ForwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
-  prepare(p, xl, b, h, c);
+  prepare(p, data, xl, b, h, c);
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d, dv = hd.dv, bq = std::min(kBlockQ, hd.lq - i0);
   const T scale = T(effective_scale(p));
@@ -282,8 +285,8 @@ void forward_tile(const AttentionForward<T>& p, const XLKeys<T>& xl, int64_t b, 
   for (int64_t ii = 0; ii < bq; ++ii) {
     const bool empty = w.l[ii] == T(0);  // fully masked row: zeros, lse -inf
     const T inv = empty ? T(0) : T(1) / w.l[ii];
-    for (int64_t x = 0; x < dv; ++x) p.out(b, h, i0 + ii, x) = w.O[ii * dv + x] * inv;
-    p.lse(b, h, i0 + ii) = empty ? kNegInf<T> : w.m[ii] + std::log(w.l[ii]);
+    write_row(data.out, b, h, i0 + ii, &w.O[ii * dv], inv);
+    data.lse(b, h, i0 + ii) = empty ? kNegInf<T> : w.m[ii] + std::log(w.l[ii]);
   }
 }
 
@@ -335,24 +338,23 @@ struct QueryGrads {
 template <class T>
 struct BackwardScratch {
   HeadContext<T> head;
-  Scratch<T> dout, D, P, dP, Rq, G, dband;
+  Scratch<T> dout, out_row, D, P, dP, Rq, G, dband;
   XLBand<T> band;
   QueryGrads<T> query;  // one head's, when a head is one group
   Scratch<T> dk, dv;
 };
 
 // The dense dout of the prepared head and D_i = dout_i . out_i.
-template <class T>
-void load_dout(const AttentionBackward<T>& p, BackwardScratch<T>& w) {
+template <class Stored, class T>
+void load_dout(const AttentionBackward<Stored>& data, BackwardScratch<T>& w) {
   const Head<T>& hd = w.head.x.hd;
   const int64_t dv = hd.dv;
-  w.dout.resize(hd.lq * dv), w.D.resize(hd.lq);
+  w.dout.resize(hd.lq * dv), w.out_row.resize(dv), w.D.resize(hd.lq);
   for (int64_t i = 0; i < hd.lq; ++i) {
+    read_row(data.dout, hd.b, hd.h, i, &w.dout[i * dv]);
+    read_row(View4<const Stored>(data.out), hd.b, hd.h, i, w.out_row.data());
     T D = 0;
-    for (int64_t x = 0; x < dv; ++x) {
-      w.dout[i * dv + x] = p.dout(hd.b, hd.h, i, x);
-      D += w.dout[i * dv + x] * p.out(hd.b, hd.h, i, x);
-    }
+    for (int64_t x = 0; x < dv; ++x) D += w.dout[i * dv + x] * w.out_row[x];
     w.D[i] = D;
   }
 }
@@ -361,12 +363,13 @@ void load_dout(const AttentionBackward<T>& p, BackwardScratch<T>& w) {
 // (b, h) against every query tile that sees them: dk and dv of those keys
 // (rows no other group writes; dk, dv zeroed by the caller) and the group's
 // query-side sums in q.
-template <class T>
-void backward_key_group(const AttentionBackward<T>& p, const XLKeys<T>& xl, int64_t b, int64_t h, int64_t group,
-                        int64_t groups, QueryGrads<T>& q, Scratch<T>& dk, Scratch<T>& dv, BackwardScratch<T>& w) {
+template <class T, class Stored>
+void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const XLKeys<T>& xl,
+                        int64_t b, int64_t h, int64_t group, int64_t groups, QueryGrads<T>& q, Scratch<T>& dk,
+                        Scratch<T>& dv, BackwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
-  prepare(p, xl, b, h, c);
-  load_dout(p, w);
+  prepare(p, data, xl, b, h, c);
+  load_dout(data, w);
   q.reset(c);
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
@@ -397,7 +400,7 @@ void backward_key_group(const AttentionBackward<T>& p, const XLKeys<T>& xl, int6
       T *P = w.P.data(), *dS = w.dP.data();
       tile_logits(p, c, scale, t, w.Rq.data(), w.band, P);
       for (int64_t ii = 0; ii < bq; ++ii) {
-        const T lse = p.lse(b, h, i0 + ii);
+        const T lse = data.lse(b, h, i0 + ii);
         T* row = P + ii * bk;
         if (lse == kNegInf<T>)
           std::fill(row, row + bk, T(0));
@@ -446,9 +449,10 @@ void backward_key_group(const AttentionBackward<T>& p, const XLKeys<T>& xl, int6
 // The end of one head's backward, from its query-side sums (all groups
 // added) and its dk, dv: the positional parameters' gradients into g, then
 // dq, dk, dv into the caller's tensors. w holds the head and its dout.
-template <class T>
-void finish_head(const AttentionBackward<T>& p, const XLKeys<T>& xl, const PositionGrads<T>& g, QueryGrads<T>& q,
-                 Scratch<T>& dk, const Scratch<T>& dv, BackwardScratch<T>& w) {
+template <class T, class Stored>
+void finish_head(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const XLKeys<T>& xl,
+                 const PositionGrads<T>& g, QueryGrads<T>& q, Scratch<T>& dk, const Scratch<T>& dv,
+                 BackwardScratch<T>& w) {
   const HeadContext<T>& c = w.head;
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
@@ -467,7 +471,7 @@ void finish_head(const AttentionBackward<T>& p, const XLKeys<T>& xl, const Posit
   }
   if (c.xl()) unfused::DistanceTable<T>(p.pos, &g, &xl.R).add_key_grad(hd, q.dE, hd.distances());
   if (!q.dbias.empty()) add_bias_grad(g, c.x, q.dbias);
-  write_input_grads(p, c.x, g, q.dqc, q.dqp, dk, dv);
+  write_input_grads(p, data, c.x, g, q.dqc, q.dqp, dk, dv);
 }
 
 }  // namespace
@@ -478,8 +482,10 @@ void finish_head(const AttentionBackward<T>& p, const XLKeys<T>& xl, const Posit
 // two threads: 1.34x faster than one thread in tile order, 1.81-1.98x in this).
 inline int64_t head_tail(int64_t n, int64_t tiles) { return n % 2 == 0 ? n / 2 : tiles - 1 - n / 2; }
 
-template <class T>
-void forward(const AttentionForward<T>& p) {
+namespace {
+
+template <class T, class Stored>
+void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& data) {
   const int64_t heads = p.q.shape[1], tiles = (p.q.shape[2] + kBlockQ - 1) / kBlockQ;
   const int64_t items = p.q.shape[0] * heads * tiles;
   const int threads = thread_count(p.num_threads, items);
@@ -489,7 +495,7 @@ void forward(const AttentionForward<T>& p) {
       items, threads, [](int) {},
       [&](int t, int64_t item) {
         const int64_t bh = item / tiles;
-        forward_tile(p, xl, bh / heads, bh % heads, head_tail(item % tiles, tiles) * kBlockQ, scratch[t]);
+        forward_tile(p, data, xl, bh / heads, bh % heads, head_tail(item % tiles, tiles) * kBlockQ, scratch[t]);
       });
 }
 
@@ -497,8 +503,8 @@ void forward(const AttentionForward<T>& p) {
 // (batch, head, group) items run first, then per head the groups' sums are
 // added in group order and the head finished. Positional-parameter gradients
 // go to per-thread partials added in thread order.
-template <class T>
-void backward(const AttentionBackward<T>& p) {
+template <class T, class Stored>
+void run_backward(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data) {
   const int64_t heads = p.q.shape[1], count = p.q.shape[0] * heads, groups = backward_key_groups(p);
   const int64_t lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
   const XLKeys<T> xl(p);
@@ -510,8 +516,8 @@ void backward(const AttentionBackward<T>& p) {
     parallel_for(count, threads, make_partials, [&](int t, int64_t bh) {
       BackwardScratch<T>& w = scratch[t];
       w.dk.assign(lk * d, T(0)), w.dv.assign(lk * dv, T(0));
-      backward_key_group(p, xl, bh / heads, bh % heads, 0, 1, w.query, w.dk, w.dv, w);
-      finish_head(p, xl, partials[t]->grads(), w.query, w.dk, w.dv, w);
+      backward_key_group(p, data, xl, bh / heads, bh % heads, 0, 1, w.query, w.dk, w.dv, w);
+      finish_head(p, data, xl, partials[t]->grads(), w.query, w.dk, w.dv, w);
     });
   } else {
     std::vector<QueryGrads<T>> query(count * groups);
@@ -519,22 +525,45 @@ void backward(const AttentionBackward<T>& p) {
     parallel_for(count * groups, threads, [](int) {}, [&](int t, int64_t item) {
       const int64_t bh = item / groups;
       const int64_t group = head_tail(item % groups, groups);  // causal: early key groups cost more
-      backward_key_group(p, xl, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh], dvs[bh],
-                         scratch[t]);
+      backward_key_group(p, data, xl, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh],
+                         dvs[bh], scratch[t]);
     });
     parallel_for(count, thread_count(p.num_threads, count), make_partials, [&](int t, int64_t bh) {
       QueryGrads<T>& sum = query[bh * groups];
       for (int64_t g = 1; g < groups; ++g) sum.add(query[bh * groups + g]);
       BackwardScratch<T>& w = scratch[t];
-      prepare(p, xl, bh / heads, bh % heads, w.head);
-      load_dout(p, w);
-      finish_head(p, xl, partials[t]->grads(), sum, dk[bh], dvs[bh], w);
+      prepare(p, data, xl, bh / heads, bh % heads, w.head);
+      load_dout(data, w);
+      finish_head(p, data, xl, partials[t]->grads(), sum, dk[bh], dvs[bh], w);
     });
   }
   for (const auto& part : partials)  // fixed order: deterministic sums
     if (part) part->add_into(p.dpos);
 }
 
+}  // namespace
+
+template <class T>
+void forward(const AttentionForward<T>& p) {
+  run_forward(p, p);
+}
+template <class T>
+void backward(const AttentionBackward<T>& p) {
+  run_backward(p, p);
+}
+template <class S>
+void forward_stored(const AttentionForward<compute_t<S>>& twin, const AttentionForward<S>& data) {
+  run_forward(twin, data);
+}
+template <class S>
+void backward_stored(const AttentionBackward<compute_t<S>>& twin, const AttentionBackward<S>& data) {
+  run_backward(twin, data);
+}
+
+template void forward_stored<bfloat16>(const AttentionForward<float>&, const AttentionForward<bfloat16>&);
+template void forward_stored<float16>(const AttentionForward<float>&, const AttentionForward<float16>&);
+template void backward_stored<bfloat16>(const AttentionBackward<float>&, const AttentionBackward<bfloat16>&);
+template void backward_stored<float16>(const AttentionBackward<float>&, const AttentionBackward<float16>&);
 template void forward<float>(const AttentionForward<float>&);
 template void forward<double>(const AttentionForward<double>&);
 template void backward<float>(const AttentionBackward<float>&);

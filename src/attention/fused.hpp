@@ -11,6 +11,15 @@ void forward(const AttentionForward<T>& p);
 template <class T>
 void backward(const AttentionBackward<T>& p);
 
+// A call stored in a half type S: twin is its float32 twin (every option,
+// shape and stride of the call, positional parameters and their gradients in
+// float32, no tensor data; src/attention/half_storage.cpp), data the call.
+// Rows are widened as each head is loaded and results rounded once as stored.
+template <class S>
+void forward_stored(const AttentionForward<compute_t<S>>& twin, const AttentionForward<S>& data);
+template <class S>
+void backward_stored(const AttentionBackward<compute_t<S>>& twin, const AttentionBackward<S>& data);
+
 // Groups each head's key tiles are split into by the backward (1 = the head
 // runs whole on one thread); each group holds its own query-side gradients.
 template <class T>

@@ -1,11 +1,15 @@
-// Half-width storage: a call whose tensors are bfloat16 or float16 runs the
-// float32 implementation of its algorithm on float32 copies of a chunk of
-// batch rows at a time, and rounds each result once into the caller's
-// tensors. Every algorithm therefore serves the half types exactly as it
-// serves float32, with float32 accumulation throughout (FlashAttention's
-// convention); the copies cost O(rows H L d) floats, bounded by
-// kChunkBytes or one batch row, next to the algorithms' own scratch, and
-// their conversion O(B H L d) work next to the attention's O(B H L^2 d).
+// Half-width storage: a call whose tensors are bfloat16 or float16 computes
+// in float32 (FlashAttention's convention) and rounds each result once into
+// the caller's tensors.
+//
+// The fused kernel reads the call's rows itself: it widens each head's rows
+// into the per-thread head copies it makes anyway and rounds as it stores,
+// so a half call needs no more scratch than a float32 one. Every other
+// algorithm (and the fused grouped-query backward) runs its float32
+// implementation on float32 copies of a chunk of batch rows at a time:
+// O(rows H L d) floats, bounded by kChunkBytes or one batch row, next to
+// those algorithms' O(L^2) scratch. Either way every algorithm serves the
+// half types exactly as it serves float32.
 //
 // Positional tables are small: they are widened once per call, and their
 // gradients accumulate in float32 over all chunks before the one rounding.
@@ -18,6 +22,7 @@
 
 #include "../backend/scratch.hpp"
 #include "../schemes/registry.hpp"
+#include "fused.hpp"
 
 namespace relpos::half_storage {
 namespace {
@@ -127,22 +132,19 @@ int64_t chunk_rows(const AttentionForward<S>& p, double budget) {
   return std::clamp<int64_t>(int64_t(budget / row_bytes(p)), 1, p.q.shape[0]);
 }
 
-// The float32 call of batch rows [b0, b0 + n): inputs widened into `buffers`,
-// everything else as the caller gave it.
+// The call's float32 twin: every option, shape and stride as given, the
+// positional parameters `pos`, no tensor data (views of null data).
 template <class S>
-AttentionForward<float> chunk_call(const AttentionForward<S>& p, const PositionParams<float>& pos, int64_t b0,
-                                   int64_t n, Scratch<float>* buffers) {
+AttentionForward<float> twin(const AttentionForward<S>& p, const PositionParams<float>& pos) {
+  const auto shape_only = [](const auto& v) {
+    using V = View<float, std::tuple_size_v<decltype(v.shape)>>;
+    return V{nullptr, v.shape, v.stride};
+  };
   AttentionForward<float> f;
-  f.q = widen(rows(p.q, b0, n), buffers[0]);
-  f.k = widen(rows(p.k, b0, n), buffers[1]);
-  f.v = widen(rows(p.v, b0, n), buffers[2]);
-  auto out_shape = p.out.shape;
-  out_shape[0] = n;
-  buffers[3].resize(n * p.out.shape[1] * p.out.shape[2] * p.out.shape[3]);
-  f.out = View4<float>::contiguous(buffers[3].data(), out_shape);
-  f.lse = rows(p.lse, b0, n);  // float32 already
+  f.q = shape_only(p.q), f.k = shape_only(p.k), f.v = shape_only(p.v), f.out = shape_only(p.out);
+  f.lse = p.lse;  // float32 already
   f.causal = p.causal;
-  f.key_padding = rows(p.key_padding, b0, n);
+  f.key_padding = p.key_padding;
   f.q_offset = p.q_offset, f.k_offset = p.k_offset;
   f.scale = p.scale;
   f.pos = pos;
@@ -151,16 +153,54 @@ AttentionForward<float> chunk_call(const AttentionForward<S>& p, const PositionP
   return f;
 }
 
+template <class S>
+AttentionBackward<float> twin(const AttentionBackward<S>& p, const PositionParams<float>& pos,
+                              const PositionGrads<float>& dpos) {
+  AttentionBackward<float> f;
+  static_cast<AttentionForward<float>&>(f) = twin(static_cast<const AttentionForward<S>&>(p), pos);
+  f.dout = {nullptr, p.dout.shape, p.dout.stride};
+  f.dpos = dpos;
+  return f;
+}
+
+// The float32 call of batch rows [b0, b0 + n): the twin with the rows'
+// inputs widened into `buffers` and an output buffer.
+template <class S>
+AttentionForward<float> chunk_call(const AttentionForward<S>& p, const PositionParams<float>& pos, int64_t b0,
+                                   int64_t n, Scratch<float>* buffers) {
+  AttentionForward<float> f = twin(p, pos);
+  f.q = widen(rows(p.q, b0, n), buffers[0]);
+  f.k = widen(rows(p.k, b0, n), buffers[1]);
+  f.v = widen(rows(p.v, b0, n), buffers[2]);
+  auto out_shape = p.out.shape;
+  out_shape[0] = n;
+  buffers[3].resize(n * p.out.shape[1] * p.out.shape[2] * p.out.shape[3]);
+  f.out = View4<float>::contiguous(buffers[3].data(), out_shape);
+  f.lse = rows(p.lse, b0, n);
+  f.key_padding = rows(p.key_padding, b0, n);
+  return f;
+}
+
+// Whether the fused kernel reads the call's rows itself (no chunk copies):
+// every fused call but a grouped-query backward, whose per-query-head key
+// gradients dispatch sums in the storage type.
+template <class S>
+bool fused_reads_in_place(const AttentionForward<S>& p, bool backward) {
+  return resolve_algorithm(p) == Algorithm::fused && !(backward && p.k.shape[1] != p.q.shape[1]);
+}
+
 }  // namespace
 
 template <class S>
 double chunk_bytes(const AttentionForward<S>& p) {
+  if (fused_reads_in_place(p, /*backward=*/false) && fused_reads_in_place(p, true)) return 0;
   return row_bytes(p) * double(chunk_rows(p, kChunkBytes));
 }
 
 template <class S>
 void forward(const AttentionForward<S>& p, double budget) {
   const WideParams<S> wide(p.pos);
+  if (fused_reads_in_place(p, /*backward=*/false)) return fused::forward_stored(twin(p, wide.pos), p);
   const int64_t B = p.q.shape[0], n = chunk_rows(p, budget);
   Scratch<float> buffers[4];
   for (int64_t b0 = 0; b0 < B; b0 += n) {
@@ -175,6 +215,10 @@ template <class S>
 void backward(const AttentionBackward<S>& p, double budget) {
   const WideParams<S> wide(p.pos);
   const WideGrads<S> grads(p.pos, p.dpos);
+  if (fused_reads_in_place(p, /*backward=*/true)) {
+    fused::backward_stored(twin(p, wide.pos, grads.grads), p);
+    return grads.finish();
+  }
   const int64_t B = p.q.shape[0], n = chunk_rows(p, budget);
   Scratch<float> buffers[8];
   for (int64_t b0 = 0; b0 < B; b0 += n) {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "../backend/row_ops.hpp"
@@ -115,27 +116,60 @@ inline bool keys_readable_in_place(const AttentionForward<T>& p) {
          p.v.stride[2] >= p.v.shape[3];
 }
 
-// Prepares head (b, h) in x. Keys and values are copied densely unless
+// Rows of a call's stored tensors as the kernels read and write them: in
+// the compute type T, from and to the storage type S (float32 / float64
+// themselves, or bfloat16 / float16 widened on load and rounded once on store).
+template <class T, class S>
+inline void read_row(const View4<const S>& x, int64_t b, int64_t h, int64_t i, T* dst) {
+  const S* src = &x(b, h, i, 0);
+  const int64_t n = x.shape[3], stride = x.stride[3];
+  for (int64_t c = 0; c < n; ++c) dst[c] = T(src[c * stride]);
+}
+// x[b, h, i, :] = src * factor.
+template <class T, class S>
+inline void write_row(const View4<S>& x, int64_t b, int64_t h, int64_t i, const T* src, T factor) {
+  S* dst = &x(b, h, i, 0);
+  const int64_t n = x.shape[3], stride = x.stride[3];
+  for (int64_t c = 0; c < n; ++c) dst[c * stride] = S(src[c] * factor);
+}
+// x[b, h, i, :] += src, the sum formed in T.
+template <class T, class S>
+inline void add_row(const View4<S>& x, int64_t b, int64_t h, int64_t i, const T* src) {
+  S* dst = &x(b, h, i, 0);
+  const int64_t n = x.shape[3], stride = x.stride[3];
+  for (int64_t c = 0; c < n; ++c) dst[c * stride] = S(T(dst[c * stride]) + src[c]);
+}
+
+// Prepares head (b, h) in x. p is the call; its tensors are read from
+// `data`: p itself, or for a call stored in a half type the stored call
+// whose float32 twin p is (positional parameters widened, no tensor data;
+// src/attention/half_storage.cpp). Keys and values are copied densely unless
 // in_place allows reading them from the caller's tensors
-// (keys_readable_in_place); a decode step then touches each cached key once.
-template <class T>
-inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadData<T>& x, bool in_place = false) {
+// (keys_readable_in_place, never for half storage); a decode step then
+// touches each cached key once.
+template <class T, class S>
+inline void load_head(const AttentionForward<T>& p, const AttentionForward<S>& data, int64_t b, int64_t h,
+                      HeadData<T>& x, bool in_place = false) {
   Head<T>& hd = x.hd;
   hd = head_geometry(p, b, h);
   const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv;
   x.qc.resize(lq * d);
-  for (int64_t i = 0; i < lq; ++i)
-    for (int64_t c = 0; c < d; ++c) x.qc[i * d + c] = p.q(b, h, i, c);
-  if (in_place && keys_readable_in_place(p)) {
-    x.k.clear(), x.v.clear();
-    x.kp = &p.k(b, kv_head(p, h), 0, 0), x.ldk = p.k.stride[2];
-    x.vp = &p.v(b, kv_head(p, h), 0, 0), x.ldv = p.v.stride[2];
-  } else {
+  for (int64_t i = 0; i < lq; ++i) read_row(data.q, b, h, i, &x.qc[i * d]);
+  bool read_in_place = false;
+  if constexpr (std::is_same_v<S, T>) {
+    read_in_place = in_place && keys_readable_in_place(p);
+    if (read_in_place) {
+      x.k.clear(), x.v.clear();
+      x.kp = &data.k(b, kv_head(p, h), 0, 0), x.ldk = data.k.stride[2];
+      x.vp = &data.v(b, kv_head(p, h), 0, 0), x.ldv = data.v.stride[2];
+    }
+  }
+  if (!read_in_place) {
     x.k.resize(lk * d), x.v.resize(lk * dv);
     const int64_t hk = kv_head(p, h);
     for (int64_t j = 0; j < lk; ++j) {
-      for (int64_t c = 0; c < d; ++c) x.k[j * d + c] = p.k(b, hk, j, c);
-      for (int64_t c = 0; c < dv; ++c) x.v[j * dv + c] = p.v(b, hk, j, c);
+      read_row(data.k, b, hk, j, &x.k[j * d]);
+      read_row(data.v, b, hk, j, &x.v[j * dv]);
     }
     x.kp = x.k.data(), x.ldk = d;
     x.vp = x.v.data(), x.ldv = dv;
@@ -168,6 +202,11 @@ inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadDa
 }
 
 template <class T>
+inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadData<T>& x, bool in_place = false) {
+  load_head(p, p, b, h, x, in_place);
+}
+
+template <class T>
 inline bool masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t i, int64_t j) {
   return (p.causal && hd.r(i, j) > 0) || (!p.key_padding.empty() && p.key_padding(hd.b, j) != 0);
 }
@@ -183,10 +222,11 @@ inline void add_bias_grad(const PositionGrads<T>& g, const HeadData<T>& x, const
 // dqc = dL/d(q + u), the positional query dqp = dL/d(q + v) (zero unless
 // Shaw or Transformer-XL), dk and dv (dense, rotated frame), add u and v's
 // gradients, undo RoPE's rotation, and add into the caller's dq, dk, dv.
-// dqc is overwritten.
-template <class T>
-inline void write_input_grads(const AttentionBackward<T>& p, const HeadData<T>& x, const PositionGrads<T>& g,
-                              Scratch<T>& dqc, const Scratch<T>& dqp, Scratch<T>& dk, const Scratch<T>& dv) {
+// dqc is overwritten. The caller's tensors are data's (see load_head).
+template <class T, class S>
+inline void write_input_grads(const AttentionBackward<T>& p, const AttentionBackward<S>& data, const HeadData<T>& x,
+                              const PositionGrads<T>& g, Scratch<T>& dqc, const Scratch<T>& dqp, Scratch<T>& dk,
+                              const Scratch<T>& dv) {
   const Head<T>& hd = x.hd;
   const int64_t b = hd.b, h = hd.h, lq = hd.lq, lk = hd.lk, d = hd.d, dvd = hd.dv;
   const PositionParams<T>& pos = p.pos;
@@ -200,15 +240,12 @@ inline void write_input_grads(const AttentionBackward<T>& p, const HeadData<T>& 
     x.rope_q.rotate(dqc.data(), lq, d, pos.rope.style, -1);
     x.rope_k.rotate(dk.data(), lk, d, pos.rope.style, -1);
   }
-  if (!p.dq.empty())
-    for (int64_t i = 0; i < lq; ++i)
-      for (int64_t c = 0; c < d; ++c) p.dq(b, h, i, c) += dqc[i * d + c];
-  if (!p.dk.empty())
-    for (int64_t j = 0; j < lk; ++j)
-      for (int64_t c = 0; c < d; ++c) p.dk(b, h, j, c) += dk[j * d + c];
-  if (!p.dv.empty())
-    for (int64_t j = 0; j < lk; ++j)
-      for (int64_t c = 0; c < dvd; ++c) p.dv(b, h, j, c) += dv[j * dvd + c];
+  if (!data.dq.empty())
+    for (int64_t i = 0; i < lq; ++i) add_row(data.dq, b, h, i, &dqc[i * d]);
+  if (!data.dk.empty())
+    for (int64_t j = 0; j < lk; ++j) add_row(data.dk, b, h, j, &dk[j * d]);
+  if (!data.dv.empty())
+    for (int64_t j = 0; j < lk; ++j) add_row(data.dv, b, h, j, &dv[j * dvd]);
 }
 
 }  // namespace relpos
