@@ -3,7 +3,8 @@
 // sgemm rate on the same (L x L x d) per-head products with the same threads,
 // each scheme against plain attention, fused against the best unfused
 // algorithm, and backward against forward; plus peak scratch memory of a
-// forward and a backward.
+// forward and a backward. With --dtype bfloat16 or float16, each row also
+// times the same problem stored in that type, beside float32 in the same run.
 #include <omp.h>
 
 #include <algorithm>
@@ -54,7 +55,41 @@ struct Row {
   double fwd_ms, bwd_ms, gflops, sgemm_gflops, peak_gflops;
   int64_t scratch;
   double vs_plain = 0, vs_unfused = 0;  // time ratios, forward
+  double half_fwd_ms = 0, half_bwd_ms = 0;  // the half-storage problem, when --dtype asks for one
+  int64_t half_scratch = 0;
 };
+
+// Sets pb up for the fused kernel on `threads` and returns the peak scratch
+// of a forward and a backward (which also warm it up).
+template <class T>
+int64_t fused_scratch(Problem<T>& pb, int64_t threads) {
+  AttentionBackward<T>& p = pb.params;
+  p.num_threads = int(threads);
+  p.algorithm = Algorithm::fused;
+  return measure_footprint([&] {
+    attention_forward<T>(p);
+    attention_backward<T>(p);
+  }).scratch_peak;
+}
+
+// One timed forward and backward of pb, each kept if faster than before.
+template <class T>
+void time_once(Problem<T>& pb, double& fwd_ms, double& bwd_ms) {
+  fwd_ms = std::min(fwd_ms, best_ms([&] { attention_forward<T>(pb.params); }, 1));
+  bwd_ms = std::min(bwd_ms, best_ms([&] { attention_backward<T>(pb.params); }, 1));
+}
+
+// Best-of-reps forward and backward times of pb and, when given, of the same
+// problem in half storage, their runs alternating so that both see the same
+// spells of a noisy machine.
+template <class H>
+void time_fused(Problem<float>& pb, Problem<H>* half, int64_t reps, Row& r) {
+  r.fwd_ms = r.bwd_ms = r.half_fwd_ms = r.half_bwd_ms = 1e300;
+  for (int64_t rep = 0; rep < reps; ++rep) {
+    time_once(pb, r.fwd_ms, r.bwd_ms);
+    if (half) time_once(*half, r.half_fwd_ms, r.half_bwd_ms);
+  }
+}
 
 }  // namespace
 
@@ -64,6 +99,7 @@ int run_bench_attention(int argc, char** argv, int first) {
   std::string lengths_text = "512,2048,8192", dims_text = "64,128", threads_text = "1,2";
   std::string json_path = "results/bench_attention.json";
   int64_t reps = 2, unfused_max_length = 2048;
+  std::string dtype = "float32";
   Options opts("relpos bench attention",
                "Speed of the fused kernel for every scheme (float32, causal, forward and backward) as ratios\n"
                "measured in this run: GFLOP/s (4 L^2 d per head forward, halved for the causal mask) against\n"
@@ -78,21 +114,34 @@ int run_bench_attention(int argc, char** argv, int first) {
   opts.add_int("--batch", &shape.batch, "batch size", 1);
   opts.add_int("--reps", &reps, "repetitions per measurement (the best is kept)", 1);
   opts.add_int("--unfused-max-length", &unfused_max_length, "largest L at which the unfused algorithm is timed", 1);
+  opts.add_string("--dtype", &dtype,
+                  "float32, or bfloat16 / float16 (bf16 / fp16) to time that storage too, beside float32");
   opts.add_string("--json", &json_path, "where to write the results (empty: nowhere)");
   if (!opts.parse(argc, argv, first)) return 0;
+  if (dtype == "bf16") dtype = "bfloat16";
+  if (dtype == "fp16") dtype = "float16";
+  if (dtype != "float32" && dtype != "bfloat16" && dtype != "float16")
+    throw UsageError{"--dtype: expected float32, bfloat16 (bf16) or float16 (fp16), got '" + dtype + "'"};
+  const bool half = dtype != "float32";
   const auto lengths = parse_int_list(lengths_text, "--lengths");
   const auto dims = parse_int_list(dims_text, "--dims");
   const auto thread_counts = parse_int_list(threads_text, "--threads", kMaxThreads);
   for (int64_t d : dims)
     if (d % 2) throw UsageError{"--dims: must be even (RoPE rotates pairs)"};
 
-  std::printf("relpos bench attention: B=%lld H=%lld, causal, float32, best of %lld\n", (long long)shape.batch,
-              (long long)shape.heads, (long long)reps);
+  std::printf("relpos bench attention: B=%lld H=%lld, causal, float32%s%s, best of %lld\n", (long long)shape.batch,
+              (long long)shape.heads, half ? " and " : "", half ? dtype.c_str() : "", (long long)reps);
   std::printf("GF/s: fused forward GFLOP/s; /sgemm: that over sgemm's rate on the same (L x d)(d x L) products\n"
               "and threads; /peak: over sgemm on compute-bound 1024^3 squares, same threads;\n"
               "/plain: time over plain fused attention; vs unfused: unfused time over fused (>1: fused faster)\n\n");
-  std::printf("%-15s %6s %4s %3s %9s %9s %7s %7s %7s %7s %7s %9s %10s\n", "scheme", "L", "d", "thr", "fwd ms",
-              "bwd ms", "bwd/fwd", "GF/s", "/sgemm", "/peak", "/plain", "vs unfused", "scratch");
+  if (half)
+    std::printf("%s: the same problem stored in %s (float32 compute): f32/h fwd, f32/h bwd = float32 time over its\n"
+                "time (>1: faster); h scratch its peak scratch; its q, k, v, out take half float32's bytes\n\n",
+                dtype.c_str(), dtype.c_str());
+  std::printf("%-15s %6s %4s %3s %9s %9s %7s %7s %7s %7s %7s %9s %10s", "scheme", "L", "d", "thr", "fwd ms", "bwd ms",
+              "bwd/fwd", "GF/s", "/sgemm", "/peak", "/plain", "vs unfused", "scratch");
+  if (half) std::printf(" %9s %9s %10s", "f32/h fwd", "f32/h bwd", "h scratch");
+  std::printf("\n");
   std::vector<Row> rows;
   for (int64_t threads : thread_counts) {
     // The machine's sgemm rate on compute-bound squares, same threads.
@@ -106,15 +155,20 @@ int run_bench_attention(int argc, char** argv, int first) {
         for (const SchemeCase& c : cases()) {
           Problem<float> pb = make_problem<float>(shape, c, 1);
           AttentionBackward<float>& p = pb.params;
-          p.num_threads = int(threads);
-          p.algorithm = Algorithm::fused;
           Row r{c.label, "fused", L, d, threads, 0, 0, 0, sgemm, peak, 0};
-          r.scratch = measure_footprint([&] {
-            attention_forward<float>(p);
-            attention_backward<float>(p);
-          }).scratch_peak;
-          r.fwd_ms = best_ms([&] { attention_forward<float>(p); }, int(reps));
-          r.bwd_ms = best_ms([&] { attention_backward<float>(p); }, int(reps));
+          r.scratch = fused_scratch(pb, threads);
+          const auto time_with = [&](auto half_type) {
+            using H = decltype(half_type);
+            Problem<H> ph = make_problem<H>(shape, c, 1);
+            r.half_scratch = fused_scratch(ph, threads);
+            time_fused(pb, &ph, reps, r);
+          };
+          if (dtype == "bfloat16")
+            time_with(bfloat16{});
+          else if (dtype == "float16")
+            time_with(float16{});
+          else
+            time_fused<bfloat16>(pb, nullptr, reps, r);
           const double flops = 4.0 * double(L) * double(L) * double(d) * double(shape.batch * shape.heads) / 2;
           r.gflops = flops / (r.fwd_ms * 1e6);
           if (c.scheme == Scheme::none) plain_ms = r.fwd_ms;
@@ -125,9 +179,13 @@ int run_bench_attention(int argc, char** argv, int first) {
           }
           char unfused[16] = "-";
           if (r.vs_unfused > 0) std::snprintf(unfused, sizeof unfused, "%.2fx", r.vs_unfused);
-          std::printf("%-15s %6lld %4lld %3lld %9.1f %9.1f %7.2f %7.1f %7.2f %7.2f %7.2f %9s %10s\n", r.scheme.c_str(),
+          std::printf("%-15s %6lld %4lld %3lld %9.1f %9.1f %7.2f %7.1f %7.2f %7.2f %7.2f %9s %10s", r.scheme.c_str(),
                       (long long)L, (long long)d, (long long)threads, r.fwd_ms, r.bwd_ms, r.bwd_ms / r.fwd_ms, r.gflops,
                       r.gflops / sgemm, r.gflops / peak, r.vs_plain, unfused, human_bytes(double(r.scratch)).c_str());
+          if (half)
+            std::printf(" %9.2f %9.2f %10s", r.fwd_ms / r.half_fwd_ms, r.bwd_ms / r.half_bwd_ms,
+                        human_bytes(double(r.half_scratch)).c_str());
+          std::printf("\n");
           std::fflush(stdout);
           rows.push_back(r);
         }
@@ -135,13 +193,18 @@ int run_bench_attention(int argc, char** argv, int first) {
   }
 
   if (!json_path.empty()) {
-    Json json = {{"batch", shape.batch}, {"heads", shape.heads}, {"causal", true}, {"rows", Json::array()}};
-    for (const Row& r : rows)
-      json["rows"].push_back({{"scheme", r.scheme}, {"length", r.length}, {"dim", r.dim}, {"threads", r.threads},
-                              {"fwd_ms", r.fwd_ms}, {"bwd_ms", r.bwd_ms}, {"fwd_gflops", r.gflops},
-                              {"sgemm_gflops", r.sgemm_gflops}, {"peak_sgemm_gflops", r.peak_gflops},
-                              {"fwd_vs_plain", r.vs_plain}, {"unfused_over_fused", r.vs_unfused},
-                              {"scratch_bytes", r.scratch}});
+    Json json = {{"batch", shape.batch}, {"heads", shape.heads}, {"causal", true}, {"dtype", dtype},
+                 {"rows", Json::array()}};
+    for (const Row& r : rows) {
+      Json row = {{"scheme", r.scheme}, {"length", r.length}, {"dim", r.dim}, {"threads", r.threads},
+                  {"fwd_ms", r.fwd_ms}, {"bwd_ms", r.bwd_ms}, {"fwd_gflops", r.gflops},
+                  {"sgemm_gflops", r.sgemm_gflops}, {"peak_sgemm_gflops", r.peak_gflops},
+                  {"fwd_vs_plain", r.vs_plain}, {"unfused_over_fused", r.vs_unfused}, {"scratch_bytes", r.scratch}};
+      if (half)
+        row.update({{"half_fwd_ms", r.half_fwd_ms}, {"half_bwd_ms", r.half_bwd_ms},
+                    {"half_scratch_bytes", r.half_scratch}});
+      json["rows"].push_back(row);
+    }
     write_json(json_path, json);
     std::printf("\nwrote %s\n", json_path.c_str());
   }

@@ -40,7 +40,7 @@ View4<T> view4(std::vector<T>& buf, int64_t b, int64_t h, int64_t l, int64_t d) 
 template <class T>
 void Problem<T>::clear_grads() {
   for (std::vector<T>* g : {&dq, &dk, &dv, &dwk, &dwv, &dt5_table, &du, &dxv, &dw_r, &dkerple_r1, &dkerple_r2})
-    std::fill(g->begin(), g->end(), T(0));
+    std::fill(g->begin(), g->end(), T(0.0f));
 }
 
 template <class T>
@@ -71,7 +71,7 @@ Problem<T> make_problem(const ProblemShape& s, const SchemeCase& c, uint64_t see
   p.dout = view4(pb.dout, B, H, L, d);
   p.out = view4(pb.out, B, H, L, d);
   pb.lse.resize(B * H * L);
-  p.lse = View3<T>::contiguous(pb.lse.data(), {B, H, L});
+  p.lse = View3<compute_t<T>>::contiguous(pb.lse.data(), {B, H, L});
   p.dq = view4(pb.dq, B, H, L, d);
   p.dk = view4(pb.dk, B, H, Lk, d);
   p.dv = view4(pb.dv, B, H, Lk, d);
@@ -86,7 +86,7 @@ Problem<T> make_problem(const ProblemShape& s, const SchemeCase& c, uint64_t see
     int64_t n = 1;
     for (int64_t e : shape) n *= e;
     fill(w, n, sd);
-    dw.assign(n, T(0));
+    dw.assign(n, T(0.0f));
     return std::pair{V::contiguous(w.data(), shape), V::contiguous(dw.data(), shape)};
   };
   switch (c.scheme) {
@@ -125,9 +125,13 @@ Problem<T> make_problem(const ProblemShape& s, const SchemeCase& c, uint64_t see
   return pb;
 }
 
-template struct Problem<float>;
-template struct Problem<double>;
-template Problem<float> make_problem<float>(const ProblemShape&, const SchemeCase&, uint64_t);
-template Problem<double> make_problem<double>(const ProblemShape&, const SchemeCase&, uint64_t);
+#define RELPOS_INSTANTIATE(T) \
+  template struct Problem<T>; \
+  template Problem<T> make_problem<T>(const ProblemShape&, const SchemeCase&, uint64_t);
+RELPOS_INSTANTIATE(float)
+RELPOS_INSTANTIATE(double)
+RELPOS_INSTANTIATE(bfloat16)
+RELPOS_INSTANTIATE(float16)
+#undef RELPOS_INSTANTIATE
 
 }  // namespace relpos::cli

@@ -1,6 +1,7 @@
-// Random attention problems that own their buffers: the check (and later the
-// benchmarks) build one per scheme, in float and in double with identical
-// input values, and hand its AttentionBackward params to the library.
+// Random attention problems that own their buffers: the check and the
+// benchmarks build one per scheme, in float, double, bfloat16 or float16 with
+// the same input values up to rounding, and hand its AttentionBackward params
+// to the library.
 #pragma once
 
 #include <cstdint>
@@ -36,7 +37,8 @@ struct Problem {
   // double problems built from one seed hold exactly the same numbers).
   std::vector<T> q, k, v, dout, wk, wv, t5_table, u, xv, w_r, kerple_r1, kerple_r2;
   // Outputs and gradients.
-  std::vector<T> out, lse, dq, dk, dv, dwk, dwv, dt5_table, du, dxv, dw_r, dkerple_r1, dkerple_r2;
+  std::vector<T> out, dq, dk, dv, dwk, dwv, dt5_table, du, dxv, dw_r, dkerple_r1, dkerple_r2;
+  std::vector<compute_t<T>> lse;  // float32 for the half types
   AttentionBackward<T> params;  // views into the buffers above
 
   Problem() = default;
