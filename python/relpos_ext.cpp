@@ -9,6 +9,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstring>
 #include <stdexcept>
 #include <typeinfo>
 #include <string>
@@ -43,11 +44,30 @@ V make_view(const Array& arr, const char* key, void* data) {
   return v;
 }
 
+// bfloat16 and float16 arrive as 16-bit integer views of the same memory
+// (relpos/__init__.py makes them; the "storage" entry names the type), since
+// neither NumPy's buffer protocol nor DLPack carries both for every library.
+template <class E>
+bool dtype_is(const nb::dlpack::dtype& got) {
+  if constexpr (is_half_v<E>)
+    return got.bits == 16 && got.lanes == 1 &&
+           (got.code == uint8_t(nb::dlpack::dtype_code::Int) || got.code == uint8_t(nb::dlpack::dtype_code::UInt));
+  else
+    return got == nb::dtype<E>();
+}
+
+template <class E>
+const char* dtype_name() {
+  if constexpr (std::is_same_v<E, bfloat16>) return "bfloat16";
+  if constexpr (std::is_same_v<E, float16>) return "float16";
+  return sizeof(E) == 4 ? "float32" : "float64";
+}
+
 template <class E>
 void check_dtype(const nb::dlpack::dtype& got, const char* key) {
-  if (got != nb::dtype<E>())
-    fail(std::string(key) + ": dtype must match q (" + (sizeof(E) == 4 ? "float32" : "float64") +
-         "); convert it first");
+  if (!dtype_is<E>(got))
+    fail(std::string(key) + ": dtype must be " + dtype_name<E>() + (std::strcmp(key, "lse") == 0 ? "" : " like q") +
+         "; convert it first");
 }
 
 // The array behind dict entry `key`; nanobind refuses what it cannot view in
@@ -94,7 +114,7 @@ void fill_forward(const nb::dict& a, AttentionForward<T>& p) {
   p.k = input<T, 4>(a, "k");
   p.v = input<T, 4>(a, "v");
   p.out = output<T, 4>(a, "out");
-  p.lse = output<T, 3>(a, "lse");
+  p.lse = output<compute_t<T>, 3>(a, "lse");
   p.causal = option<bool>(a, "causal", false);
   if (has(a, "key_padding")) {
     InArray kp = array<InArray>(a, "key_padding");
@@ -153,14 +173,17 @@ void run_backward(const nb::dict& a) {
   attention_backward(p);
 }
 
-// Dispatch on q's dtype: float32 or float64.
+// Dispatch on q's dtype: float32, float64, or the half type "storage" names.
 template <template <class> class Run>
 auto by_dtype(const nb::dict& a) -> decltype(Run<float>{}(a)) {
   if (!has(a, "q")) fail("q: missing");
   const nb::dlpack::dtype dt = array<InArray>(a, "q").dtype();
-  if (dt == nb::dtype<float>()) return Run<float>{}(a);
-  if (dt == nb::dtype<double>()) return Run<double>{}(a);
-  fail("q: dtype must be float32 or float64");
+  const std::string storage = option<std::string>(a, "storage", "");
+  if (storage.empty() && dt == nb::dtype<float>()) return Run<float>{}(a);
+  if (storage.empty() && dt == nb::dtype<double>()) return Run<double>{}(a);
+  if (storage == "bfloat16" && dtype_is<bfloat16>(dt)) return Run<bfloat16>{}(a);
+  if (storage == "float16" && dtype_is<float16>(dt)) return Run<float16>{}(a);
+  fail("q: dtype must be float32, float64, bfloat16 or float16");
 }
 
 template <class T>
@@ -223,6 +246,8 @@ NB_MODULE(_relpos, m) {
         d["simd_supported"] = i.simd_supported;
         d["gemm"] = i.gemm;
         d["gemm_isa"] = i.gemm_isa;
+        d["half_storage"] = i.half_storage;
+        d["cpu_avx512_bf16"] = i.cpu_avx512_bf16;
         d["threads"] = i.max_threads;
         d["openmp_wait_policy"] = i.openmp_wait_policy;
         return d;

@@ -7,8 +7,10 @@
     grads = relpos.backward(q, k, v, out, lse, np.ones_like(out), scheme, causal=True)
     grads["q"], grads["shaw_wk"]
 
-Arrays are NumPy arrays or CPU torch tensors of float32 or float64 (all the
-same dtype), any strides; q is ``(B, H, Lq, d)``, k ``(B, Hkv, Lk, d)``, v
+Arrays are NumPy arrays or CPU torch tensors of float32, float64, bfloat16 or
+float16 (all the same dtype; NumPy's bfloat16 is ``ml_dtypes.bfloat16``), any
+strides. bfloat16 and float16 are storage: relpos computes in float32 and
+rounds each result once, and ``lse`` is float32; q is ``(B, H, Lq, d)``, k ``(B, Hkv, Lk, d)``, v
 ``(B, Hkv, Lk, dv)`` with ``Hkv`` dividing ``H`` (grouped-query attention: query
 head ``h`` reads key head ``h // (H // Hkv)``; ``Hkv = H`` is multi-head
 attention). Both are handed to the core in place (NumPy through the
@@ -89,21 +91,47 @@ def _is_torch(x: Any) -> bool:
     return tensor is not None and isinstance(x, tensor)
 
 
+_DTYPES = ("float32", "float64", "bfloat16", "float16")
+_HALF = ("bfloat16", "float16")
+
+
+def _dtype_name(x) -> str:
+    """``"float32"``, ``"bfloat16"``, ... for a NumPy array (ml_dtypes' bfloat16 included) or a torch tensor."""
+    return str(x.dtype).replace("torch.", "")
+
+
 def _array(x: Any, name: str):
     """``x`` as an array the core reads in place: a NumPy array, or a detached torch
     tensor (same storage; DLPack refuses tensors that require grad)."""
     if _is_torch(x):
-        torch = sys.modules["torch"]
-        if x.dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"relpos: {name}: dtype must be float32 or float64, got {x.dtype}")
+        if _dtype_name(x) not in _DTYPES:
+            raise ValueError(f"relpos: {name}: dtype must be float32, float64, bfloat16 or float16, got {x.dtype}")
         return _torch_in_place(x, name)
     try:
         a = np.asarray(x)
     except Exception as e:
         raise ValueError(f"relpos: {name}: cannot be read as an array ({e})") from None
-    if a.dtype not in (np.float32, np.float64):
-        raise ValueError(f"relpos: {name}: dtype must be float32 or float64, got {a.dtype}")
+    if _dtype_name(a) not in _DTYPES:
+        raise ValueError(f"relpos: {name}: dtype must be float32, float64, bfloat16 or float16, got {a.dtype}")
     return _whole_items(a, name)
+
+
+def _core(args: dict) -> dict:
+    """``args`` as the core reads them. Half-width arrays travel as 16-bit integer
+    views of the same memory, with their type in ``"storage"``: NumPy's buffer
+    protocol knows no bfloat16 and DLPack's bfloat16 is not in every library.
+    Every array but ``lse`` (float32) and ``key_padding`` must then share q's dtype."""
+    storage = _dtype_name(args["q"])
+    if storage not in _HALF:
+        return args
+    core = dict(args, storage=storage)
+    for name, a in args.items():
+        if name in ("lse", "key_padding") or not hasattr(a, "dtype"):
+            continue
+        if _dtype_name(a) != storage:
+            raise ValueError(f"relpos: {name}: dtype must match q ({storage}), got {_dtype_name(a)}")
+        core[name] = a.view(sys.modules["torch"].int16) if _is_torch(a) else a.view(np.uint16)
+    return core
 
 
 def _torch_in_place(x, name: str):
@@ -131,12 +159,17 @@ def _whole_items(a: np.ndarray, name: str) -> np.ndarray:
     return a
 
 
-def _new(like, shape, zero: bool):
-    """A new array of ``like``'s kind (torch tensor or NumPy array) and dtype."""
+def _new(like, shape, zero: bool, float32: bool = False):
+    """A new array of ``like``'s kind (torch tensor or NumPy array) and dtype (float32 if asked)."""
     if _is_torch(like):
         torch = sys.modules["torch"]
-        return (torch.zeros if zero else torch.empty)(tuple(shape), dtype=like.dtype)
-    return (np.zeros if zero else np.empty)(tuple(shape), dtype=like.dtype)
+        return (torch.zeros if zero else torch.empty)(tuple(shape), dtype=torch.float32 if float32 else like.dtype)
+    return (np.zeros if zero else np.empty)(tuple(shape), dtype=np.float32 if float32 else like.dtype)
+
+
+def _lse_like(q, shape):
+    """lse: q's dtype, float32 when q is stored in a half type."""
+    return _new(q, shape, zero=False, float32=_dtype_name(q) in _HALF)
 
 
 def _as_core_param(name: str, a: np.ndarray) -> np.ndarray:
@@ -243,8 +276,8 @@ def forward(
     B, H, Lq, dv = qa.shape[0], qa.shape[1], qa.shape[2], va.shape[3]
     out = _new(qa, (B, H, Lq, dv) if layout == "bhld" else (B, Lq, H, dv), zero=False)
     args["out"] = heads_first(out, layout)
-    args["lse"] = _new(qa, qa.shape[:3], zero=False)
-    _relpos.forward(args)
+    args["lse"] = _lse_like(qa, qa.shape[:3])
+    _relpos.forward(_core(args))
     return out, args["lse"]
 
 
@@ -267,8 +300,8 @@ def available_algorithms(
     qa, va = args["q"], args["v"]
     # Validated as a forward call (shapes, options, memory), on outputs never written.
     args["out"] = _new(qa, tuple(qa.shape[:3]) + tuple(va.shape[3:]), zero=False)
-    args["lse"] = _new(qa, qa.shape[:3], zero=False)
-    return list(_relpos.available_algorithms(args))
+    args["lse"] = _lse_like(qa, qa.shape[:3])
+    return list(_relpos.available_algorithms(_core(args)))
 
 
 def _writable(a):
@@ -329,7 +362,7 @@ def backward(
     for name, p in scheme._params().items():
         grads[name] = gradient(name, tuple(p.shape) if _is_torch(p) else np.shape(p))
         args["d_" + name] = _as_core_param(name, _array(grads[name], "d_" + name))
-    _relpos.backward(args)
+    _relpos.backward(_core(args))
     return grads
 
 
@@ -337,5 +370,6 @@ def info() -> dict:
     """What this build runs on: ``version``, ``simd_target`` (the target its vector
     loops run on, chosen at run time; the environment variable RELPOS_SIMD limits
     it), ``simd_compiled``, ``simd_supported``, ``gemm`` and ``gemm_isa`` (oneDNN and
-    the instruction set it uses), ``threads`` and ``openmp_wait_policy``."""
+    the instruction set it uses), ``half_storage`` (how bfloat16 / float16 calls compute)
+    and ``cpu_avx512_bf16``, ``threads`` and ``openmp_wait_policy``."""
     return _relpos.build_info()

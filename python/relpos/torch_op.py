@@ -72,7 +72,8 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_pad
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats):
     B, H, Lq, _ = q.shape
-    return q.new_empty(B, H, Lq, v.shape[-1]), q.new_empty(B, H, Lq)
+    half = q.dtype in (torch.bfloat16, torch.float16)  # stored in a half type: lse is float32
+    return q.new_empty(B, H, Lq, v.shape[-1]), q.new_empty(B, H, Lq, dtype=torch.float32 if half else q.dtype)
 
 
 @torch.library.custom_op("relpos::attention_backward", mutates_args=())
@@ -113,9 +114,10 @@ def _backward(ctx, dout, _dlse):
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
 
-# Under torch.autocast on the CPU the op computes in float32: the kernels take
-# float32 and float64, and a bfloat16 model's projections hand it bfloat16.
-torch.library.register_autocast("relpos::attention_forward", "cpu", torch.float32)
+# Under torch.autocast on the CPU the op runs with bfloat16 storage (CPU
+# autocast's default dtype; float32 accumulation inside): q, k, v and the
+# scheme's tables are cast to bfloat16, as autocast casts a linear layer's.
+torch.library.register_autocast("relpos::attention_forward", "cpu", torch.bfloat16)
 
 
 def _no_double_backward(ctx, *grads):

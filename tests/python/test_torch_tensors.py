@@ -103,7 +103,9 @@ def test_torch_key_padding_mask_and_bad_tensors():
     assert torch.equal(out[1], torch.zeros_like(out[1])) and torch.isinf(lse[1]).all()
     ref, _ = relpos.forward(q[:1, :, :, :], q[:1, :, :5], q[:1, :, :5])
     torch.testing.assert_close(out[:1], ref, rtol=1e-12, atol=1e-12)
-    with pytest.raises(ValueError, match="q: dtype must be float32 or float64"):
+    with pytest.raises(ValueError, match=r"k: dtype must match q \(float16\)"):
         relpos.forward(q.to(torch.float16), q, q)
+    with pytest.raises(ValueError, match="q: dtype must be float32, float64, bfloat16 or float16"):
+        relpos.forward(q.to(torch.int32), q, q)
     with pytest.raises(ValueError, match="key_padding: dtype must be bool or uint8"):
         relpos.forward(q, q, q, key_padding=pad.to(torch.int32))
