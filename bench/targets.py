@@ -20,6 +20,9 @@ Rows (float32; "speed" = peer time / relpos time, so > 1 means relpos is faster)
               target >= 1.8x
     decode    one query (Lq=1) against Lk = 4096 and 32768 cached keys, B=8, H=8, d=64, ALiBi and
               T5: relpos vs SDPA given the prebuilt bias row                    target >= 1.0x
+    bf16      plain attention stored in bfloat16, B=1, H=8, L=4096, d=128, causal, forward and
+              forward+backward: against SDPA in bfloat16 (target >= 1.0x) and against relpos in
+              float32 (target >= 1.5x where the CPU has AVX512-BF16, >= 0.9x elsewhere)
 
 Each timing is the median of --reps calls after one warm-up call; relpos and its peer run
 alternately in this process. Writes bench/results/targets_<simd>.md and .json (or --out PREFIX).
@@ -54,6 +57,19 @@ def median_ms(fn, reps: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
+
+
+def interleaved_median_ms(fns, reps: int) -> list[float]:
+    """median_ms of each fn, their calls alternating so that all see the same spells of a noisy machine."""
+    for fn in fns:
+        fn()  # warm-up
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, t in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            t.append(time.perf_counter() - start)
+    return [statistics.median(t) * 1e3 for t in times]
 
 
 def leaves(*shapes, grad: bool):
@@ -191,6 +207,26 @@ def decode_rows(args, threads: int) -> list[dict]:
     return rows
 
 
+def bf16_rows(args, threads: int) -> list[dict]:
+    rows = []
+    L, d = args.bf16_length, 128
+    float_target = 1.5 if relpos.info()["cpu_avx512_bf16"] else 0.9
+    for grad in (False, True):
+        q, k, v = leaves(*[(1, 8, L, d)] * 3, grad=False)
+        half = [x.bfloat16().requires_grad_(grad) for x in (q, k, v)]
+        single = [x.requires_grad_(grad) for x in (q, k, v)]
+        ours = step(lambda q, k, v: rt.attention(q, k, v, causal=True, threads=threads), grad, *half)
+        sdpa = step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), grad, *half)
+        ours32 = step(lambda q, k, v: rt.attention(q, k, v, causal=True, threads=threads), grad, *single)
+        ours_ms, sdpa_ms, ours32_ms = interleaved_median_ms([ours, sdpa, ours32], args.reps)
+        mode, case = "fwd+bwd" if grad else "fwd", f"L={L} d={d} causal bfloat16"
+        rows.append({"group": "bf16", "case": case, "mode": mode, "peer": "SDPA bf16", "relpos_ms": ours_ms,
+                     "peer_ms": sdpa_ms, "ratio": sdpa_ms / ours_ms, "target": 1.0})
+        rows.append({"group": "bf16", "case": case, "mode": mode, "peer": "relpos float32", "relpos_ms": ours_ms,
+                     "peer_ms": ours32_ms, "ratio": ours32_ms / ours_ms, "target": float_target})
+    return rows
+
+
 def met(row: dict) -> bool:
     return row["ratio"] <= row["target"] if row.get("at_most") else row["ratio"] >= row["target"]
 
@@ -201,7 +237,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         "",
         f"Command: `{meta['command']}`  ",
         f"Machine: {meta['machine']}; relpos SIMD target {meta['simd']}, GEMM ISA {meta['gemm_isa']}; "
-        f"torch {meta['torch']} (CPU capability {meta['torch_cpu']}); {meta['threads']} threads; float32; "
+        f"torch {meta['torch']} (CPU capability {meta['torch_cpu']}); {meta['threads']} threads; float32 "
+        "(bf16 rows: bfloat16); "
         f"median of {meta['reps']} after one warm-up.  ",
         "Ratio: peer time / relpos time (overhead rows: scheme time / plain time; threads row: 1-thread "
         "time / multi-thread time).",
@@ -225,16 +262,16 @@ def main():
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 2048, 4096, 8192],
                         help="plain attention lengths (comma-separated)")
-    parser.add_argument("--groups", default="plain,encoder,overhead,threads,decode",
+    parser.add_argument("--groups", default="plain,encoder,overhead,threads,decode,bf16",
                         help="which rows to run (comma-separated)")
     parser.add_argument("--quick", action="store_true", help="small sizes and one rep: checks that every row runs")
     parser.add_argument("--out", default=None, help="output prefix (default bench/results/targets_<simd>)")
     args = parser.parse_args()
     args.encoder_length, args.overhead_length, args.thread_length = 1024, 4096, 8192
-    args.decode_lengths = [4096, 32768]
+    args.decode_lengths, args.bf16_length = [4096, 32768], 4096
     if args.quick:
         args.reps, args.lengths, args.encoder_length = 1, [256], 256
-        args.overhead_length, args.thread_length, args.decode_lengths = 256, 512, [512]
+        args.overhead_length, args.thread_length, args.decode_lengths, args.bf16_length = 256, 512, [512], 256
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     torch.set_num_threads(args.threads)
@@ -245,7 +282,7 @@ def main():
             "simd": info["simd_target"], "gemm_isa": info["gemm_isa"], "torch": torch.__version__,
             "torch_cpu": torch.backends.cpu.get_cpu_capability(), "threads": args.threads, "reps": args.reps}
     runners = {"plain": plain_rows, "encoder": encoder_rows, "overhead": overhead_rows, "threads": thread_rows,
-               "decode": decode_rows}
+               "decode": decode_rows, "bf16": bf16_rows}
     rows = []
     for group in args.groups.split(","):
         if group not in runners:

@@ -161,3 +161,26 @@ def test_grouped_query_half_storage_matches_float32_rounded(algorithm):
         assert got.shape == want.shape, name
         step = np.ldexp(np.abs(want.astype(np.float64)), -8) + 1e-30  # one bfloat16 rounding
         assert np.all(np.abs(got - want) <= step), f"{name}: {np.abs(got - want).max()}"
+
+
+@pytest.mark.parametrize("scheme", ["shaw", "t5", "alibi", "rope", "xl", "kerple", "none"])
+def test_a_module_moved_to_bfloat16_runs_and_trains(scheme):
+    """RelativeMultiheadAttention(...).to(torch.bfloat16): outputs and every
+    parameter's gradient in bfloat16, within bfloat16's rounding of the float32
+    module on the same (rounded) weights and inputs."""
+    torch.manual_seed(1)
+    single = rt.RelativeMultiheadAttention(32, 4, scheme).float()
+    half = rt.RelativeMultiheadAttention(32, 4, scheme).to(torch.bfloat16)
+    half.load_state_dict(single.state_dict())
+    single.load_state_dict({n: t.bfloat16().float() for n, t in half.state_dict().items()})
+    x = torch.randn(2, 9, 32, dtype=torch.float32).bfloat16()
+    y = half(x, causal=True)
+    reference = single(x.float(), causal=True)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), reference, rtol=0, atol=0.05)
+    y.float().square().sum().backward()
+    reference.square().sum().backward()
+    for (name, p), (_, p32) in zip(half.named_parameters(), single.named_parameters()):
+        assert p.grad is not None and p.grad.dtype == torch.bfloat16, name
+        scale = max(1.0, float(p32.grad.abs().max()))
+        torch.testing.assert_close(p.grad.float(), p32.grad, rtol=0, atol=0.05 * scale, msg=name)
