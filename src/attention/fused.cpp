@@ -285,7 +285,8 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
   for (int64_t ii = 0; ii < bq; ++ii) {
     const bool empty = w.l[ii] == T(0);  // fully masked row: zeros, lse -inf
     const T inv = empty ? T(0) : T(1) / w.l[ii];
-    write_row(data.out, b, h, i0 + ii, &w.O[ii * dv], inv);
+    rows::scale(&w.O[ii * dv], inv, dv);
+    write_row(data.out, b, h, i0 + ii, &w.O[ii * dv]);
     data.lse(b, h, i0 + ii) = empty ? kNegInf<T> : w.m[ii] + std::log(w.l[ii]);
   }
 }

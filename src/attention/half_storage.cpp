@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "../backend/convert.hpp"
 #include "../backend/scratch.hpp"
 #include "../schemes/registry.hpp"
 #include "fused.hpp"
@@ -27,10 +28,9 @@
 namespace relpos::half_storage {
 namespace {
 
-// to[...] = convert(from[...]) over two views of one shape.
-template <class From, class To, std::size_t N, class Convert>
-void copy_elements(const View<From, N>& from, const View<To, N>& to, Convert convert) {
-  const int64_t inner = from.shape[N - 1], fs = from.stride[N - 1], ts = to.stride[N - 1];
+// to[...] = from[...] converted, over two views of one shape.
+template <class From, class To, std::size_t N>
+void copy_elements(const View<From, N>& from, const View<To, N>& to) {
   int64_t outer = 1;
   for (std::size_t a = 0; a + 1 < N; ++a) outer *= from.shape[a];
   for (int64_t o = 0; o < outer; ++o) {
@@ -40,12 +40,7 @@ void copy_elements(const View<From, N>& from, const View<To, N>& to, Convert con
       rest /= from.shape[a];
       fo += index * from.stride[a], to_offset += index * to.stride[a];
     }
-    const From* f = from.data + fo;
-    To* t = to.data + to_offset;
-    if (fs == 1 && ts == 1)
-      for (int64_t c = 0; c < inner; ++c) t[c] = convert(f[c]);
-    else
-      for (int64_t c = 0; c < inner; ++c) t[c * ts] = convert(f[c * fs]);
+    convert::row(from.data + fo, from.stride[N - 1], to.data + to_offset, to.stride[N - 1], from.shape[N - 1]);
   }
 }
 
@@ -55,13 +50,13 @@ View<float, N> widen(const View<const S, N>& from, Scratch<float>& storage) {
   if (from.empty()) return {};
   storage.resize(from.numel());
   const View<float, N> to = View<float, N>::contiguous(storage.data(), from.shape);
-  copy_elements(from, to, [](S x) { return float(x); });
+  copy_elements(from, to);
   return to;
 }
 
 template <class S, std::size_t N>
 void narrow(const View<float, N>& from, const View<S, N>& to) {
-  if (!to.empty()) copy_elements(View<const float, N>(from), to, [](float x) { return S(x); });
+  if (!to.empty()) copy_elements(View<const float, N>(from), to);
 }
 
 // Batch rows [b0, b0 + n) of a view whose first dimension is the batch.

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../backend/convert.hpp"
 #include "../backend/row_ops.hpp"
 #include "../backend/scratch.hpp"
 #include "../schemes/registry.hpp"
@@ -121,23 +122,16 @@ inline bool keys_readable_in_place(const AttentionForward<T>& p) {
 // themselves, or bfloat16 / float16 widened on load and rounded once on store).
 template <class T, class S>
 inline void read_row(const View4<const S>& x, int64_t b, int64_t h, int64_t i, T* dst) {
-  const S* src = &x(b, h, i, 0);
-  const int64_t n = x.shape[3], stride = x.stride[3];
-  for (int64_t c = 0; c < n; ++c) dst[c] = T(src[c * stride]);
+  convert::row(&x(b, h, i, 0), x.stride[3], dst, 1, x.shape[3]);
 }
-// x[b, h, i, :] = src * factor.
 template <class T, class S>
-inline void write_row(const View4<S>& x, int64_t b, int64_t h, int64_t i, const T* src, T factor) {
-  S* dst = &x(b, h, i, 0);
-  const int64_t n = x.shape[3], stride = x.stride[3];
-  for (int64_t c = 0; c < n; ++c) dst[c * stride] = S(src[c] * factor);
+inline void write_row(const View4<S>& x, int64_t b, int64_t h, int64_t i, const T* src) {
+  convert::row(src, 1, &x(b, h, i, 0), x.stride[3], x.shape[3]);
 }
 // x[b, h, i, :] += src, the sum formed in T.
 template <class T, class S>
 inline void add_row(const View4<S>& x, int64_t b, int64_t h, int64_t i, const T* src) {
-  S* dst = &x(b, h, i, 0);
-  const int64_t n = x.shape[3], stride = x.stride[3];
-  for (int64_t c = 0; c < n; ++c) dst[c * stride] = S(T(dst[c * stride]) + src[c]);
+  convert::add_into(&x(b, h, i, 0), x.stride[3], src, x.shape[3]);
 }
 
 // Prepares head (b, h) in x. p is the call; its tensors are read from

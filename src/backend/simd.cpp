@@ -13,6 +13,8 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "relpos/half.hpp"
+
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/backend/simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -156,6 +158,57 @@ void RotatePairs(float* a, float* b, const float* c, const float* s, float sign,
   });
 }
 
+// bfloat16 / float16 bits to float32 (exact) and back, rounded to nearest
+// even as relpos/half.hpp's scalar conversions round, NaN kept NaN.
+void WidenBf16(const uint16_t* x, float* y, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const hn::Rebind<uint16_t, decltype(d)> du16;
+    const hn::Rebind<uint32_t, decltype(d)> du32;
+    hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, x + i)))), d, y + i);
+  });
+}
+
+void NarrowBf16(const float* x, uint16_t* y, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const hn::Rebind<uint16_t, decltype(d)> du16;
+    const hn::Rebind<uint32_t, decltype(d)> du32;
+    const hn::Rebind<int32_t, decltype(d)> di32;
+    const auto v = hn::LoadU(d, x + i);
+    const auto u = hn::BitCast(du32, v);
+    const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du32, 1u));
+    const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du32, 0x7fffu), odd)));
+    const auto quiet_nan = hn::ShiftRight<16>(hn::Or(u, hn::Set(du32, 0x400000u)));
+    const auto bits = hn::IfThenElse(hn::RebindMask(du32, hn::Ne(v, v)), quiet_nan, rounded);
+    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di32, bits)), du16, y + i);
+  });
+}
+
+// float16 through F16C where the target has it (AVX2, AVX-512); Highway's
+// emulation on the others truncates when narrowing and turns infinities and
+// NaNs into finite values when widening, so those targets run the scalar
+// conversions.
+void WidenF16(const uint16_t* x, float* y, int64_t n) {
+#if HWY_TARGET <= HWY_AVX2
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const hn::Rebind<hwy::float16_t, decltype(d)> df16;
+    hn::StoreU(hn::PromoteTo(d, hn::LoadU(df16, reinterpret_cast<const hwy::float16_t*>(x + i))), d, y + i);
+  });
+#else
+  for (int64_t i = 0; i < n; ++i) y[i] = half_bits::float_from_f16(x[i]);
+#endif
+}
+
+void NarrowF16(const float* x, uint16_t* y, int64_t n) {
+#if HWY_TARGET <= HWY_AVX2
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const hn::Rebind<hwy::float16_t, decltype(d)> df16;
+    hn::StoreU(hn::DemoteTo(df16, hn::LoadU(d, x + i)), df16, reinterpret_cast<hwy::float16_t*>(y + i));
+  });
+#else
+  for (int64_t i = 0; i < n; ++i) y[i] = half_bits::f16_from_float(x[i]);
+#endif
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace relpos::simd::HWY_NAMESPACE
@@ -174,6 +227,10 @@ HWY_EXPORT(Scale);
 HWY_EXPORT(SumOf);
 HWY_EXPORT(SoftmaxGrad);
 HWY_EXPORT(RotatePairs);
+HWY_EXPORT(WidenBf16);
+HWY_EXPORT(NarrowBf16);
+HWY_EXPORT(WidenF16);
+HWY_EXPORT(NarrowF16);
 HWY_EXPORT(TargetName);
 
 namespace {
@@ -251,6 +308,23 @@ void softmax_grad(const float* p, float* ds, float D, int64_t n) {
 void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n) {
   apply_environment();
   HWY_DYNAMIC_DISPATCH(RotatePairs)(a, b, c, s, sign, n);
+}
+
+void widen_bf16(const uint16_t* x, float* y, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(WidenBf16)(x, y, n);
+}
+void narrow_bf16(const float* x, uint16_t* y, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(NarrowBf16)(x, y, n);
+}
+void widen_f16(const uint16_t* x, float* y, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(WidenF16)(x, y, n);
+}
+void narrow_f16(const float* x, uint16_t* y, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(NarrowF16)(x, y, n);
 }
 
 std::string active_target() {

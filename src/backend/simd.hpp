@@ -39,6 +39,14 @@ void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign
 void gelu_forward(const float* x, float* y, int64_t n);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
 
+// bfloat16 / float16 bit patterns to float32 (exact) and back, rounded to
+// nearest even as relpos/half.hpp rounds (a NaN stays a NaN; its payload may
+// differ between targets).
+void widen_bf16(const uint16_t* x, float* y, int64_t n);
+void narrow_bf16(const float* x, uint16_t* y, int64_t n);
+void widen_f16(const uint16_t* x, float* y, int64_t n);
+void narrow_f16(const float* x, uint16_t* y, int64_t n);
+
 // The target the functions above run on now ("AVX2", "AVX3", ...), the
 // targets compiled in, and those this CPU supports.
 std::string active_target();

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -16,6 +17,7 @@
 #include "../../src/backend/simd.hpp"
 #include "../../src/backend/vexp.hpp"
 #include "../../src/nn/gelu.hpp"
+#include "relpos/half.hpp"
 
 namespace {
 
@@ -112,6 +114,45 @@ void check_current_target() {
   }
 }
 
+// The half conversions against relpos/half.hpp's scalar ones: every bit
+// pattern widened, and floats narrowed (every value of the format, the
+// midpoints between neighbours, random values over the whole exponent range,
+// infinities, NaN), bit for bit; a NaN need only stay a NaN.
+template <class H>
+void check_conversions(void (*widen)(const uint16_t*, float*, int64_t),
+                       void (*narrow)(const float*, uint16_t*, int64_t)) {
+  std::vector<uint16_t> patterns(65536);
+  for (size_t b = 0; b < patterns.size(); ++b) patterns[b] = uint16_t(b);
+  std::vector<float> wide(patterns.size());
+  widen(patterns.data(), wide.data(), int64_t(patterns.size()));
+  int bad = 0;
+  for (size_t b = 0; b < patterns.size(); ++b) {
+    H h;
+    h.bits = patterns[b];
+    const float expected = float(h);
+    const bool ok = std::isnan(expected) ? std::isnan(wide[b]) : std::memcmp(&wide[b], &expected, 4) == 0;
+    if (!ok && bad++ < 3) ADD_FAILURE() << "widen " << b << ": " << wide[b] << ", expected " << expected;
+  }
+  std::vector<float> x;
+  for (size_t b = 0; b + 1 < wide.size(); ++b)
+    if (std::isfinite(wide[b]) && std::isfinite(wide[b + 1]) && (b & 0x7fff) != 0x7fff)
+      x.push_back(wide[b]), x.push_back(float((double(wide[b]) + double(wide[b + 1])) / 2));
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> exponent(-140, 128);
+  for (int n = 0; n < 100000; ++n) x.push_back(float((n % 2 ? -1 : 1) * std::exp2(exponent(rng))));
+  for (float v : {INFINITY, -INFINITY, NAN, -NAN, 65504.0f, 65519.99f, 65520.0f, 3.4e38f, 1e-45f, 0.0f, -0.0f})
+    x.push_back(v);
+  x.push_back(1.0f);  // an odd length: the tail runs lane by lane
+  std::vector<uint16_t> narrow_bits(x.size());
+  narrow(x.data(), narrow_bits.data(), int64_t(x.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    H expected(x[i]), got;
+    got.bits = narrow_bits[i];
+    const bool ok = std::isnan(x[i]) ? std::isnan(float(got)) : got.bits == expected.bits;
+    if (!ok && bad++ < 6) ADD_FAILURE() << "narrow " << x[i] << ": bits " << got.bits << ", expected " << expected.bits;
+  }
+}
+
 TEST(Simd, EveryTargetThisMachineRunsAgreesWithTheFormulas) {
   int exercised = 0;
   for (const std::string name : {"avx512", "avx2", "sse4", "scalar"}) {
@@ -122,6 +163,8 @@ TEST(Simd, EveryTargetThisMachineRunsAgreesWithTheFormulas) {
     }
     if (!runs_as(name, active_target())) continue;  // this CPU's best is below `name`
     SCOPED_TRACE(name + " runs as " + active_target());
+    check_conversions<relpos::bfloat16>(relpos::simd::widen_bf16, relpos::simd::narrow_bf16);
+    check_conversions<relpos::float16>(relpos::simd::widen_f16, relpos::simd::narrow_f16);
     if (name == "avx512" || name == "avx2")
       check_current_target<true>();
     else
