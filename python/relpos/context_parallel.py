@@ -265,7 +265,9 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
     v's return to their owners, the scheme's tensors get the sum over all ranks
     (the same on every rank), or with ``reduce_param_grads=False`` this rank's
     share, for a model that sums every replicated parameter's gradient over the
-    group itself. Every rank must call it with the same scheme options.
+    group itself. Every rank must call it with the same scheme options. bfloat16
+    and float16 tensors are computed in float32 (the ring's merges and gradient sums
+    included) and the results rounded once; lse is float32.
     ``kv_pieces``: how many pieces a key/value chunk travels in (default: whole
     chunks below 4096 keys, longer ones in pieces of at least 512 keys, at most
     16): a rank holds one visiting piece and the next, so more pieces need less
@@ -282,8 +284,18 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
     name, params, ints, floats = torch_op._encode(scheme, causal, 0, 0, scale, "fused", threads)
     if kv_pieces is not None:
         kv_pieces = relpos.integer(kv_pieces, "kv_pieces")
+    stored = q.dtype
+    if stored in (torch.bfloat16, torch.float16):
+        # The ring merges partial outputs by their logsumexp and sums gradients
+        # over steps: in float32, as the kernels accumulate, rounded once at the end.
+        for what, x in (("k", k), ("v", v), *((f"scheme tensor {i}", p) for i, p in enumerate(params))):
+            if x.dtype != stored:
+                raise ValueError(f"relpos: {what}: dtype must match q ({stored}), got {x.dtype}")
+        q, k, v = q.float(), k.float(), v.float()
+        params = [p.float() for p in params]
     out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, kv_pieces, bool(reduce_param_grads), name,
                                     ints, floats, *params)
+    out = out.to(stored)
     return (out, lse) if return_lse else out
 
 

@@ -218,6 +218,48 @@ def test_ring_attention_in_pieces_equals_one_process(world):
         mp.spawn(worker_pieces, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
 
 
+def worker_bfloat16(rank, world, store):
+    """bfloat16 chunks through the ring and the all-to-all strategy: out and every
+    gradient equal one process's bfloat16 call on the whole sequence to within two
+    bfloat16 steps of the largest entry (both compute in float32 and round once; the
+    whole call's backward reads its out rounded to bfloat16, the ring's its float32
+    out, so their float32 values differ by a little more than rounding)."""
+    init(rank, world, store)
+    try:
+        for name in ("t5", "shaw", "xl"):
+            q, k, v, pad, dout, params = whole_problem(name, sum(CHUNKS[world]), 50)
+            q, k, v, dout = (x.bfloat16() for x in (q, k, v, dout))
+            params = {n: p.bfloat16() for n, p in params.items()}
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            whole_params = {n: p.clone().requires_grad_() for n, p in params.items()}
+            out = rt.attention(*leaves, make_scheme(name, whole_params), causal=True, key_padding=pad,
+                               q_offset=POSITION, k_offset=POSITION)
+            expected = [out, *torch.autograd.grad(out, [*leaves, *whole_params.values()], dout)]
+            start = sum(CHUNKS[world][:rank])
+            rows = torch.arange(start, start + CHUNKS[world][rank])
+            segments = [(POSITION + start, len(rows))]
+            for strategy in ("ring", "ulysses"):
+                mine = [x[:, :, rows].clone().requires_grad_() for x in (q, k, v)]
+                my_params = {n: p.clone().requires_grad_() for n, p in params.items()}
+                attend = ring_attention if strategy == "ring" else ulysses_attention
+                extra = dict(q_segments=segments, k_segments=segments) if strategy == "ring" else dict(segments=segments)
+                got_out = attend(*mine, make_scheme(name, my_params), causal=True, key_padding=pad[:, rows], **extra)
+                got = [got_out, *torch.autograd.grad(got_out, [*mine, *my_params.values()], dout[:, :, rows])]
+                for what, a, e in zip(["out", "dq", "dk", "dv", *params], got, expected):
+                    e = e if what in params else e[:, :, rows]
+                    assert a.dtype == torch.bfloat16, f"{strategy} {name} {what}: {a.dtype}"
+                    tolerance = 2 ** -6 * max(1.0, float(e.float().abs().max()))
+                    error = float((a.float() - e.float()).abs().max())
+                    assert error <= tolerance, f"{strategy} {name} {what} rank {rank}: error {error}, tolerance {tolerance}"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bfloat16_chunks_equal_one_process_within_rounding():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker_bfloat16, args=(2, os.path.join(tmp, "store")), nprocs=2, join=True)
+
+
 def worker_one_leaves(rank, world, store):
     init(rank, world, store)
     if rank == 1:

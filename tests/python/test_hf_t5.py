@@ -106,3 +106,23 @@ def test_a_mask_relpos_cannot_apply_is_refused():
     holes[0, 0, 2, 3] = False  # one query may not see one key: neither causal nor padding
     with pytest.raises(ValueError, match="not causal-plus-key-padding"):
         attn(hidden, mask=holes)
+
+
+def test_a_bfloat16_model_runs_patched():
+    """A T5 model in bfloat16 (model.to(torch.bfloat16)), patched: its encoder
+    output and loss are the bfloat16 upstream model's within bfloat16's rounding
+    of a 2-layer model, and every parameter gets a bfloat16 gradient."""
+    torch.manual_seed(0)
+    upstream = T5ForConditionalGeneration(tiny_config()).to(torch.bfloat16).eval()
+    ours = rt.patch_hf_t5(copy.deepcopy(upstream))
+    ids, mask = inputs()
+    labels = ids[:, :9].contiguous()
+    a = upstream(input_ids=ids, attention_mask=mask, labels=labels)
+    b = ours(input_ids=ids, attention_mask=mask, labels=labels)
+    assert b.logits.dtype == torch.bfloat16
+    torch.testing.assert_close(b.logits.float(), a.logits.float(), rtol=0, atol=0.1)
+    torch.testing.assert_close(b.loss.float(), a.loss.float(), rtol=0.02, atol=0.02)
+    b.loss.backward()
+    for name, p in ours.named_parameters():
+        assert p.grad is None or p.grad.dtype == torch.bfloat16, name
+    assert ours.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.grad.abs().sum() > 0
