@@ -8,6 +8,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "interrupt.hpp"
 #include "openmp_wait.hpp"
 #include "options.hpp"
 #include "relpos/info.hpp"
@@ -43,6 +44,7 @@ void print_usage(std::FILE* to) {
 
 int main(int argc, char** argv) {
   relpos::cli::use_passive_openmp_wait(argv);
+  relpos::cli::take_signals_on_their_own_thread();
   if (argc >= 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V"))) {
     std::printf("relpos %s\n", relpos::build_info().version.c_str());
     return 0;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "../backend/scratch.hpp"
+#include "../backend/signals.hpp"
 #include "../schemes/registry.hpp"
 #include "fused.hpp"
 #include "half_storage.hpp"
@@ -128,6 +129,7 @@ void run(const P& p, Reference run_reference, Fused run_fused, Unfused run_unfus
 
 template <class T>
 void attention_forward(const AttentionForward<T>& p) {
+  const AsyncSignalsHeld signals;
   validate_forward(p);
   if constexpr (is_half_v<T>)
     half_storage::forward(p);
@@ -169,6 +171,7 @@ void backward_grouped(const AttentionBackward<T>& p) {
 
 template <class T>
 void attention_backward(const AttentionBackward<T>& p) {
+  const AsyncSignalsHeld signals;
   validate_backward(p);
   if constexpr (is_half_v<T>)
     half_storage::backward(p);

@@ -31,6 +31,7 @@
 #include "layer_norm.hpp"
 #include "linear.hpp"
 #include "parameter_layout.hpp"
+#include "../backend/signals.hpp"
 #include "relpos/attention.hpp"
 #include "relpos/position.hpp"
 #include "residual.hpp"
@@ -84,6 +85,7 @@ class ModelImpl {
     check_tokens(batch, length, "length");
     if (first_scored < 0 || first_scored >= length)
       throw std::invalid_argument("first_scored: must lie in [0, length), got " + std::to_string(first_scored));
+    const AsyncSignalsHeld signals;  // the GEMMs' JIT kernels must not host a signal handler
     OmpThreadsScope scope(threads());
     forward(tokens, length + 1, batch, length, memory, backward);
     const int64_t n = int64_t(batch) * length;
@@ -104,6 +106,7 @@ class ModelImpl {
   template <class Cache>
   const T* logits(const uint8_t* tokens, int batch, int length, Cache* cache) {
     check_tokens(batch, length, "count");
+    const AsyncSignalsHeld signals;
     OmpThreadsScope scope(threads());
     forward(tokens, length, batch, length, cache, false);
     if (cache) append_to_cache(*cache);

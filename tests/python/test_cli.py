@@ -116,6 +116,27 @@ def test_sigint_writes_the_checkpoint_and_json_and_a_resume_finishes(data, tmp_p
     assert f"resuming at step {got['last_step']}" in r.stderr
 
 
+def test_sigterm_stops_after_the_step_and_a_signal_elsewhere_ends_the_process(data, tmp_path):
+    """SIGTERM stops training like SIGINT (exit 128 + 15, checkpoint written); a
+    command that saves nothing (a long benchmark) ends at once on SIGINT, as by
+    the default action."""
+    ckpt = tmp_path / "t.ckpt"
+    proc = subprocess.Popen([RELPOS, "train", "--data", str(data), *TINY, "--steps", "10000000", "--checkpoint",
+                             str(ckpt), "--checkpoint-every", "0"], stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in err and ckpt.exists()
+    bench = subprocess.Popen([RELPOS, "bench", "attention", "--lengths", "8192", "--dims", "128", "--threads", "1",
+                              "--reps", "50", "--json", ""], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(1.5)
+    start = time.monotonic()
+    bench.send_signal(signal.SIGINT)
+    bench.communicate(timeout=60)
+    assert bench.returncode == -signal.SIGINT and time.monotonic() - start < 5
+
+
 def test_stale_temporaries_of_dead_writers_are_removed(data, tmp_path):
     ckpt = tmp_path / "t.ckpt"
     child = subprocess.Popen(["true"])  # a writer that has ended, as after kill -9 during a save
