@@ -184,18 +184,31 @@ Outcome run_with_stored_out(Problem<T>& p) {
   return o;
 }
 
+Spec with_reference(Spec s) {
+  s.algorithm = relpos::Algorithm::reference;
+  return s;
+}
+
+// One Spec's random inputs rounded to H, and the same values in float32 and,
+// for the reference algorithm, in float64.
+template <class H>
+struct SameInputs {
+  Problem<H> half;
+  Problem<float> single;
+  Problem<double> exact;
+
+  explicit SameInputs(const Spec& spec) : half(spec), single(spec), exact(with_reference(spec)) {
+    copy_inputs(half, single);
+    copy_inputs(half, exact);
+  }
+};
+
 template <class H>
 ::testing::AssertionResult check_error_rule(const Spec& spec) {
-  Problem<H> half(spec);  // random inputs, rounded to H
-  Problem<float> single(spec);
-  copy_inputs(half, single);
-  Spec reference = spec;
-  reference.algorithm = relpos::Algorithm::reference;
-  Problem<double> exact(reference);
-  copy_inputs(half, exact);
-  const Outcome h = run_with_stored_out<H>(half), s = run_with_stored_out<H>(single),
-                e = run_forward_backward(exact);
-  if (!half.outputs_padding_untouched()) return ::testing::AssertionFailure() << "wrote outside an output's elements";
+  SameInputs<H> p(spec);
+  const Outcome h = run_with_stored_out<H>(p.half), s = run_with_stored_out<H>(p.single),
+                e = run_forward_backward(p.exact);
+  if (!p.half.outputs_padding_untouched()) return ::testing::AssertionFailure() << "wrote outside an output's elements";
   return error_rule_holds<H>(h, s, e, spec.B * spec.H);
 }
 
@@ -246,13 +259,8 @@ TEST(HalfStorageChunks, SeveralChunksMeetTheErrorRule) {
     spec.scheme = scheme, spec.B = 3, spec.Lq = spec.Lk = 9, spec.mask = MaskKind::causal_padding;
     spec.algorithm = relpos::Algorithm::reference;
     spec.label = relpos::to_string(scheme);
-    Problem<bfloat16> half(spec);
-    Problem<float> single(spec);
-    copy_inputs(half, single);
-    Spec reference = spec;
-    reference.algorithm = relpos::Algorithm::reference;
-    Problem<double> exact(reference);
-    copy_inputs(half, exact);
+    SameInputs<bfloat16> p(spec);
+    Problem<bfloat16>& half = p.half;
     half.forward();  // validated and run in one chunk
     const std::vector<double> one_chunk = half.out.values();
     relpos::half_storage::forward(half.forward_args(), /*budget=*/1.0);
@@ -265,8 +273,8 @@ TEST(HalfStorageChunks, SeveralChunksMeetTheErrorRule) {
       for (bfloat16* e : param.grad) g.push_back(double(float(*e)));
       h.push_back({"d" + param.name, g});
     }
-    EXPECT_TRUE(error_rule_holds<bfloat16>(h, run_with_stored_out<bfloat16>(single), run_forward_backward(exact),
-                                           spec.B * spec.H))
+    EXPECT_TRUE(error_rule_holds<bfloat16>(h, run_with_stored_out<bfloat16>(p.single),
+                                           run_forward_backward(p.exact), spec.B * spec.H))
         << spec.label;
   }
 }
