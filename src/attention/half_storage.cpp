@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 
 #include "../backend/convert.hpp"
 #include "../backend/scratch.hpp"
@@ -69,23 +70,23 @@ View<T, N> rows(View<T, N> v, int64_t b0, int64_t n) {
 }
 
 // The call's positional parameters in float32: the options as given, every
-// learnable table widened (owned here).
+// learnable table widened (owned here). A scheme with options of its own
+// (not tensors) copies them here too.
 template <class S>
 struct WideParams {
   PositionParams<float> pos;
-  std::vector<Scratch<float>> storage;
+  std::deque<Scratch<float>> storage;  // one per table; a deque keeps them in place
 
-  explicit WideParams(const PositionParams<S>& from) : storage(16) {
+  explicit WideParams(const PositionParams<S>& from) {
     pos.scheme = from.scheme;
     pos.shaw.k = from.shaw.k, pos.shaw.beyond = from.shaw.beyond;
     pos.t5.bidirectional = from.t5.bidirectional, pos.t5.max_distance = from.t5.max_distance;
     pos.rope = from.rope;
     pos.xl.clamp_len = from.xl.clamp_len;
-    std::size_t next = 0;
     for_each_scheme_param(pos, [&](const char* name, auto& to) {
       for_each_scheme_param(from, [&](const char* other, const auto& given) {
         if constexpr (std::tuple_size_v<decltype(to.shape)> == std::tuple_size_v<decltype(given.shape)>)
-          if (std::strcmp(name, other) == 0) to = widen(given, storage.at(next++));
+          if (std::strcmp(name, other) == 0) to = widen(given, storage.emplace_back());
       });
     });
   }
@@ -96,13 +97,12 @@ struct WideParams {
 template <class S>
 struct WideGrads {
   PositionGrads<float> grads;
-  std::vector<Scratch<float>> storage;
+  std::deque<Scratch<float>> storage;
   const PositionGrads<S>& into;
 
-  WideGrads(const PositionParams<S>& pos, const PositionGrads<S>& g) : storage(16), into(g) {
-    std::size_t next = 0;
+  WideGrads(const PositionParams<S>& pos, const PositionGrads<S>& g) : into(g) {
     for_each_scheme_param(pos, [&](const char*, const auto&, const auto& given, auto& wide) {
-      wide = widen(View<const S, std::tuple_size_v<decltype(given.shape)>>(given), storage.at(next++));
+      wide = widen(View<const S, std::tuple_size_v<decltype(given.shape)>>(given), storage.emplace_back());
     }, g, grads);
   }
   void finish() const {
