@@ -57,16 +57,10 @@ bool dtype_is(const nb::dlpack::dtype& got) {
 }
 
 template <class E>
-const char* dtype_name() {
-  if constexpr (std::is_same_v<E, bfloat16>) return "bfloat16";
-  if constexpr (std::is_same_v<E, float16>) return "float16";
-  return sizeof(E) == 4 ? "float32" : "float64";
-}
-
-template <class E>
 void check_dtype(const nb::dlpack::dtype& got, const char* key) {
   if (!dtype_is<E>(got))
-    fail(std::string(key) + ": dtype must be " + dtype_name<E>() + (std::strcmp(key, "lse") == 0 ? "" : " like q") +
+    fail(std::string(key) + ": dtype must be " + checks::precision_name<E>() +
+         (std::strcmp(key, "lse") == 0 ? "" : " like q") +
          "; convert it first");
 }
 
