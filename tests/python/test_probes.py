@@ -171,6 +171,12 @@ def test_version_and_info_agree_everywhere():
     assert out.strip() == f"relpos {relpos.__version__}"
     info = relpos.info()
     assert info["simd_target"] in info["simd_supported"] and info["gemm"].startswith("oneDNN")
+    # AVX512-BF16 as the kernel reports it, and how half-storage calls compute, in both frontends.
+    flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    assert info["cpu_avx512_bf16"] == ("avx512_bf16" in flags)
+    assert "float32" in info["half_storage"]
+    text = subprocess.run([str(cli), "info"], capture_output=True, text=True, check=True).stdout
+    assert f"half storage: {info['half_storage']}" in text
     code = "import relpos; print(relpos.info()['simd_target'])"
     limited = subprocess.run([sys.executable, "-c", code], env={**os.environ, "RELPOS_SIMD": "sse4"},
                              capture_output=True, text=True, check=True).stdout.strip()
