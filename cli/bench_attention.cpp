@@ -118,10 +118,7 @@ int run_bench_attention(int argc, char** argv, int first) {
                   "float32, or bfloat16 / float16 (bf16 / fp16) to time that storage too, beside float32");
   opts.add_string("--json", &json_path, "where to write the results (empty: nowhere)");
   if (!opts.parse(argc, argv, first)) return 0;
-  if (dtype == "bf16") dtype = "bfloat16";
-  if (dtype == "fp16") dtype = "float16";
-  if (dtype != "float32" && dtype != "bfloat16" && dtype != "float16")
-    throw UsageError{"--dtype: expected float32, bfloat16 (bf16) or float16 (fp16), got '" + dtype + "'"};
+  dtype = parse_storage_type(dtype, "--dtype");
   const bool half = dtype != "float32";
   const auto lengths = parse_int_list(lengths_text, "--lengths");
   const auto dims = parse_int_list(dims_text, "--dims");

@@ -19,6 +19,13 @@ void add_integer(CLI::App& app, const std::string& name, Int* target, const std:
 
 }  // namespace
 
+std::string parse_storage_type(const std::string& text, const std::string& option) {
+  if (text == "float32") return text;
+  if (text == "bfloat16" || text == "bf16") return "bfloat16";
+  if (text == "float16" || text == "fp16") return "float16";
+  throw UsageError{option + ": expected float32, bfloat16 (bf16) or float16 (fp16), got '" + text + "'"};
+}
+
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option, int64_t max_value) {
   std::vector<int64_t> values;
   std::stringstream in(text);

@@ -29,6 +29,10 @@ using relpos::kMaxThreads;
 std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option,
                                     int64_t max_value = std::numeric_limits<int64_t>::max());
 
+// --dtype: "float32", "bfloat16" (or "bf16"), "float16" (or "fp16") -> the
+// canonical name; UsageError naming `option` otherwise.
+std::string parse_storage_type(const std::string& text, const std::string& option);
+
 class Options {
  public:
   Options(const std::string& command, const std::string& summary);

@@ -49,6 +49,11 @@ std::vector<const std::vector<T>*> Problem<T>::grads() const {
 }
 
 template <class T>
+std::vector<std::vector<T>*> Problem<T>::inputs() {
+  return {&q, &k, &v, &dout, &wk, &wv, &t5_table, &u, &xv, &w_r, &kerple_r1, &kerple_r2};
+}
+
+template <class T>
 Problem<T> make_problem(const ProblemShape& s, const SchemeCase& c, uint64_t seed) {
   Problem<T> pb;
   std::mt19937_64 rng(seed);

@@ -49,7 +49,19 @@ struct Problem {
   void clear_grads();
   // The gradient buffers, for error measurement.
   std::vector<const std::vector<T>*> grads() const;
+  // The input buffers (q, k, v, dout, the scheme's tables), in a fixed order.
+  std::vector<std::vector<T>*> inputs();
 };
+
+// Overwrites to's inputs with from's values (problems of one shape and case):
+// the float64 reference of a half-precision problem reads the rounded values.
+template <class From, class To>
+void copy_inputs(Problem<From>& from, Problem<To>& to) {
+  const auto source = from.inputs();
+  const auto target = to.inputs();
+  for (size_t i = 0; i < source.size(); ++i)
+    for (size_t n = 0; n < source[i]->size(); ++n) (*target[i])[n] = To(double((*source[i])[n]));
+}
 
 template <class T>
 Problem<T> make_problem(const ProblemShape& shape, const SchemeCase& c, uint64_t seed);

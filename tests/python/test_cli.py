@@ -39,6 +39,8 @@ def data(tmp_path):
     (["sample", "--checkpoint", "x", "--length", "9223372036854775807"], "--length"),
     (["check", "--tolerance", "-1"], "--tolerance"),
     (["check", "--tolerance", "nan"], "--tolerance"),
+    (["check", "--dtype", "float8"], "--dtype"),
+    (["bench", "attention", "--dtype", "int8"], "--dtype"),
     (["bench", "memory", "--budget-gb", "-1"], "--budget-gb"),
     (["bench", "memory", "--budget-gb", "nan"], "--budget-gb"),
     (["train", "--lr", "inf"], "--lr"),
@@ -48,6 +50,20 @@ def test_out_of_range_options_are_refused_naming_them(args, option):
     r = run(*args, timeout=20)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert option in r.stderr
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_check_in_half_storage_meets_the_rule_for_every_algorithm(dtype, tmp_path):
+    """relpos check --dtype: every scheme x algorithm stored in the half type, its
+    errors against float64 at most twice float32's rounded ones, and sane."""
+    report = tmp_path / "check.json"
+    r = run("check", "--dtype", dtype, "--length", "40", "--json", report, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(report.read_text())
+    assert got["dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[dtype] and len(got["rows"]) >= 30
+    for row in got["rows"]:
+        assert row["ok"] and row["fwd_error"] <= 2 * row["float32_fwd_error"], row
+        assert row["bwd_error"] <= 2 * row["float32_bwd_error"] < 0.05, row
 
 
 def test_checkpoint_that_cannot_be_written_is_refused_before_training(data, tmp_path):
