@@ -140,9 +140,10 @@ int run_demo(int argc, char** argv, int first) {
   const train::Split split = train::split_corpus(corpus.bytes);
   check_evaluation_fits(split.validation.size(), eval, model.length);
   std::printf("relpos demo: train at length %lld, evaluate at %s x; %lld layers, width %lld, %lld heads; %lld steps "
-              "of batch %lld\ndata: %s (%zu training, %zu validation bytes)\n",
+              "of batch %lld; %s\ndata: %s (%zu training, %zu validation bytes)\n",
               (long long)model.length, multiples_text.c_str(), (long long)model.layers, (long long)model.width,
               (long long)model.heads, (long long)train_config.steps, (long long)train_config.batch,
+              nn::to_string(train_config.precision),
               corpus.source.c_str(), split.train.size(), split.validation.size());
   std::printf("%zu models, %d at a time with %d thread%s each\n", kinds.size(), workers, threads_each,
               threads_each == 1 ? "" : "s");
@@ -235,7 +236,8 @@ int run_demo(int argc, char** argv, int first) {
                {"validation_bytes", split.validation.size()}, {"max_bytes", eval.max_bytes},
                {"length", model.length}, {"layers", model.layers}, {"width", model.width}, {"heads", model.heads},
                {"ffn", model.ffn}, {"steps", train_config.steps}, {"batch", train_config.batch},
-               {"lr", train_config.lr}, {"seed", training.seed}, {"workers", workers},
+               {"lr", train_config.lr}, {"seed", training.seed}, {"dtype", nn::to_string(train_config.precision)},
+               {"workers", workers},
                {"threads_per_worker", threads_each}, {"seconds", seconds}, {"schemes", Json::array()}};
   for (const SchemeResult& r : results)
     json["schemes"].push_back({{"position", nn::to_string(r.kind)}, {"parameters", r.parameters},

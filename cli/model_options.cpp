@@ -62,6 +62,7 @@ TrainOptions TrainOptions::from_config(const train::TrainConfig& c) {
   TrainOptions o;
   o.steps = c.steps, o.batch = c.batch, o.warmup = c.warmup, o.seed = int64_t(c.seed);
   o.lr = c.lr, o.min_lr_ratio = c.min_lr_ratio, o.weight_decay = c.weight_decay, o.clip = c.clip;
+  o.dtype = nn::to_string(c.precision);
   return o;
 }
 
@@ -75,6 +76,9 @@ void TrainOptions::add_to(Options& o) {
   o.add_double("--clip", &clip, "global gradient-norm limit (0 = none)", 0.0);
   o.add_int("--seed", &seed, "seed of the initialisation and the batch sampling", 0);
   o.add_int("--threads", &threads, "threads (0 = all cores)", 0, kMaxThreads);
+  o.add_string("--dtype", &dtype,
+               "float32, or bf16: mixed precision (GEMM and attention operands rounded to bfloat16, float32 "
+               "accumulation, weights, optimizer state and checkpoints)");
 }
 
 train::TrainConfig TrainOptions::config() const {
@@ -88,6 +92,7 @@ train::TrainConfig TrainOptions::config() const {
   c.clip = clip;
   c.seed = uint64_t(seed);
   try {
+    c.precision = nn::parse_precision(dtype);
     c.validate();
   } catch (const std::invalid_argument& e) {
     throw UsageError{e.what()};

@@ -48,4 +48,21 @@ void add_into(S* dst, int64_t stride, const T* src, int64_t n) {
   }
 }
 
+// x[c] = T(bfloat16(x[c])): each value rounded to the nearest bfloat16 (ties
+// to even) in place, as storing it in bfloat16 and reading it back would.
+template <class T>
+void round_to_bf16(T* x, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    constexpr int64_t kChunk = 256;
+    uint16_t bits[kChunk];
+    for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+      const int64_t m = std::min(kChunk, n - c0);
+      simd::narrow_bf16(x + c0, bits, m);
+      simd::widen_bf16(bits, x + c0, m);
+    }
+  } else {
+    for (int64_t c = 0; c < n; ++c) x[c] = T(float(bfloat16(float(x[c]))));
+  }
+}
+
 }  // namespace relpos::convert

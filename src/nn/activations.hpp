@@ -22,13 +22,14 @@ struct Activations {
   T *stream_out, *final_out, *final_mean, *final_rstd, *logits, *row_weight;
   // Backward scratch.
   T *d_stream, *d_mid, *d_norm, *d_attn, *d_qkv, *d_keys, *d_values, *d_hidden, *d_activated, *d_logits;
+  T* d_branch;  // bfloat16: a branch's output gradient rounded (the stream's stays float32)
   std::vector<int32_t> tokens, positions;  // embedding rows of the inputs and of their absolute positions
 
   // Points every field into `buffer` (grown when needed) for the given sizes;
   // the backward scratch only when `backward` (evaluation at long lengths
-  // then needs about half the memory).
+  // then needs about half the memory), d_branch only when `rounded_branches`.
   void plan(const AttentionShape& s, int64_t num_layers, int64_t ffn, int64_t vocabulary, bool backward,
-            std::vector<T>& buffer) {
+            bool rounded_branches, std::vector<T>& buffer) {
     const int64_t n = s.batch * s.length, w = s.width(), bh = s.batch * s.heads, nb = backward ? n : 0;
     const int64_t key_rows = s.memory > 0 ? bh * s.keys() * s.head_dim : 0;
     std::vector<T**> slots;
@@ -49,7 +50,7 @@ struct Activations {
     const int64_t d_key_rows = backward ? key_rows : 0;
     take(d_stream, nb * w), take(d_mid, nb * w), take(d_norm, nb * w), take(d_attn, nb * w), take(d_qkv, 3 * nb * w);
     take(d_keys, d_key_rows), take(d_values, d_key_rows), take(d_hidden, nb * ffn), take(d_activated, nb * ffn);
-    take(d_logits, nb * vocabulary);
+    take(d_logits, nb * vocabulary), take(d_branch, rounded_branches ? nb * w : 0);
     int64_t total = 0;
     for (int64_t size : sizes) total += size;
     if (static_cast<int64_t>(buffer.size()) < total) buffer.assign(total, T(0));

@@ -46,6 +46,7 @@ float Model::forward_backward(std::span<const uint8_t> tokens, int batch, int le
   check_dims(batch, length, "length");
   check_span("tokens", tokens.size(), int64_t(batch) * (length + 1));
   impl_->model.num_threads = num_threads;
+  impl_->model.precision = precision;
   return static_cast<float>(impl_->model.loss(tokens.data(), batch, length, memory, 0, true));
 }
 
@@ -53,6 +54,7 @@ float Model::loss(std::span<const uint8_t> tokens, int batch, int length, KVCach
   check_dims(batch, length, "length");
   check_span("tokens", tokens.size(), int64_t(batch) * (length + 1));
   impl_->model.num_threads = num_threads;
+  impl_->model.precision = precision;
   return static_cast<float>(impl_->model.loss(tokens.data(), batch, length, memory, first_scored, false));
 }
 
@@ -65,6 +67,7 @@ void Model::decode(std::span<const uint8_t> tokens, int batch, int count, KVCach
   check_span("tokens", tokens.size(), int64_t(batch) * count);
   check_span("logits", logits.size(), int64_t(batch) * kVocabulary);
   impl_->model.num_threads = num_threads;
+  impl_->model.precision = precision;
   const float* all = impl_->model.logits(tokens.data(), batch, count, &cache);
   for (int b = 0; b < batch; ++b)
     std::copy_n(all + (int64_t(b) * count + count - 1) * kVocabulary, kVocabulary, logits.data() + b * kVocabulary);
@@ -75,6 +78,7 @@ void Model::logits(std::span<const uint8_t> tokens, int batch, int length, std::
   check_span("tokens", tokens.size(), int64_t(batch) * length);
   check_span("out", out.size(), int64_t(batch) * length * kVocabulary);
   impl_->model.num_threads = num_threads;
+  impl_->model.precision = precision;
   const float* all = impl_->model.logits(tokens.data(), batch, length, static_cast<KVCache*>(nullptr));
   std::copy_n(all, out.size(), out.data());
 }

@@ -47,6 +47,14 @@ double parse_real(const std::string& key, const std::string& text) {
 
 const char* to_string(PositionKind kind) { return kPositionNames[static_cast<int>(kind)]; }
 
+const char* to_string(Precision precision) { return precision == Precision::bfloat16 ? "bfloat16" : "float32"; }
+
+Precision parse_precision(const std::string& name) {
+  if (name == "float32") return Precision::float32;
+  if (name == "bfloat16" || name == "bf16") return Precision::bfloat16;
+  throw std::invalid_argument("precision: expected float32 or bfloat16 (bf16), got '" + name + "'");
+}
+
 PositionKind parse_position_kind(const std::string& name) {
   for (int i = 0; i < static_cast<int>(std::size(kPositionNames)); ++i)
     if (name == kPositionNames[i]) return static_cast<PositionKind>(i);

@@ -12,6 +12,18 @@
 // Tying follows GPT-2 / nanoGPT; for 256 bytes it saves a (256, width) matrix
 // and gives the rare bytes of a small corpus an output row trained by their
 // inputs as well.
+//
+// Precision::bfloat16 is mixed-precision training: every tensor that a GEMM
+// or the attention reads is held at bfloat16 precision — the matrices and
+// positional tables (rounded from the float32 parameters at each forward),
+// the LayerNorm outputs, q/k/v, the attention output, GELU's output, and in
+// the backward the output gradients those GEMMs and the attention read.
+// GEMMs and the attention accumulate in float32 and write float32 (bias added
+// in float32 before any rounding); the residual stream, LayerNorm, GELU's
+// input, the logits, the cross-entropy, the softmax statistics and every
+// parameter gradient stay float32, as do the parameters and the optimizer.
+// The values are rounded in float32 buffers: the numbers are those of bf16
+// storage with float32 accumulation, whatever GEMM the CPU runs.
 #pragma once
 
 #include <omp.h>
@@ -31,6 +43,7 @@
 #include "layer_norm.hpp"
 #include "linear.hpp"
 #include "parameter_layout.hpp"
+#include "../backend/convert.hpp"
 #include "../backend/signals.hpp"
 #include "relpos/attention.hpp"
 #include "relpos/position.hpp"
@@ -76,6 +89,7 @@ class ModelImpl {
   const std::vector<T>& parameters() const { return params_; }
   std::vector<T>& gradients() { return grads_; }
   int num_threads = 0;
+  Precision precision = Precision::float32;
 
   // tokens (batch, length + 1): mean cross-entropy of tokens[:, first_scored + 1:]
   // given the preceding ones. With `backward`, gradients are added into
@@ -139,6 +153,25 @@ class ModelImpl {
     return num_threads > 0 ? num_threads : omp_get_max_threads();
   }
   const T* param(int64_t offset) const { return params_.data() + offset; }
+  // A matrix or positional table as GEMMs and the attention read it.
+  const T* operand(int64_t offset) const { return (bf16() ? operands_ : params_).data() + offset; }
+  bool bf16() const { return precision == Precision::bfloat16; }
+  // Rounds `count` values that a GEMM or the attention reads next to the
+  // precision's storage (nothing in float32).
+  void store(T* x, int64_t count) const {
+    if (!bf16()) return;
+    constexpr int64_t kBlock = 4096;
+    for_each_row(threads(), (count + kBlock - 1) / kBlock, kBlock, [&](int64_t b) {
+      convert::round_to_bf16(x + b * kBlock, std::min(kBlock, count - b * kBlock));
+    });
+  }
+  // `x` as a GEMM reads it: itself in float32, else a rounded copy in `copy`.
+  const T* stored_copy(const T* x, T* copy, int64_t count) const {
+    if (!bf16()) return x;
+    std::copy_n(x, count, copy);
+    store(copy, count);
+    return copy;
+  }
   T* grad(int64_t offset) { return grads_.data() + offset; }
 
   static void check_tokens(int batch, int length, const char* length_name) {
@@ -175,14 +208,14 @@ class ModelImpl {
       case PositionKind::shaw:
         p.scheme = Scheme::shaw;
         p.shaw.k = config_.shaw_k;
-        p.shaw.wk = View3<const T>::contiguous(param(o.shaw_wk), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
-        p.shaw.wv = View3<const T>::contiguous(param(o.shaw_wv), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
+        p.shaw.wk = View3<const T>::contiguous(operand(o.shaw_wk), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
+        p.shaw.wv = View3<const T>::contiguous(operand(o.shaw_wv), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
         break;
       case PositionKind::t5:
         p.scheme = Scheme::t5;
         p.t5.bidirectional = false;
         p.t5.max_distance = config_.t5_max_distance;
-        p.t5.table = View2<const T>::contiguous(param(layout_.t5_table), {h, config_.t5_buckets});
+        p.t5.table = View2<const T>::contiguous(operand(layout_.t5_table), {h, config_.t5_buckets});
         break;
       case PositionKind::alibi:
         p.scheme = Scheme::alibi;  // empty slopes: the paper's, fixed
@@ -193,17 +226,17 @@ class ModelImpl {
         break;
       case PositionKind::xl:
         p.scheme = Scheme::xl;
-        p.xl.u = View2<const T>::contiguous(param(layout_.xl_u), {h, dh});
-        p.xl.v = View2<const T>::contiguous(param(layout_.xl_v), {h, dh});
-        p.xl.w_r = View3<const T>::contiguous(param(o.xl_w_r), {h, dh, config_.width});
+        p.xl.u = View2<const T>::contiguous(operand(layout_.xl_u), {h, dh});
+        p.xl.v = View2<const T>::contiguous(operand(layout_.xl_v), {h, dh});
+        p.xl.w_r = View3<const T>::contiguous(operand(o.xl_w_r), {h, dh, config_.width});
         break;
       case PositionKind::kerple: {
         p.scheme = Scheme::kerple;
         const int64_t layer = &o - layout_.layers.data();
         T* clamped = kerple_clamped_.data() + layer * 2 * h;
         for (int64_t i = 0; i < h; ++i) {
-          clamped[i] = std::max(param(o.kerple_r1)[i], T(kKerpleFloor));
-          clamped[h + i] = std::max(param(o.kerple_r2)[i], T(kKerpleFloor));
+          clamped[i] = std::max(operand(o.kerple_r1)[i], T(kKerpleFloor));
+          clamped[h + i] = std::max(operand(o.kerple_r2)[i], T(kKerpleFloor));
         }
         p.kerple.r1 = View1<const T>::contiguous(clamped, {h});
         p.kerple.r2 = View1<const T>::contiguous(clamped + h, {h});
@@ -294,28 +327,38 @@ class ModelImpl {
     shape_ = {batch, length, cache ? cache->length : 0, config_.heads, head_dim()};
     first_position_ = cache ? cache->position : 0;
     if (first_position_ + length > kMaxPosition) throw std::invalid_argument("cache: position beyond 2^40");
-    act_.plan(shape_, config_.layers, config_.ffn, kVocabulary, backward, buffer_);
+    act_.plan(shape_, config_.layers, config_.ffn, kVocabulary, backward, bf16(), buffer_);
     const int64_t n = int64_t(batch) * length, w = config_.width, f = config_.ffn, nt = threads();
+    if (bf16()) {
+      operands_ = params_;
+      store(operands_.data(), int64_t(operands_.size()));
+    }
     embed(tokens, token_stride);
     for (int l = 0; l < config_.layers; ++l) {
       const LayerOffsets& o = layout_.layers[l];
       LayerActivations<T>& a = act_.layers[l];
       layer_norm_forward(a.input, param(o.ln1_weight), param(o.ln1_bias), n, w, a.ln1_out, a.ln1_mean, a.ln1_rstd, nt);
-      linear_forward(a.ln1_out, param(o.qkv_weight), param(o.qkv_bias), n, w, 3 * w, a.qkv, nt);
+      store(a.ln1_out, n * w);
+      linear_forward(a.ln1_out, operand(o.qkv_weight), param(o.qkv_bias), n, w, 3 * w, a.qkv, nt);
+      store(a.qkv, 3 * n * w);
       if (shape_.memory > 0) fill_keys(*cache, l);
       attention_layer_forward(attention_args(l));
-      linear_forward(a.attn, param(o.out_weight), param(o.out_bias), n, w, w, a.mid, nt);
+      store(a.attn, n * w);
+      linear_forward(a.attn, operand(o.out_weight), param(o.out_bias), n, w, w, a.mid, nt);
       residual_forward(a.input, a.mid, n, w, nt);
       layer_norm_forward(a.mid, param(o.ln2_weight), param(o.ln2_bias), n, w, a.ln2_out, a.ln2_mean, a.ln2_rstd, nt);
-      linear_forward(a.ln2_out, param(o.up_weight), param(o.up_bias), n, w, f, a.hidden, nt);
+      store(a.ln2_out, n * w);
+      linear_forward(a.ln2_out, operand(o.up_weight), param(o.up_bias), n, w, f, a.hidden, nt);
       gelu_forward(a.hidden, a.activated, n, f, nt);
+      store(a.activated, n * f);
       T* out = layer_output(l);
-      linear_forward(a.activated, param(o.down_weight), param(o.down_bias), n, f, w, out, nt);
+      linear_forward(a.activated, operand(o.down_weight), param(o.down_bias), n, f, w, out, nt);
       residual_forward(a.mid, out, n, w, nt);
     }
     layer_norm_forward(act_.stream_out, param(layout_.final_weight), param(layout_.final_bias), n, w, act_.final_out,
                        act_.final_mean, act_.final_rstd, nt);
-    gemm<T>(Trans::no, Trans::yes, n, kVocabulary, w, T(1), act_.final_out, w, param(layout_.embedding), w, T(0),
+    store(act_.final_out, n * w);
+    gemm<T>(Trans::no, Trans::yes, n, kVocabulary, w, T(1), act_.final_out, w, operand(layout_.embedding), w, T(0),
             act_.logits, kVocabulary);
   }
 
@@ -325,9 +368,10 @@ class ModelImpl {
     auto zero = [](T* p, int64_t size) { std::fill_n(p, size, T(0)); };
     zero(act_.d_logits, n * v);
     cross_entropy_backward(act_.logits, targets, act_.row_weight, n, v, act_.d_logits, nt);
+    store(act_.d_logits, n * v);
     // Tied head: logits = final_out E^T.
     gemm<T>(Trans::yes, Trans::no, v, w, n, T(1), act_.d_logits, v, act_.final_out, w, T(1), grad(layout_.embedding), w);
-    gemm<T>(Trans::no, Trans::no, n, w, v, T(1), act_.d_logits, v, param(layout_.embedding), w, T(0), act_.d_norm, w);
+    gemm<T>(Trans::no, Trans::no, n, w, v, T(1), act_.d_logits, v, operand(layout_.embedding), w, T(0), act_.d_norm, w);
     T* dx = act_.d_stream;  // gradient of the stream at the current depth
     zero(dx, n * w);
     layer_norm_backward(act_.d_norm, act_.stream_out, param(layout_.final_weight), act_.final_mean, act_.final_rstd, n,
@@ -339,12 +383,13 @@ class ModelImpl {
       zero(act_.d_mid, n * w);
       residual_backward(dx, act_.d_mid, n, w, nt);
       zero(act_.d_activated, n * f);
-      linear_backward(dx, a.activated, param(o.down_weight), n, f, w, act_.d_activated, grad(o.down_weight),
-                      grad(o.down_bias));
+      linear_backward(stored_copy(dx, act_.d_branch, n * w), a.activated, operand(o.down_weight), n, f, w,
+                      act_.d_activated, grad(o.down_weight), grad(o.down_bias));
       zero(act_.d_hidden, n * f);
       gelu_backward(a.hidden, act_.d_activated, act_.d_hidden, n, f, nt);
+      store(act_.d_hidden, n * f);
       zero(act_.d_norm, n * w);
-      linear_backward(act_.d_hidden, a.ln2_out, param(o.up_weight), n, w, f, act_.d_norm, grad(o.up_weight),
+      linear_backward(act_.d_hidden, a.ln2_out, operand(o.up_weight), n, w, f, act_.d_norm, grad(o.up_weight),
                       grad(o.up_bias));
       layer_norm_backward(act_.d_norm, a.mid, param(o.ln2_weight), a.ln2_mean, a.ln2_rstd, n, w, act_.d_mid,
                           grad(o.ln2_weight), grad(o.ln2_bias), nt);
@@ -352,14 +397,16 @@ class ModelImpl {
       zero(dx, n * w);
       residual_backward(act_.d_mid, dx, n, w, nt);
       zero(act_.d_attn, n * w);
-      linear_backward(act_.d_mid, a.attn, param(o.out_weight), n, w, w, act_.d_attn, grad(o.out_weight),
-                      grad(o.out_bias));
+      linear_backward(stored_copy(act_.d_mid, act_.d_branch, n * w), a.attn, operand(o.out_weight), n, w, w,
+                      act_.d_attn, grad(o.out_weight), grad(o.out_bias));
+      store(act_.d_attn, n * w);
       zero(act_.d_qkv, 3 * n * w);
       attention_layer_backward(attention_args(l), act_.d_attn, act_.d_qkv, act_.d_keys, act_.d_values,
                                position_grads(o));
       clamp_kerple_grads(o);
+      store(act_.d_qkv, 3 * n * w);
       zero(act_.d_norm, n * w);
-      linear_backward(act_.d_qkv, a.ln1_out, param(o.qkv_weight), n, w, 3 * w, act_.d_norm, grad(o.qkv_weight),
+      linear_backward(act_.d_qkv, a.ln1_out, operand(o.qkv_weight), n, w, 3 * w, act_.d_norm, grad(o.qkv_weight),
                       grad(o.qkv_bias));
       layer_norm_backward(act_.d_norm, a.input, param(o.ln1_weight), a.ln1_mean, a.ln1_rstd, n, w, dx,
                           grad(o.ln1_weight), grad(o.ln1_bias), nt);
@@ -381,6 +428,9 @@ class ModelImpl {
     }
     copy_current_keys(a.qkv, shape_, 1, a.keys);
     copy_current_keys(a.qkv, shape_, 2, a.values);
+    // A cache filled by a float32 call holds float32 keys.
+    store(a.keys, bh * keys);
+    store(a.values, bh * keys);
   }
 
   // Appends this call's keys and values, keeping the most recent `capacity`
@@ -413,6 +463,7 @@ class ModelImpl {
   ModelConfig config_;
   ParameterLayout layout_;
   std::vector<T> params_, grads_, buffer_;
+  std::vector<T> operands_;  // bfloat16: params_ rounded, as GEMMs and the attention read them
   // KERPLE's r1, r2 of every layer as the attention sees them (clamped).
   mutable std::vector<T> kerple_clamped_ = std::vector<T>(2 * int64_t(config_.layers) * config_.heads);
   Activations<T> act_;

@@ -1,6 +1,7 @@
 #include "relpos/train/checkpoint.hpp"
 
 #include "relpos/train/files.hpp"
+#include "relpos/train/trainer.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -199,6 +200,7 @@ nn::Model model_from_checkpoint(const Checkpoint& c) {
     throw std::runtime_error("checkpoint holds " + std::to_string(c.parameters.size()) +
                              " parameters, its model configuration needs " + std::to_string(model.parameters().size()));
   std::copy(c.parameters.begin(), c.parameters.end(), model.parameters().begin());
+  model.precision = TrainConfig::from_text(c.train_config).precision;
   return model;
 }
 

@@ -39,6 +39,14 @@ T parse_number(const std::string& key, const std::string& value) {
   return v;
 }
 
+nn::Precision parse_precision_value(const std::string& value) {
+  try {
+    return nn::parse_precision(value);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("training config: ") + e.what());
+  }
+}
+
 }  // namespace
 
 void TrainConfig::validate() const {
@@ -61,7 +69,8 @@ std::string TrainConfig::to_text() const {
   o << "steps=" << steps << "\nbatch=" << batch << "\nlr=" << number_text(lr)
     << "\nmin_lr_ratio=" << number_text(min_lr_ratio) << "\nwarmup=" << warmup
     << "\nweight_decay=" << number_text(weight_decay) << "\nbeta1=" << number_text(beta1)
-    << "\nbeta2=" << number_text(beta2) << "\nclip=" << number_text(clip) << "\nseed=" << seed << "\n";
+    << "\nbeta2=" << number_text(beta2) << "\nclip=" << number_text(clip) << "\nseed=" << seed
+    << "\nprecision=" << nn::to_string(precision) << "\n";
   return o.str();
 }
 
@@ -78,6 +87,7 @@ TrainConfig TrainConfig::from_text(const std::string& text) {
     else if (key == "beta2") c.beta2 = parse_number<double>(key, value);
     else if (key == "clip") c.clip = parse_number<double>(key, value);
     else if (key == "seed") c.seed = parse_number<uint64_t>(key, value);
+    else if (key == "precision") c.precision = parse_precision_value(value);
     else throw std::invalid_argument("training config: unknown key '" + key + "'");
   }
   c.validate();
@@ -110,6 +120,7 @@ Trainer::Trainer(const nn::ModelConfig& model, const TrainConfig& config, std::s
                                                      : BatchSampler::Layout::random),
       tokens_(size_t(config.batch) * size_t(model.context + 1)) {
   if (uses_memory()) memory_ = model_.make_cache(int(config_.batch), memory_capacity());
+  model_.precision = config_.precision;
 }
 
 int Trainer::memory_capacity() const {

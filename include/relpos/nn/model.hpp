@@ -59,6 +59,15 @@ PositionKind parse_position_kind(const std::string& name);  // throws std::inval
 std::vector<PositionKind> all_position_kinds();             // every kind, in enum order
 std::string position_kind_names();                          // "none, sinusoidal, ...": every kind's name
 
+// The arithmetic of a model's forward and backward. bfloat16 is mixed
+// precision: the tensors that GEMMs and the attention read (weights, their
+// input activations, q/k/v and the gradients flowing into them) are rounded
+// to bfloat16; accumulation, the residual stream, LayerNorm, the loss, the
+// parameters and their gradients stay float32.
+enum class Precision { float32, bfloat16 };
+const char* to_string(Precision precision);
+Precision parse_precision(const std::string& name);  // "float32", "bfloat16" or "bf16"; throws std::invalid_argument
+
 struct ModelConfig {
   int layers = 2;
   int width = 128;  // model dimension; heads * head_dim
@@ -136,6 +145,8 @@ class Model {
   // OpenMP threads for GEMMs (set for the duration of a call), attention and
   // the elementwise layers; 0 = omp_get_max_threads().
   int num_threads = 0;
+  // The arithmetic of every call (see Precision); parameters stay float32.
+  Precision precision = Precision::float32;
 
  private:
   struct Impl;

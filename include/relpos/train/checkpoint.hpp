@@ -49,7 +49,8 @@ void save_checkpoint(const std::string& path, const Checkpoint& checkpoint);
 // mismatch, malformed payload.
 Checkpoint load_checkpoint(const std::string& path);
 
-// A model with the configuration and parameters of a checkpoint (for eval and sample).
+// A model with the configuration and parameters of a checkpoint (for eval and
+// sample), computing in the precision it was trained in.
 nn::Model model_from_checkpoint(const Checkpoint& checkpoint);
 
 }  // namespace relpos::train

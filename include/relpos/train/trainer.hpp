@@ -26,6 +26,9 @@ struct TrainConfig {
   double beta1 = 0.9, beta2 = 0.99;
   double clip = 1.0;  // global gradient-norm limit; 0 = no clipping
   uint64_t seed = 1;  // batch sampling (the model's initialisation has its own seed)
+  // Mixed precision (nn::Precision); parameters, optimizer state and
+  // checkpoints stay float32. Part of the run: a resume must ask for the same.
+  nn::Precision precision = nn::Precision::float32;
 
   void validate() const;        // throws std::invalid_argument naming the field
   std::string to_text() const;  // "key=value" lines; round-trips through from_text
