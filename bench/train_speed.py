@@ -8,10 +8,13 @@ The PyTorch model is written here the way PyTorch users write it: SDPA with
 is_causal for none / sinusoidal / learned / RoPE, SDPA with a materialised
 float bias for ALiBi and T5, and materialised relative embeddings for Shaw
 (as OpenNMT-py does). Reported: training tokens per second of each and their
-ratio (relpos over PyTorch, > 1: relpos faster).
+ratio (relpos over PyTorch, > 1: relpos faster). With --dtypes bf16 both train
+in bfloat16 mixed precision: relpos with --dtype bf16, PyTorch under
+torch.autocast("cpu", torch.bfloat16), the way PyTorch users ask for it.
 
     .venv/bin/python bench/train_speed.py                      # every scheme, defaults
     .venv/bin/python bench/train_speed.py --positions alibi --steps 300 --threads 1
+    .venv/bin/python bench/train_speed.py --dtypes float32,bf16   # both, side by side
 """
 
 from __future__ import annotations
@@ -166,8 +169,9 @@ def torch_tokens_per_second(a, data: torch.Tensor) -> float:
             start = time.perf_counter()
         offsets = torch.randint(0, len(data) - a.length - 1, (a.batch,), generator=gen)
         rows = torch.stack([data[o:o + a.length + 1] for o in offsets.tolist()]).long()
-        logits = model(rows[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, 256), rows[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
+            logits = model(rows[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, 256), rows[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
@@ -183,7 +187,7 @@ def relpos_tokens_per_second(a, relpos_cli: str, workdir: str) -> float:
            "--t5-buckets", str(a.t5_buckets), "--t5-max-distance", str(a.t5_max_distance),
            "--steps", str(a.steps), "--batch", str(a.batch), "--lr", str(a.lr), "--warmup", str(a.warmup),
            "--min-lr-ratio", str(a.min_lr_ratio), "--weight-decay", str(a.weight_decay), "--clip", str(a.clip),
-           "--seed", str(a.seed), "--threads", str(a.threads), "--eval-bytes", "4096",
+           "--seed", str(a.seed), "--threads", str(a.threads), "--eval-bytes", "4096", "--dtype", a.dtype,
            "--checkpoint", os.path.join(workdir, f"{a.position}.ckpt"), "--json", out]
     if a.data:
         cmd += ["--data", a.data]
@@ -202,6 +206,7 @@ def main():
         ap.add_argument("--" + name, type=int, default=default)
     for name, default in [("lr", 3e-3), ("min-lr-ratio", 0.1), ("weight-decay", 0.1), ("clip", 1.0)]:
         ap.add_argument("--" + name, type=float, default=default)
+    ap.add_argument("--dtypes", default="float32", help="comma-separated: float32, bf16 (mixed precision)")
     ap.add_argument("--relpos", default=shutil.which("relpos") or str(ROOT / ".venv/bin/relpos"),
                     help="the relpos command (default: the one on PATH or in .venv)")
     ap.add_argument("--json", default=str(ROOT / "results/train_speed.json"), help="where to write the results")
@@ -210,6 +215,9 @@ def main():
     unknown = [p for p in positions if p not in SCHEMES]
     if unknown:
         ap.error(f"--positions: unknown scheme(s) {unknown}; choose from {SCHEMES}")
+    dtypes = a.dtypes.split(",")
+    if any(d not in ("float32", "bf16") for d in dtypes):
+        ap.error(f"--dtypes: expected float32 and/or bf16, got {a.dtypes}")
     if a.width % a.heads:
         ap.error(f"--width {a.width} must be a multiple of --heads {a.heads}")
     if not os.access(a.relpos, os.X_OK):
@@ -220,17 +228,18 @@ def main():
 
     print(f"training tokens/s, layers={a.layers} width={a.width} heads={a.heads} ffn={a.ffn} length={a.length} "
           f"batch={a.batch} steps={a.steps} threads={a.threads}, torch {torch.__version__}")
-    print(f"{'scheme':<12}{'relpos tok/s':>14}{'torch tok/s':>14}{'relpos/torch':>14}")
+    print(f"{'scheme':<12}{'dtype':>8}{'relpos tok/s':>14}{'torch tok/s':>14}{'relpos/torch':>14}")
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
         for position in positions:
-            a.position = position
-            ours = relpos_tokens_per_second(a, a.relpos, workdir)
-            theirs = torch_tokens_per_second(a, data)
-            rows.append({"position": position, "relpos_tokens_per_s": ours, "torch_tokens_per_s": theirs,
-                         "ratio": ours / theirs})
-            print(f"{position:<12}{ours:>14.0f}{theirs:>14.0f}{ours / theirs:>13.2f}x", flush=True)
-    settings = {k: v for k, v in vars(a).items() if k not in ("position", "json", "relpos")}
+            for dtype in dtypes:
+                a.position, a.dtype = position, dtype
+                ours = relpos_tokens_per_second(a, a.relpos, workdir)
+                theirs = torch_tokens_per_second(a, data)
+                rows.append({"position": position, "dtype": dtype, "relpos_tokens_per_s": ours,
+                             "torch_tokens_per_s": theirs, "ratio": ours / theirs})
+                print(f"{position:<12}{dtype:>8}{ours:>14.0f}{theirs:>14.0f}{ours / theirs:>13.2f}x", flush=True)
+    settings = {k: v for k, v in vars(a).items() if k not in ("position", "dtype", "json", "relpos")}
     path = pathlib.Path(a.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

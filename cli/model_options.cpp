@@ -93,6 +93,10 @@ train::TrainConfig TrainOptions::config() const {
   c.seed = uint64_t(seed);
   try {
     c.precision = nn::parse_precision(dtype);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError{std::string("--dtype: ") + e.what()};
+  }
+  try {
     c.validate();
   } catch (const std::invalid_argument& e) {
     throw UsageError{e.what()};

@@ -40,6 +40,7 @@ def data(tmp_path):
     (["check", "--tolerance", "-1"], "--tolerance"),
     (["check", "--tolerance", "nan"], "--tolerance"),
     (["check", "--dtype", "float8"], "--dtype"),
+    (["train", "--dtype", "fp16"], "--dtype"),
     (["bench", "attention", "--dtype", "int8"], "--dtype"),
     (["bench", "memory", "--budget-gb", "-1"], "--budget-gb"),
     (["bench", "memory", "--budget-gb", "nan"], "--budget-gb"),
@@ -113,6 +114,17 @@ def test_resume_takes_the_options_from_the_checkpoint_and_extends_a_finished_run
     assert r.returncode == 2 and "width: 32 in the checkpoint, 64 requested" in r.stderr
     r = run("train", "--checkpoint", ckpt, "--resume", "--steps", "5")
     assert r.returncode == 2 and "8 steps already" in r.stderr
+
+
+def test_bf16_training_is_recorded_and_its_checkpoint_evaluates_in_bf16(data, tmp_path):
+    ckpt, out = tmp_path / "bf16.ckpt", tmp_path / "train.json"
+    r = run("train", "--data", data, *TINY, "--steps", "4", "--dtype", "bf16", "--checkpoint", ckpt, "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert "bfloat16" in r.stderr and json.loads(out.read_text())["dtype"] == "bfloat16"
+    r = run("eval", "--checkpoint", ckpt, "--multiples", "1", "--max-bytes", "2000")
+    assert r.returncode == 0 and "in bfloat16" in r.stdout, r.stderr
+    r = run("train", "--checkpoint", ckpt, "--resume", "--steps", "6", "--dtype", "float32")
+    assert r.returncode == 1 and "precision: bfloat16 in the checkpoint, float32 requested" in r.stderr
 
 
 def test_sigint_writes_the_checkpoint_and_json_and_a_resume_finishes(data, tmp_path):
