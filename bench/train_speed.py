@@ -181,14 +181,14 @@ def torch_tokens_per_second(a, data: torch.Tensor) -> float:
 
 
 def relpos_tokens_per_second(a, relpos_cli: str, workdir: str) -> float:
-    out = os.path.join(workdir, f"{a.position}.json")
+    out = os.path.join(workdir, f"{a.position}_{a.dtype}.json")
     cmd = [relpos_cli, "train", "--position", a.position, "--length", str(a.length), "--layers", str(a.layers),
            "--width", str(a.width), "--heads", str(a.heads), "--ffn", str(a.ffn), "--shaw-k", str(a.shaw_k),
            "--t5-buckets", str(a.t5_buckets), "--t5-max-distance", str(a.t5_max_distance),
            "--steps", str(a.steps), "--batch", str(a.batch), "--lr", str(a.lr), "--warmup", str(a.warmup),
            "--min-lr-ratio", str(a.min_lr_ratio), "--weight-decay", str(a.weight_decay), "--clip", str(a.clip),
            "--seed", str(a.seed), "--threads", str(a.threads), "--eval-bytes", "4096", "--dtype", a.dtype,
-           "--checkpoint", os.path.join(workdir, f"{a.position}.ckpt"), "--json", out]
+           "--checkpoint", os.path.join(workdir, f"{a.position}_{a.dtype}.ckpt"), "--json", out]
     if a.data:
         cmd += ["--data", a.data]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -114,7 +114,7 @@ void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
     decltype(hn::Zero(d)) cdf, pdf;
     NormalCdfPdf(d, v, cdf, pdf);
     const auto grad = hn::Mul(hn::LoadU(d, dy + i), hn::Add(cdf, hn::Mul(v, pdf)));
-    hn::StoreU(hn::Add(hn::LoadU(d, dx + i), grad), d, dx + i);
+    hn::StoreU(grad, d, dx + i);
   });
 }
 

@@ -35,7 +35,7 @@ void scale(float* y, float alpha, int64_t n);
 float sum_of(const float* x, int64_t n);
 void softmax_grad(const float* p, float* ds, float D, int64_t n);
 void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n);
-// y = gelu(x), the erf form; dx += dy * gelu'(x).
+// y = gelu(x), the erf form; dx = dy * gelu'(x).
 void gelu_forward(const float* x, float* y, int64_t n);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
 

@@ -21,7 +21,7 @@ struct Activations {
   std::vector<LayerActivations<T>> layers;
   T *stream_out, *final_out, *final_mean, *final_rstd, *logits, *row_weight;
   // Backward scratch.
-  T *d_stream, *d_mid, *d_norm, *d_attn, *d_qkv, *d_keys, *d_values, *d_hidden, *d_activated, *d_logits;
+  T *d_stream, *d_norm, *d_attn, *d_qkv, *d_keys, *d_values, *d_hidden, *d_activated, *d_logits;
   T* d_branch;  // bfloat16: a branch's output gradient rounded (the stream's stays float32)
   std::vector<int32_t> tokens, positions;  // embedding rows of the inputs and of their absolute positions
 
@@ -48,7 +48,7 @@ struct Activations {
     take(stream_out, n * w), take(final_out, n * w), take(final_mean, n), take(final_rstd, n);
     take(logits, n * vocabulary), take(row_weight, n);
     const int64_t d_key_rows = backward ? key_rows : 0;
-    take(d_stream, nb * w), take(d_mid, nb * w), take(d_norm, nb * w), take(d_attn, nb * w), take(d_qkv, 3 * nb * w);
+    take(d_stream, nb * w), take(d_norm, nb * w), take(d_attn, nb * w), take(d_qkv, 3 * nb * w);
     take(d_keys, d_key_rows), take(d_values, d_key_rows), take(d_hidden, nb * ffn), take(d_activated, nb * ffn);
     take(d_logits, nb * vocabulary), take(d_branch, rounded_branches ? nb * w : 0);
     int64_t total = 0;

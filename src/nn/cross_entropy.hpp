@@ -29,20 +29,21 @@ double cross_entropy_forward(const T* logits, const uint8_t* targets, const T* w
   return total;
 }
 
-// Adds dlogits (n, classes) += weight[r] * (softmax(logits_r) - onehot(target_r)).
+// Writes dlogits (n, classes) = weight[r] * (softmax(logits_r) - onehot(target_r)).
 template <class T>
 void cross_entropy_backward(const T* logits, const uint8_t* targets, const T* weight, int64_t n, int64_t classes,
                             T* dlogits, int threads) {
   for_each_row(threads, n, 4 * classes, [&](int64_t r) {
-    if (weight[r] == T(0)) return;
-    thread_local std::vector<T> scratch;
-    scratch.resize(classes);
+    T* d = dlogits + r * classes;
+    if (weight[r] == T(0)) {
+      std::fill_n(d, classes, T(0));
+      return;
+    }
     const T* row = logits + r * classes;
     const T top = max_of(row, classes, -std::numeric_limits<T>::infinity());
-    const T scale = weight[r] / exp_shifted_sum(row, top, scratch.data(), classes);
-    T* d = dlogits + r * classes;
+    const T scale = weight[r] / exp_shifted_sum(row, top, d, classes);
 #pragma omp simd
-    for (int64_t c = 0; c < classes; ++c) d[c] += scale * scratch[c];
+    for (int64_t c = 0; c < classes; ++c) d[c] *= scale;
     d[targets[r]] -= weight[r];
   });
 }

@@ -50,7 +50,7 @@ void gelu_forward(const T* x, T* y, int64_t rows, int64_t row, int threads) {
   });
 }
 
-// dy (rows, row); adds dx += dy * (Phi(x) + x * phi(x)).
+// dy (rows, row); writes dx = dy * (Phi(x) + x * phi(x)).
 template <class T>
 void gelu_backward(const T* x, const T* dy, T* dx, int64_t rows, int64_t row, int threads) {
   for_each_row(threads, rows, 20 * row, [&](int64_t r) {
@@ -62,7 +62,7 @@ void gelu_backward(const T* x, const T* dy, T* dx, int64_t rows, int64_t row, in
     for (int64_t c = 0; c < row; ++c) {
       T cdf, pdf;
       normal_cdf_pdf(xr[c], cdf, pdf);
-      dxr[c] += dyr[c] * (cdf + xr[c] * pdf);
+      dxr[c] = dyr[c] * (cdf + xr[c] * pdf);
     }
   });
 }

@@ -20,12 +20,12 @@ void linear_forward(const T* x, const T* weight, const T* bias, int64_t n, int64
   });
 }
 
-// dy (n, out); adds dx (n, in) += dy W, dweight (out, in) += dy^T x,
-// dbias (out) += column sums of dy.
+// dy (n, out); writes dx (n, in) = dy W, adds dweight (out, in) += dy^T x
+// and dbias (out) += column sums of dy (parameter gradients accumulate).
 template <class T>
 void linear_backward(const T* dy, const T* x, const T* weight, int64_t n, int64_t in, int64_t out, T* dx,
                      T* dweight, T* dbias) {
-  gemm<T>(Trans::no, Trans::no, n, in, out, T(1), dy, out, weight, in, T(1), dx, in);
+  gemm<T>(Trans::no, Trans::no, n, in, out, T(1), dy, out, weight, in, T(0), dx, in);
   gemm<T>(Trans::yes, Trans::no, out, in, n, T(1), dy, out, x, in, T(1), dweight, in);
   for (int64_t r = 0; r < n; ++r) {
     const T* dr = dy + r * out;

@@ -365,47 +365,39 @@ class ModelImpl {
   void backward_pass(const uint8_t* targets) {
     const int64_t n = shape_.batch * shape_.length, w = config_.width, f = config_.ffn, nt = threads();
     const int64_t v = kVocabulary;
-    auto zero = [](T* p, int64_t size) { std::fill_n(p, size, T(0)); };
-    zero(act_.d_logits, n * v);
     cross_entropy_backward(act_.logits, targets, act_.row_weight, n, v, act_.d_logits, nt);
     store(act_.d_logits, n * v);
     // Tied head: logits = final_out E^T.
     gemm<T>(Trans::yes, Trans::no, v, w, n, T(1), act_.d_logits, v, act_.final_out, w, T(1), grad(layout_.embedding), w);
     gemm<T>(Trans::no, Trans::no, n, w, v, T(1), act_.d_logits, v, operand(layout_.embedding), w, T(0), act_.d_norm, w);
-    T* dx = act_.d_stream;  // gradient of the stream at the current depth
-    zero(dx, n * w);
+    // The gradient of the residual stream, one buffer for every depth: each
+    // block's branches read it as their output's gradient, then their
+    // LayerNorms add their input's gradient into it (the skip connection's 1).
+    T* dx = act_.d_stream;
+    std::fill_n(dx, n * w, T(0));
     layer_norm_backward(act_.d_norm, act_.stream_out, param(layout_.final_weight), act_.final_mean, act_.final_rstd, n,
                         w, dx, grad(layout_.final_weight), grad(layout_.final_bias), nt);
     for (int l = config_.layers - 1; l >= 0; --l) {
       const LayerOffsets& o = layout_.layers[l];
       const LayerActivations<T>& a = act_.layers[l];
       // Feed-forward branch; dx is d(output of block l).
-      zero(act_.d_mid, n * w);
-      residual_backward(dx, act_.d_mid, n, w, nt);
-      zero(act_.d_activated, n * f);
       linear_backward(stored_copy(dx, act_.d_branch, n * w), a.activated, operand(o.down_weight), n, f, w,
                       act_.d_activated, grad(o.down_weight), grad(o.down_bias));
-      zero(act_.d_hidden, n * f);
       gelu_backward(a.hidden, act_.d_activated, act_.d_hidden, n, f, nt);
       store(act_.d_hidden, n * f);
-      zero(act_.d_norm, n * w);
       linear_backward(act_.d_hidden, a.ln2_out, operand(o.up_weight), n, w, f, act_.d_norm, grad(o.up_weight),
                       grad(o.up_bias));
-      layer_norm_backward(act_.d_norm, a.mid, param(o.ln2_weight), a.ln2_mean, a.ln2_rstd, n, w, act_.d_mid,
+      layer_norm_backward(act_.d_norm, a.mid, param(o.ln2_weight), a.ln2_mean, a.ln2_rstd, n, w, dx,
                           grad(o.ln2_weight), grad(o.ln2_bias), nt);
-      // Attention branch; d_mid is d(mid).
-      zero(dx, n * w);
-      residual_backward(act_.d_mid, dx, n, w, nt);
-      zero(act_.d_attn, n * w);
-      linear_backward(stored_copy(act_.d_mid, act_.d_branch, n * w), a.attn, operand(o.out_weight), n, w, w,
-                      act_.d_attn, grad(o.out_weight), grad(o.out_bias));
+      // Attention branch; dx is now d(mid).
+      linear_backward(stored_copy(dx, act_.d_branch, n * w), a.attn, operand(o.out_weight), n, w, w, act_.d_attn,
+                      grad(o.out_weight), grad(o.out_bias));
       store(act_.d_attn, n * w);
-      zero(act_.d_qkv, 3 * n * w);
+      std::fill_n(act_.d_qkv, 3 * n * w, T(0));  // the attention adds its gradients
       attention_layer_backward(attention_args(l), act_.d_attn, act_.d_qkv, act_.d_keys, act_.d_values,
                                position_grads(o));
       clamp_kerple_grads(o);
       store(act_.d_qkv, 3 * n * w);
-      zero(act_.d_norm, n * w);
       linear_backward(act_.d_qkv, a.ln1_out, operand(o.qkv_weight), n, w, 3 * w, act_.d_norm, grad(o.qkv_weight),
                       grad(o.qkv_bias));
       layer_norm_backward(act_.d_norm, a.input, param(o.ln1_weight), a.ln1_mean, a.ln1_rstd, n, w, dx,

@@ -26,7 +26,7 @@ AdamW::AdamW(const std::vector<nn::ParameterInfo>& table, int64_t size, AdamWCon
   }
 }
 
-void AdamW::step(std::span<float> parameters, std::span<const float> gradients, double lr) {
+void AdamW::step(std::span<float> parameters, std::span<const float> gradients, double lr, float gradient_scale) {
   if (parameters.size() != m.size() || gradients.size() != m.size())
     throw std::invalid_argument("AdamW::step: buffers of " + std::to_string(parameters.size()) + " / " +
                                 std::to_string(gradients.size()) + " floats, expected " + std::to_string(m.size()));
@@ -45,8 +45,9 @@ void AdamW::step(std::span<float> parameters, std::span<const float> gradients, 
 #pragma omp parallel for num_threads(threads_or_all(num_threads)) schedule(static) if (n > 32768)
   for (int64_t i = 0; i < n; ++i) {
     if (d[i]) p[i] *= decay;
-    mm[i] = b1 * mm[i] + (1 - b1) * g[i];
-    vv[i] = b2 * vv[i] + (1 - b2) * g[i] * g[i];
+    const float gi = g[i] * gradient_scale;
+    mm[i] = b1 * mm[i] + (1 - b1) * gi;
+    vv[i] = b2 * vv[i] + (1 - b2) * gi * gi;
     p[i] -= step_size * mm[i] / (std::sqrt(vv[i]) * v_correction + eps);
   }
 }
@@ -59,11 +60,11 @@ double learning_rate(int64_t step, int64_t warmup, int64_t total, double peak, d
   return peak * (min_ratio + (1 - min_ratio) * 0.5 * (1 + std::cos(std::numbers::pi * progress)));
 }
 
-double clip_gradient_norm(std::span<float> gradients, double max_norm, int num_threads) {
+double gradient_norm(std::span<const float> gradients, int num_threads) {
   constexpr int64_t kBlock = 4096;
   const int64_t n = int64_t(gradients.size()), blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> partial(size_t(blocks), 0.0);
-  float* g = gradients.data();
+  const float* g = gradients.data();
 #pragma omp parallel for num_threads(threads_or_all(num_threads)) schedule(static) if (blocks > 8)
   for (int64_t b = 0; b < blocks; ++b) {
     double s = 0;
@@ -72,13 +73,11 @@ double clip_gradient_norm(std::span<float> gradients, double max_norm, int num_t
   }
   double total = 0;
   for (double s : partial) total += s;
-  const double norm = std::sqrt(total);
-  if (max_norm > 0 && norm > max_norm) {
-    const float scale = float(max_norm / (norm + 1e-6));
-#pragma omp parallel for num_threads(threads_or_all(num_threads)) schedule(static) if (n > 32768)
-    for (int64_t i = 0; i < n; ++i) g[i] *= scale;
-  }
-  return norm;
+  return std::sqrt(total);
+}
+
+float clip_factor(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? float(max_norm / (norm + 1e-6)) : 1.0f;
 }
 
 }  // namespace relpos::train

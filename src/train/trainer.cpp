@@ -145,8 +145,8 @@ float Trainer::step() {
   const float loss = model_.forward_backward(tokens_, int(config_.batch), length(), uses_memory() ? &memory_ : nullptr);
   if (!std::isfinite(loss))
     throw std::runtime_error("the loss is not finite at step " + std::to_string(step_ + 1) + " (try a lower --lr)");
-  last_grad_norm_ = clip_gradient_norm(model_.gradients(), config_.clip, model_.num_threads);
-  optimizer_.step(model_.parameters(), model_.gradients(), last_lr_);
+  last_grad_norm_ = gradient_norm(model_.gradients(), model_.num_threads);
+  optimizer_.step(model_.parameters(), model_.gradients(), last_lr_, clip_factor(last_grad_norm_, config_.clip));
   ++step_;
   return loss;
 }

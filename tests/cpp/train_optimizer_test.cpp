@@ -103,27 +103,38 @@ TEST(TrainOptimizer, ScheduleWarmsUpLinearlyThenDecaysByCosine) {
 }
 
 TEST(TrainOptimizer, ClippingScalesToTheLimitAndReportsTheNorm) {
-  std::vector<float> g = {3.f, 4.f, 0.f, -12.f};  // norm 13
-  EXPECT_NEAR(clip_gradient_norm(g, 6.5), 13.0, 1e-12);
-  EXPECT_NEAR(g[0], 1.5, 1e-6);
-  EXPECT_NEAR(g[1], 2.0, 1e-6);
-  EXPECT_NEAR(g[3], -6.0, 1e-6);
-  std::vector<float> small = {0.3f, 0.4f};
-  EXPECT_NEAR(clip_gradient_norm(small, 1.0), 0.5, 1e-7);
-  EXPECT_EQ(small, (std::vector<float>{0.3f, 0.4f}));  // below the limit: unchanged
-  std::vector<float> off = {30.f, 40.f};
-  EXPECT_NEAR(clip_gradient_norm(off, 0.0), 50.0, 1e-12);
-  EXPECT_EQ(off, (std::vector<float>{30.f, 40.f}));  // limit 0: no clipping
+  const std::vector<float> g = {3.f, 4.f, 0.f, -12.f};  // norm 13
+  EXPECT_NEAR(gradient_norm(g), 13.0, 1e-12);
+  EXPECT_NEAR(clip_factor(13.0, 6.5), 0.5, 1e-7);
+  EXPECT_EQ(clip_factor(0.5, 1.0), 1.0f);   // below the limit: unchanged
+  EXPECT_EQ(clip_factor(50.0, 0.0), 1.0f);  // limit 0: no clipping
 }
 
-TEST(TrainOptimizer, ClippingNormDoesNotDependOnThreads) {
-  auto g1 = random_floats(300001, 9), g2 = g1;
+// Clipping inside the step is the step on gradients clipped beforehand, bit for bit.
+TEST(TrainOptimizer, StepWithAGradientScaleEqualsTheStepOnScaledGradients) {
+  const std::vector<ParameterInfo> table = {{"w", 0, 5000, {50, 100}, true}, {"b", 5000, 1001, {1001}, false}};
+  const std::vector<float> g = random_floats(6001, 12), start = random_floats(6001, 13);
+  const float scale = clip_factor(gradient_norm(g), 0.25);
+  ASSERT_LT(scale, 1.0f);
+  std::vector<float> scaled = g, p1 = start, p2 = start;
+  for (float& x : scaled) x *= scale;
+  AdamW folded(table, 6001), separate(table, 6001);
+  for (int s = 0; s < 3; ++s) {
+    folded.step(p1, g, 1e-2, scale);
+    separate.step(p2, scaled, 1e-2);
+  }
+  EXPECT_EQ(p1, p2);
+  EXPECT_EQ(folded.m, separate.m);
+  EXPECT_EQ(folded.v, separate.v);
+}
+
+TEST(TrainOptimizer, GradientNormDoesNotDependOnThreads) {
+  const auto g = random_floats(300001, 9);
   double reference = 0;
-  for (float x : g1) reference += double(x) * x;
-  const double n1 = clip_gradient_norm(g1, 1.0, 1), n2 = clip_gradient_norm(g2, 1.0, 2);
+  for (float x : g) reference += double(x) * x;
+  const double n1 = gradient_norm(g, 1), n2 = gradient_norm(g, 2);
   EXPECT_EQ(n1, n2);
   EXPECT_NEAR(n1, std::sqrt(reference), 1e-9 * std::sqrt(reference));
-  EXPECT_EQ(g1, g2);
 }
 
 }  // namespace

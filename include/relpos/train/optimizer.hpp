@@ -20,11 +20,12 @@ struct AdamWConfig {
 //   p -= lr * wd * p                      (decayed slices only, before the moments)
 //   m  = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+// with g = gradient_scale * gradient (clipping folded into the same pass).
 // Element-wise, so the result does not depend on the number of threads.
 class AdamW {
  public:
   AdamW(const std::vector<nn::ParameterInfo>& table, int64_t size, AdamWConfig config = {});
-  void step(std::span<float> parameters, std::span<const float> gradients, double lr);
+  void step(std::span<float> parameters, std::span<const float> gradients, double lr, float gradient_scale = 1.0f);
 
   const std::vector<uint8_t>& decay_mask() const { return decay_; }
   int64_t t = 0;             // steps taken
@@ -41,10 +42,14 @@ class AdamW {
 // step total - 1 (and min_ratio * peak beyond).
 double learning_rate(int64_t step, int64_t warmup, int64_t total, double peak, double min_ratio = 0.1);
 
-// Scales gradients so their global L2 norm is at most max_norm (no change
-// when max_norm <= 0 or the norm is below it). Returns the norm before
-// clipping. The sum of squares is taken over fixed blocks in double and added
-// in block order, so the result does not depend on the number of threads.
-double clip_gradient_norm(std::span<float> gradients, double max_norm, int num_threads = 0);
+// The global L2 norm of the gradients. The sum of squares is taken over fixed
+// blocks in double and added in block order, so the result does not depend on
+// the number of threads.
+double gradient_norm(std::span<const float> gradients, int num_threads = 0);
+
+// The factor that brings a gradient of norm `norm` to at most max_norm
+// (torch.nn.utils.clip_grad_norm_'s max_norm / (norm + 1e-6)); 1 when
+// max_norm <= 0 or the norm is below it. AdamW::step applies it.
+float clip_factor(double norm, double max_norm);
 
 }  // namespace relpos::train
