@@ -158,6 +158,20 @@ void RotatePairs(float* a, float* b, const float* c, const float* s, float sign,
   });
 }
 
+void AdamwUpdate(float* p, const float* g, float* m, float* v, int64_t n, const AdamwStep& s) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const auto gi = hn::Mul(hn::LoadU(d, g + i), hn::Set(d, s.gradient_scale));
+    const auto mi = hn::Add(hn::Mul(hn::Set(d, s.beta1), hn::LoadU(d, m + i)), hn::Mul(hn::Set(d, 1 - s.beta1), gi));
+    const auto vi =
+        hn::Add(hn::Mul(hn::Set(d, s.beta2), hn::LoadU(d, v + i)), hn::Mul(hn::Mul(hn::Set(d, 1 - s.beta2), gi), gi));
+    const auto denominator = hn::Add(hn::Mul(hn::Sqrt(vi), hn::Set(d, s.v_correction)), hn::Set(d, s.eps));
+    const auto decayed = hn::Mul(hn::LoadU(d, p + i), hn::Set(d, s.decay));
+    hn::StoreU(hn::Sub(decayed, hn::Div(hn::Mul(hn::Set(d, s.step_size), mi), denominator)), d, p + i);
+    hn::StoreU(mi, d, m + i);
+    hn::StoreU(vi, d, v + i);
+  });
+}
+
 // bfloat16 / float16 bits to float32 (exact) and back, rounded to nearest
 // even as relpos/half.hpp's scalar conversions round, NaN kept NaN.
 void WidenBf16(const uint16_t* x, float* y, int64_t n) {
@@ -227,6 +241,7 @@ HWY_EXPORT(Scale);
 HWY_EXPORT(SumOf);
 HWY_EXPORT(SoftmaxGrad);
 HWY_EXPORT(RotatePairs);
+HWY_EXPORT(AdamwUpdate);
 HWY_EXPORT(WidenBf16);
 HWY_EXPORT(NarrowBf16);
 HWY_EXPORT(WidenF16);
@@ -308,6 +323,11 @@ void softmax_grad(const float* p, float* ds, float D, int64_t n) {
 void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n) {
   apply_environment();
   HWY_DYNAMIC_DISPATCH(RotatePairs)(a, b, c, s, sign, n);
+}
+
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamwStep& step) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(AdamwUpdate)(p, g, m, v, n, step);
 }
 
 void widen_bf16(const uint16_t* x, float* y, int64_t n) {

@@ -39,6 +39,16 @@ void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign
 void gelu_forward(const float* x, float* y, int64_t n);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
 
+// One AdamW update of n elements (the trainer's optimizer), each lane the
+// scalar expression with the same roundings (no fused multiply-add), so every
+// target gives the same bits:
+//   g' = g * gradient_scale;  m = b1 m + (1 - b1) g';  v = b2 v + ((1 - b2) g') g';
+//   p = p * decay - (step_size m) / (sqrt(v) v_correction + eps).
+struct AdamwStep {
+  float beta1, beta2, step_size, v_correction, eps, decay, gradient_scale;
+};
+void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamwStep& step);
+
 // bfloat16 / float16 bit patterns to float32 (exact) and back, rounded to
 // nearest even as relpos/half.hpp rounds (a NaN stays a NaN; its payload may
 // differ between targets).

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "../backend/simd.hpp"
+
 namespace relpos::train {
 
 namespace {
@@ -24,6 +26,14 @@ AdamW::AdamW(const std::vector<nn::ParameterInfo>& table, int64_t size, AdamWCon
       throw std::invalid_argument("AdamW: parameter '" + p.name + "' lies outside the buffer");
     if (p.weight_decay) std::fill_n(decay_.begin() + p.offset, p.size, uint8_t(1));
   }
+  // Runs of equal decay, cut into pieces small enough to share among threads.
+  constexpr int64_t kPiece = 8192;
+  for (int64_t begin = 0; begin < size;) {
+    int64_t end = begin + 1;
+    while (end < size && end - begin < kPiece && decay_[size_t(end)] == decay_[size_t(begin)]) ++end;
+    pieces_.push_back({begin, end - begin, decay_[size_t(begin)] != 0});
+    begin = end;
+  }
 }
 
 void AdamW::step(std::span<float> parameters, std::span<const float> gradients, double lr, float gradient_scale) {
@@ -31,24 +41,21 @@ void AdamW::step(std::span<float> parameters, std::span<const float> gradients, 
     throw std::invalid_argument("AdamW::step: buffers of " + std::to_string(parameters.size()) + " / " +
                                 std::to_string(gradients.size()) + " floats, expected " + std::to_string(m.size()));
   ++t;
-  const float b1 = float(config_.beta1), b2 = float(config_.beta2);
-  const float step_size = float(lr / (1 - std::pow(config_.beta1, double(t))));
-  const float v_correction = float(1 / std::sqrt(1 - std::pow(config_.beta2, double(t))));
-  const float eps = float(config_.eps);
+  simd::AdamwStep s;
+  s.beta1 = float(config_.beta1), s.beta2 = float(config_.beta2);
+  s.step_size = float(lr / (1 - std::pow(config_.beta1, double(t))));
+  s.v_correction = float(1 / std::sqrt(1 - std::pow(config_.beta2, double(t))));
+  s.eps = float(config_.eps);
+  s.gradient_scale = gradient_scale;
   const float decay = float(1 - lr * config_.weight_decay);
-  float* p = parameters.data();
-  const float* g = gradients.data();
-  float* mm = m.data();
-  float* vv = v.data();
-  const uint8_t* d = decay_.data();
-  const int64_t n = int64_t(m.size());
-#pragma omp parallel for num_threads(threads_or_all(num_threads)) schedule(static) if (n > 32768)
-  for (int64_t i = 0; i < n; ++i) {
-    if (d[i]) p[i] *= decay;
-    const float gi = g[i] * gradient_scale;
-    mm[i] = b1 * mm[i] + (1 - b1) * gi;
-    vv[i] = b2 * vv[i] + (1 - b2) * gi * gi;
-    p[i] -= step_size * mm[i] / (std::sqrt(vv[i]) * v_correction + eps);
+  const int64_t pieces = int64_t(pieces_.size());
+#pragma omp parallel for num_threads(threads_or_all(num_threads)) schedule(static) if (m.size() > 32768)
+  for (int64_t i = 0; i < pieces; ++i) {
+    const Piece& piece = pieces_[size_t(i)];
+    simd::AdamwStep local = s;
+    local.decay = piece.decays ? decay : 1.0f;  // p * 1 is p: no decay
+    const int64_t at = piece.offset;
+    simd::adamw_update(parameters.data() + at, gradients.data() + at, m.data() + at, v.data() + at, piece.size, local);
   }
 }
 

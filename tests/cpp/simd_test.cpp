@@ -70,6 +70,27 @@ void check_row_ops(int64_t n) {
   }
 }
 
+// The AdamW update against its scalar expression, bit for bit on every target
+// (no fused multiply-add: the trainer's results must not depend on the CPU).
+void check_adamw(int64_t n) {
+  const std::vector<float> g = random_row(n, -2.0f, 2.0f, uint64_t(n) + 700);
+  const std::vector<float> p0 = random_row(n, -1.0f, 1.0f, uint64_t(n) + 800);
+  const std::vector<float> m0 = random_row(n, -0.1f, 0.1f, uint64_t(n) + 900);
+  std::vector<float> v0 = random_row(n, 0.0f, 0.01f, uint64_t(n) + 1000);
+  v0[0] = 0.0f;  // a parameter that never had a gradient
+  const relpos::simd::AdamwStep s{0.9f, 0.99f, 3e-3f, 1.7f, 1e-8f, 0.9997f, 0.37f};
+  std::vector<float> p = p0, m = m0, v = v0;
+  relpos::simd::adamw_update(p.data(), g.data(), m.data(), v.data(), n, s);
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i] * s.gradient_scale;
+    const float mi = s.beta1 * m0[i] + (1 - s.beta1) * gi;
+    const float vi = s.beta2 * v0[i] + (1 - s.beta2) * gi * gi;
+    EXPECT_EQ(m[i], mi) << i;
+    EXPECT_EQ(v[i], vi) << i;
+    EXPECT_EQ(p[i], p0[i] * s.decay - s.step_size * mi / (std::sqrt(vi) * s.v_correction + s.eps)) << i;
+  }
+}
+
 template <bool kFused>
 void check_current_target() {
   // Lengths around the vector widths (4, 8, 16 lanes) and a softmax row.
@@ -95,6 +116,7 @@ void check_current_target() {
     EXPECT_EQ(relpos::simd::max_of(x.data(), n, 1e30f), 1e30f);
 
     check_row_ops<kFused>(n);
+    check_adamw(n);
 
     const std::vector<float> g = random_row(n, -9.0f, 9.0f, uint64_t(n) + 100);
     const std::vector<float> dy = random_row(n, -1.0f, 1.0f, uint64_t(n) + 200);

@@ -21,7 +21,8 @@ struct AdamWConfig {
 //   m  = b1 m + (1 - b1) g,   v = b2 v + (1 - b2) g^2
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // with g = gradient_scale * gradient (clipping folded into the same pass).
-// Element-wise, so the result does not depend on the number of threads.
+// Element-wise (vectorised on every SIMD target with the same roundings), so
+// the result depends neither on the number of threads nor on the CPU.
 class AdamW {
  public:
   AdamW(const std::vector<nn::ParameterInfo>& table, int64_t size, AdamWConfig config = {});
@@ -33,8 +34,13 @@ class AdamW {
   int num_threads = 0;       // OpenMP threads; 0 = all
 
  private:
+  struct Piece {
+    int64_t offset, size;
+    bool decays;
+  };
   AdamWConfig config_;
   std::vector<uint8_t> decay_;  // 1 where weight decay applies
+  std::vector<Piece> pieces_;   // the buffer in runs of equal decay, each at most 8192 elements
 };
 
 // Learning rate at `step` (0-based): linear warmup from peak/warmup to peak
