@@ -9,6 +9,7 @@
 #define HWY_COMPILE_ALL_ATTAINABLE
 #endif
 
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
 #include <stdexcept>
@@ -158,6 +159,51 @@ void RotatePairs(float* a, float* b, const float* c, const float* s, float sign,
   });
 }
 
+// The sum over i < n of the lanes of term(d, i): whole vectors first, added
+// lane-wise and then across lanes, then the tail one lane at a time.
+template <class Term>
+float SumOfTerms(int64_t n, Term term) {
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  auto sum = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) sum = hn::Add(sum, term(d, i));
+  float total = hn::GetLane(hn::SumOfLanes(d, sum));
+  for (; i < n; ++i) total += hn::GetLane(term(d1, i));
+  return total;
+}
+
+void LayerNormRow(const float* x, const float* gamma, const float* beta, int64_t n, float eps, float* out,
+                  float* mean, float* rstd) {
+  const float mu = SumOfTerms(n, [&](auto d, int64_t i) { return hn::LoadU(d, x + i); }) / float(n);
+  const float var = SumOfTerms(n, [&](auto d, int64_t i) {
+                      const auto centred = hn::Sub(hn::LoadU(d, x + i), hn::Set(d, mu));
+                      return hn::Mul(centred, centred);
+                    }) / float(n);
+  const float s = 1.0f / std::sqrt(var + eps);
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const auto xhat = hn::Mul(hn::Sub(hn::LoadU(d, x + i), hn::Set(d, mu)), hn::Set(d, s));
+    hn::StoreU(hn::MulAdd(xhat, hn::LoadU(d, gamma + i), hn::LoadU(d, beta + i)), d, out + i);
+  });
+  *mean = mu;
+  *rstd = s;
+}
+
+void LayerNormBackwardRow(const float* dout, const float* x, const float* gamma, float mean, float rstd, int64_t n,
+                          float* dx) {
+  const auto g = [&](auto d, int64_t i) { return hn::Mul(hn::LoadU(d, dout + i), hn::LoadU(d, gamma + i)); };
+  const auto xhat = [&](auto d, int64_t i) {
+    return hn::Mul(hn::Sub(hn::LoadU(d, x + i), hn::Set(d, mean)), hn::Set(d, rstd));
+  };
+  const float mean_g = SumOfTerms(n, g) / float(n);
+  const float mean_gx = SumOfTerms(n, [&](auto d, int64_t i) { return hn::Mul(g(d, i), xhat(d, i)); }) / float(n);
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const auto centred = hn::Sub(hn::Sub(g(d, i), hn::Set(d, mean_g)), hn::Mul(xhat(d, i), hn::Set(d, mean_gx)));
+    hn::StoreU(hn::MulAdd(centred, hn::Set(d, rstd), hn::LoadU(d, dx + i)), d, dx + i);
+  });
+}
+
 void AdamwUpdate(float* p, const float* g, float* m, float* v, int64_t n, const AdamwStep& s) {
   ForEachLane(n, [&](auto d, int64_t i) {
     const auto gi = hn::Mul(hn::LoadU(d, g + i), hn::Set(d, s.gradient_scale));
@@ -241,6 +287,8 @@ HWY_EXPORT(Scale);
 HWY_EXPORT(SumOf);
 HWY_EXPORT(SoftmaxGrad);
 HWY_EXPORT(RotatePairs);
+HWY_EXPORT(LayerNormRow);
+HWY_EXPORT(LayerNormBackwardRow);
 HWY_EXPORT(AdamwUpdate);
 HWY_EXPORT(WidenBf16);
 HWY_EXPORT(NarrowBf16);
@@ -325,6 +373,16 @@ void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign
   HWY_DYNAMIC_DISPATCH(RotatePairs)(a, b, c, s, sign, n);
 }
 
+void layer_norm_row(const float* x, const float* gamma, const float* beta, int64_t n, float eps, float* out,
+                    float* mean, float* rstd) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(LayerNormRow)(x, gamma, beta, n, eps, out, mean, rstd);
+}
+void layer_norm_backward_row(const float* dout, const float* x, const float* gamma, float mean, float rstd,
+                             int64_t n, float* dx) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(LayerNormBackwardRow)(dout, x, gamma, mean, rstd, n, dx);
+}
 void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const AdamwStep& step) {
   apply_environment();
   HWY_DYNAMIC_DISPATCH(AdamwUpdate)(p, g, m, v, n, step);

@@ -39,6 +39,14 @@ void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign
 void gelu_forward(const float* x, float* y, int64_t n);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
 
+// One row of LayerNorm (nn/layer_norm.hpp): the mean and the biased variance
+// of x summed lane-wise in float32, out = (x - mean) rstd gamma + beta; and its
+// backward, dx += rstd (g - mean(g) - xhat mean(g xhat)) with g = dout gamma.
+void layer_norm_row(const float* x, const float* gamma, const float* beta, int64_t n, float eps, float* out,
+                    float* mean, float* rstd);
+void layer_norm_backward_row(const float* dout, const float* x, const float* gamma, float mean, float rstd,
+                             int64_t n, float* dx);
+
 // One AdamW update of n elements (the trainer's optimizer), each lane the
 // scalar expression with the same roundings (no fused multiply-add), so every
 // target gives the same bits:

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "../backend/simd.hpp"
 #include "row_loop.hpp"
 
 namespace relpos::nn {
@@ -12,12 +14,15 @@ namespace relpos::nn {
 constexpr double kLayerNormEps = 1e-5;
 
 // x (n, width), gamma, beta (width) -> out (n, width); saves mean, rstd (n)
-// for backward.
+// for backward. float rows run in the SIMD layer (sums in float32 lanes);
+// double rows sum sequentially in double.
 template <class T>
 void layer_norm_forward(const T* x, const T* gamma, const T* beta, int64_t n, int64_t width, T* out, T* mean,
                         T* rstd, int threads) {
   for_each_row(threads, n, width, [&](int64_t r) {
     const T* xr = x + r * width;
+    if constexpr (std::is_same_v<T, float>)
+      return simd::layer_norm_row(xr, gamma, beta, width, float(kLayerNormEps), out + r * width, mean + r, rstd + r);
     double sum = 0;
     for (int64_t c = 0; c < width; ++c) sum += xr[c];
     const double mu = sum / width;
@@ -41,6 +46,8 @@ void layer_norm_backward(const T* dout, const T* x, const T* gamma, const T* mea
     const T* xr = x + r * width;
     const T* dr = dout + r * width;
     const T m = mean[r], s = rstd[r];
+    if constexpr (std::is_same_v<T, float>)
+      return simd::layer_norm_backward_row(dr, xr, gamma, m, s, width, dx + r * width);
     T sum_g = 0, sum_gx = 0;
     for (int64_t c = 0; c < width; ++c) {
       const T g = dr[c] * gamma[c];

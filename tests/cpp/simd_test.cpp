@@ -91,6 +91,38 @@ void check_adamw(int64_t n) {
   }
 }
 
+// One LayerNorm row forward and backward against the formulas in double
+// (sums over lanes: within float32 rounding, not bit for bit).
+void check_layer_norm(int64_t n) {
+  const std::vector<float> x = random_row(n, 1.0f, 5.0f, uint64_t(n) + 1100);  // an offset the mean must remove
+  const std::vector<float> gamma = random_row(n, 0.5f, 1.5f, uint64_t(n) + 1200);
+  const std::vector<float> beta = random_row(n, -1.0f, 1.0f, uint64_t(n) + 1300);
+  const std::vector<float> dout = random_row(n, -1.0f, 1.0f, uint64_t(n) + 1400);
+  const float eps = 1e-5f;
+  std::vector<float> out(static_cast<size_t>(n)), dx(static_cast<size_t>(n), 0.25f);
+  float mean = 0, rstd = 0;
+  relpos::simd::layer_norm_row(x.data(), gamma.data(), beta.data(), n, eps, out.data(), &mean, &rstd);
+  double mu = 0, var = 0;
+  for (float v : x) mu += v / double(n);
+  for (float v : x) var += (v - mu) * (v - mu) / double(n);
+  const double s = 1 / std::sqrt(var + eps);
+  EXPECT_NEAR(mean, mu, 1e-6 * std::abs(mu));
+  EXPECT_NEAR(rstd, s, 2e-5 * s);  // a single-element row: var 0, rstd = 1/sqrt(eps)
+  std::vector<double> xhat(static_cast<size_t>(n));
+  double mean_g = 0, mean_gx = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    xhat[i] = (x[i] - mu) * s;
+    EXPECT_NEAR(out[i], xhat[i] * gamma[i] + beta[i], 2e-5 * (1 + std::abs(xhat[i]))) << i;
+    mean_g += double(dout[i]) * gamma[i] / double(n);
+    mean_gx += double(dout[i]) * gamma[i] * xhat[i] / double(n);
+  }
+  relpos::simd::layer_norm_backward_row(dout.data(), x.data(), gamma.data(), mean, rstd, n, dx.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const double expected = 0.25 + s * (double(dout[i]) * gamma[i] - mean_g - xhat[i] * mean_gx);
+    EXPECT_NEAR(dx[i], expected, 2e-5 * s) << i;  // added to the 0.25 there
+  }
+}
+
 template <bool kFused>
 void check_current_target() {
   // Lengths around the vector widths (4, 8, 16 lanes) and a softmax row.
@@ -117,6 +149,7 @@ void check_current_target() {
 
     check_row_ops<kFused>(n);
     check_adamw(n);
+    check_layer_norm(n);
 
     const std::vector<float> g = random_row(n, -9.0f, 9.0f, uint64_t(n) + 100);
     const std::vector<float> dy = random_row(n, -1.0f, 1.0f, uint64_t(n) + 200);
