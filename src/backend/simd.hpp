@@ -1,4 +1,4 @@
-// The float loops of the softmax and GELU, vectorised with Highway for every
+// The float loops of the softmax, GELU, LayerNorm and AdamW, vectorised with Highway for every
 // x86-64 target (SSE4, AVX2, AVX-512) and dispatched at run time to the best
 // one the CPU has, so their speed does not depend on what the compiler's
 // auto-vectoriser made of a loop on the build machine (on AVX2 it left the
