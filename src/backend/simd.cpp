@@ -133,15 +133,23 @@ void Scale(float* y, float alpha, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Mul(hn::LoadU(d, y + i), hn::Set(d, alpha)), d, y + i); });
 }
 
-float SumOf(const float* x, int64_t n) {
+// The sum over i < n of the lanes of term(d, i): whole vectors first, added
+// lane-wise and then across lanes, then the tail one lane at a time.
+template <class Term>
+float SumOfTerms(int64_t n, Term term) {
   const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
   const int64_t lanes = int64_t(hn::Lanes(d));
   auto sum = hn::Zero(d);
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) sum = hn::Add(sum, hn::LoadU(d, x + i));
+  for (; i + lanes <= n; i += lanes) sum = hn::Add(sum, term(d, i));
   float total = hn::GetLane(hn::SumOfLanes(d, sum));
-  for (; i < n; ++i) total += x[i];
+  for (; i < n; ++i) total += hn::GetLane(term(d1, i));
   return total;
+}
+
+float SumOf(const float* x, int64_t n) {
+  return SumOfTerms(n, [&](auto d, int64_t i) { return hn::LoadU(d, x + i); });
 }
 
 void SoftmaxGrad(const float* p, float* ds, float D, int64_t n) {
@@ -159,24 +167,9 @@ void RotatePairs(float* a, float* b, const float* c, const float* s, float sign,
   });
 }
 
-// The sum over i < n of the lanes of term(d, i): whole vectors first, added
-// lane-wise and then across lanes, then the tail one lane at a time.
-template <class Term>
-float SumOfTerms(int64_t n, Term term) {
-  const hn::ScalableTag<float> d;
-  const hn::CappedTag<float, 1> d1;
-  const int64_t lanes = int64_t(hn::Lanes(d));
-  auto sum = hn::Zero(d);
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) sum = hn::Add(sum, term(d, i));
-  float total = hn::GetLane(hn::SumOfLanes(d, sum));
-  for (; i < n; ++i) total += hn::GetLane(term(d1, i));
-  return total;
-}
-
 void LayerNormRow(const float* x, const float* gamma, const float* beta, int64_t n, float eps, float* out,
                   float* mean, float* rstd) {
-  const float mu = SumOfTerms(n, [&](auto d, int64_t i) { return hn::LoadU(d, x + i); }) / float(n);
+  const float mu = SumOf(x, n) / float(n);
   const float var = SumOfTerms(n, [&](auto d, int64_t i) {
                       const auto centred = hn::Sub(hn::LoadU(d, x + i), hn::Set(d, mu));
                       return hn::Mul(centred, centred);

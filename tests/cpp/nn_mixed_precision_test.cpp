@@ -59,12 +59,12 @@ class Oracle {
       for (int64_t c = 0; c < w; ++c) x[r * w + c] = param("embedding.weight")[tokens[r] * w + c];
     for (int l = 0; l < c_.layers; ++l) {
       const std::string p = "layer" + std::to_string(l) + ".";
-      const std::vector<double> qkv = linear(norm(x, p + "ln1"), p + "attn.qkv", 3 * w, true);
-      const std::vector<double> branch = linear(attention(qkv, batch, length), p + "attn.out", w, false);
+      const std::vector<double> qkv = linear(norm(x, p + "ln1"), p + "attn.qkv", w, 3 * w, true);
+      const std::vector<double> branch = linear(attention(qkv, batch, length), p + "attn.out", w, w, false);
       for (int64_t i = 0; i < n * w; ++i) x[i] += branch[i];
-      std::vector<double> hidden = linear(norm(x, p + "ln2"), p + "ffn.up", c_.ffn, false);
+      std::vector<double> hidden = linear(norm(x, p + "ln2"), p + "ffn.up", w, c_.ffn, false);
       for (double& h : hidden) h = stored(0.5 * h * (1 + std::erf(h / std::sqrt(2.0))));
-      const std::vector<double> down = linear(hidden, p + "ffn.down", w, false);
+      const std::vector<double> down = linear(hidden, p + "ffn.down", c_.ffn, w, false);
       for (int64_t i = 0; i < n * w; ++i) x[i] += down[i];
     }
     const std::vector<double> final_out = norm(x, "final_ln");
@@ -98,10 +98,10 @@ class Oracle {
     return y;
   }
 
-  // y = x W^T + b, rounded when `rounded_output` (the attention reads it).
-  std::vector<double> linear(const std::vector<double>& x, const std::string& name, int64_t out,
+  // x (n, k) -> y = x W^T + b (n, out), rounded when `rounded_output` (the attention reads it).
+  std::vector<double> linear(const std::vector<double>& x, const std::string& name, int64_t k, int64_t out,
                              bool rounded_output) const {
-    const int64_t k = name.find("down") != std::string::npos ? c_.ffn : c_.width, n = int64_t(x.size()) / k;
+    const int64_t n = int64_t(x.size()) / k;
     std::vector<double> y(n * out);
     for (int64_t r = 0; r < n; ++r)
       for (int64_t o = 0; o < out; ++o) {
