@@ -57,11 +57,11 @@ int report_interrupted(const std::vector<SchemeResult>& results, const std::stri
                out_dir.c_str());
   for (const SchemeResult& r : results) {
     if (r.parameters == 0) continue;  // never started
-    const std::string checkpoint = out_dir + "/" + nn::to_string(r.kind) + ".ckpt";
-    json["schemes"].push_back({{"position", nn::to_string(r.kind)}, {"steps_trained", r.steps},
+    const std::string checkpoint = out_dir + "/" + r.kind + ".ckpt";
+    json["schemes"].push_back({{"position", r.kind}, {"steps_trained", r.steps},
                                {"checkpoint", checkpoint}, {"scores", scores_json(r.scores)}});
     std::fprintf(stderr, "  %-10s step %lld of %lld  (relpos train --checkpoint %s --resume continues it)\n",
-                 nn::to_string(r.kind), (long long)r.steps, (long long)steps, checkpoint.c_str());
+                 r.kind.c_str(), (long long)r.steps, (long long)steps, checkpoint.c_str());
   }
   write_json(json_path, json);
   std::fprintf(stderr, "results so far: %s; run relpos demo again for the whole comparison\n", json_path.c_str());
@@ -75,7 +75,7 @@ void print_table(const char* title, const std::vector<SchemeResult>& results, co
   std::printf("\n");
   for (const SchemeResult& r : results) {
     if (memory_rows && !r.scores.front().has_memory) continue;
-    std::printf("%-12s", memory_rows ? "xl memory" : nn::to_string(r.kind));
+    std::printf("%-12s", memory_rows ? "xl memory" : r.kind.c_str());
     for (const LengthScore& s : r.scores) std::printf(" %9.4f", (s.*score).bits_per_byte);
     std::printf("\n");
   }
@@ -160,7 +160,7 @@ int run_demo(int argc, char** argv, int first) {
   // so that no worker is left alone with it at the end.
   std::vector<size_t> order(kinds.size());
   std::iota(order.begin(), order.end(), size_t(0));
-  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return kinds[i] == nn::PositionKind::xl; });
+  std::stable_partition(order.begin(), order.end(), [&](size_t i) { return kinds[i] == "xl"; });
   const StopOnSignal stop;
   auto work = [&] {
     for (size_t claim; !StopOnSignal::requested() && (claim = next++) < kinds.size();) {
@@ -179,14 +179,14 @@ int run_demo(int argc, char** argv, int first) {
         }
         const auto t1 = std::chrono::steady_clock::now();
         r.steps = trainer.steps_taken();
-        trainer.save(out_dir + "/" + nn::to_string(r.kind) + ".ckpt");
+        trainer.save(out_dir + "/" + r.kind + ".ckpt");
         if (!trainer.done()) continue;  // stopped by a signal: saved, not evaluated
         r.scores = evaluate_lengths(trainer.model(), split.validation, eval);
         r.train_seconds = std::chrono::duration<double>(t1 - t0).count();
         r.eval_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
         char line[160];
         std::snprintf(line, sizeof line, "%-10s trained in %5.1f s, evaluated in %5.1f s: %.4f bits/byte at 1x, %.4f at %lldx",
-                      nn::to_string(r.kind), r.train_seconds, r.eval_seconds, r.scores.front().windows.bits_per_byte,
+                      r.kind.c_str(), r.train_seconds, r.eval_seconds, r.scores.front().windows.bits_per_byte,
                       r.scores.back().windows.bits_per_byte, (long long)r.scores.back().multiple);
         progress.note(line);
       } catch (...) {
@@ -218,7 +218,7 @@ int run_demo(int argc, char** argv, int first) {
 
   std::vector<PlotSeries> series;
   for (const SchemeResult& r : results) {
-    PlotSeries s{nn::to_string(r.kind), {}, {}, false}, m{"xl memory", {}, {}, true};
+    PlotSeries s{r.kind, {}, {}, false}, m{"xl memory", {}, {}, true};
     for (const LengthScore& ls : r.scores) {
       s.x.push_back(double(ls.multiple)), s.y.push_back(ls.windows.bits_per_byte);
       if (ls.has_memory) m.x.push_back(double(ls.multiple)), m.y.push_back(ls.memory.bits_per_byte);
@@ -240,7 +240,7 @@ int run_demo(int argc, char** argv, int first) {
                {"workers", workers},
                {"threads_per_worker", threads_each}, {"seconds", seconds}, {"schemes", Json::array()}};
   for (const SchemeResult& r : results)
-    json["schemes"].push_back({{"position", nn::to_string(r.kind)}, {"parameters", r.parameters},
+    json["schemes"].push_back({{"position", r.kind}, {"parameters", r.parameters},
                                {"final_train_loss", r.final_loss}, {"train_seconds", r.train_seconds},
                                {"eval_seconds", r.eval_seconds}, {"scores", scores_json(r.scores)}});
   write_json(json_path, json);

@@ -50,7 +50,7 @@ int run_eval(int argc, char** argv, int first) {
                              "' changed since the checkpoint was written; pass --data to evaluate on other text");
   const nn::ModelConfig& config = model.config();
   std::printf("relpos eval: %s (%s, trained %lld steps at length %d in %s), validation of %s: %zu bytes%s\n",
-              checkpoint_path.c_str(), nn::to_string(config.position), (long long)checkpoint.step, config.context,
+              checkpoint_path.c_str(), config.position.c_str(), (long long)checkpoint.step, config.context,
               nn::to_string(model.precision),
               corpus.source.c_str(), split.validation.size(),
               settings.max_bytes > 0 ? (", first " + std::to_string(settings.max_bytes) + " scored").c_str() : "");
@@ -70,7 +70,7 @@ int run_eval(int argc, char** argv, int first) {
   }
   std::printf("(bits per byte; lower is better)\n");
   if (!json_path.empty()) {
-    write_json(json_path, Json{{"checkpoint", checkpoint_path}, {"position", nn::to_string(config.position)},
+    write_json(json_path, Json{{"checkpoint", checkpoint_path}, {"position", config.position.c_str()},
                                {"train_length", config.context}, {"steps", checkpoint.step}, {"data", corpus.source},
                                {"dtype", nn::to_string(model.precision)},
                                {"validation_bytes", split.validation.size()}, {"scores", scores_json(scores)}});

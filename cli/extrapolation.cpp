@@ -27,7 +27,7 @@ std::vector<LengthScore> evaluate_lengths(nn::Model& model, std::span<const uint
   const int64_t train_length = model.config().context;
   check_evaluation_fits(validation.size(), s, train_length);
   const auto data = validation.first(capped(validation.size(), s));
-  const bool xl = model.config().position == nn::PositionKind::xl;
+  const bool xl = model.config().position == "xl";
   std::vector<LengthScore> out;
   for (size_t i = 0; i < s.multiples.size(); ++i) {
     LengthScore r;

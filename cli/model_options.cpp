@@ -52,7 +52,7 @@ nn::ModelConfig ModelOptions::config(nn::PositionKind kind, uint64_t seed) const
 ModelOptions ModelOptions::from_config(const nn::ModelConfig& c) {
   ModelOptions o;
   o.layers = c.layers, o.width = c.width, o.heads = c.heads, o.ffn = c.ffn, o.length = c.context;
-  o.position = nn::to_string(c.position);
+  o.position = c.position;
   o.shaw_k = c.shaw_k, o.t5_buckets = c.t5_buckets, o.t5_max_distance = c.t5_max_distance;
   o.rope_base = c.rope_base, o.xl_memory = c.xl_memory;
   return o;

@@ -72,7 +72,7 @@ int run_train(int argc, char** argv, int first) {
   TrainCommand cmd;
   if (!cmd.parse(argc, argv, first)) return 0;
   if (cmd.checkpoint_path.empty())
-    cmd.checkpoint_path = "results/train/" + std::string(nn::to_string(cmd.model.parsed_position())) + ".ckpt";
+    cmd.checkpoint_path = "results/train/" + cmd.model.parsed_position() + ".ckpt";
   namespace fs = std::filesystem;
   train::Checkpoint stored;
   if (cmd.resume) {
@@ -112,7 +112,7 @@ int run_train(int argc, char** argv, int first) {
   if (cmd.resume) trainer.resume(stored);
   const int64_t params = int64_t(trainer.model().parameters().size());
   std::fprintf(stderr, "relpos train: %s, %d layers, width %d, %d heads, %lld parameters; length %d, batch %lld; %s\n",
-               nn::to_string(kind), model_config.layers, model_config.width, model_config.heads, (long long)params,
+               kind.c_str(), model_config.layers, model_config.width, model_config.heads, (long long)params,
                model_config.context, (long long)train_config.batch, nn::to_string(train_config.precision));
   std::fprintf(stderr, "data: %s (%zu training, %zu validation bytes)\n", corpus.source.c_str(), split.train.size(),
                split.validation.size());
@@ -128,7 +128,7 @@ int run_train(int argc, char** argv, int first) {
 
   const int64_t tokens_per_step = train_config.batch * model_config.context;
   std::vector<float> losses;
-  Progress progress("train " + std::string(nn::to_string(kind)), train_config.steps, first_step);
+  Progress progress("train " + std::string(kind.c_str()), train_config.steps, first_step);
   const StopOnSignal stop;
   const auto start = std::chrono::steady_clock::now();
   while (!trainer.done() && !StopOnSignal::requested() &&
@@ -146,7 +146,7 @@ int run_train(int argc, char** argv, int first) {
               seconds > 0 ? double(trainer.steps_taken() - first_step) * double(tokens_per_step) / seconds : 0.0,
               losses.empty() ? 0.0 : losses.back(), trainer.last_grad_norm(), trainer.last_lr());
 
-  Json json = {{"position", nn::to_string(kind)}, {"parameters", params}, {"data", corpus.source},
+  Json json = {{"position", kind.c_str()}, {"parameters", params}, {"data", corpus.source},
                {"train_bytes", split.train.size()}, {"validation_bytes", split.validation.size()},
                {"length", model_config.context}, {"batch", train_config.batch}, {"steps", train_config.steps},
                {"dtype", nn::to_string(train_config.precision)},

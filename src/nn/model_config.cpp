@@ -9,14 +9,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "../schemes/registry.hpp"
 #include "relpos/nn/model.hpp"
 #include "relpos/position.hpp"
 
 namespace relpos::nn {
 
 namespace {
-
-constexpr const char* kPositionNames[] = {"none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "xl", "kerple"};
 
 [[noreturn]] void fail(const std::string& field, const std::string& why) {
   throw std::invalid_argument("ModelConfig." + field + ": " + why);
@@ -45,8 +44,6 @@ double parse_real(const std::string& key, const std::string& text) {
 
 }  // namespace
 
-const char* to_string(PositionKind kind) { return kPositionNames[static_cast<int>(kind)]; }
-
 const char* to_string(Precision precision) { return precision == Precision::bfloat16 ? "bfloat16" : "float32"; }
 
 Precision parse_precision(const std::string& name) {
@@ -55,21 +52,23 @@ Precision parse_precision(const std::string& name) {
   throw std::invalid_argument("precision: expected float32 or bfloat16 (bf16), got '" + name + "'");
 }
 
-PositionKind parse_position_kind(const std::string& name) {
-  for (int i = 0; i < static_cast<int>(std::size(kPositionNames)); ++i)
-    if (name == kPositionNames[i]) return static_cast<PositionKind>(i);
-  throw std::invalid_argument("position: unknown kind '" + name + "' (" + position_kind_names() + ")");
+std::vector<PositionKind> all_position_kinds() {
+  std::vector<PositionKind> kinds = {"none", "sinusoidal", "learned"};
+  AllSchemes::for_each([&](auto scheme) {
+    if (decltype(scheme)::id != Scheme::none) kinds.push_back(decltype(scheme)::name);
+  });
+  return kinds;
 }
 
-std::vector<PositionKind> all_position_kinds() {
-  std::vector<PositionKind> kinds;
-  for (int i = 0; i < static_cast<int>(std::size(kPositionNames)); ++i) kinds.push_back(static_cast<PositionKind>(i));
-  return kinds;
+PositionKind parse_position_kind(const std::string& name) {
+  for (const PositionKind& kind : all_position_kinds())
+    if (name == kind) return kind;
+  throw std::invalid_argument("position: unknown kind '" + name + "' (" + position_kind_names() + ")");
 }
 
 std::string position_kind_names() {
   std::string names;
-  for (const char* name : kPositionNames) names += (names.empty() ? "" : ", ") + std::string(name);
+  for (const PositionKind& kind : all_position_kinds()) names += (names.empty() ? "" : ", ") + kind;
   return names;
 }
 
@@ -81,39 +80,34 @@ void ModelConfig::validate() const {
     fail("heads", "width " + std::to_string(width) + " is not a multiple of heads " + std::to_string(heads));
   check_range("ffn", ffn, 1, 1 << 20);
   check_range("context", context, 1, 1 << 24);
+  try {
+    parse_position_kind(position);
+  } catch (const std::invalid_argument& e) {
+    fail("position", e.what());
+  }
+  // The options of the kinds that have them.
   const int head_dim = width / heads;
-  switch (position) {
-    case PositionKind::sinusoidal:
-      if (width % 2 != 0) fail("width", "sinusoidal embeddings need an even width, got " + std::to_string(width));
-      break;
-    case PositionKind::shaw:
-      check_range("shaw_k", shaw_k, 0, 1 << 20);
-      break;
-    case PositionKind::t5:
-      check_range("t5_buckets", t5_buckets, 1, 1 << 16);
-      check_range("t5_max_distance", t5_max_distance, 1, 1 << 30);
-      try {
-        check_t5_config(false, t5_buckets, t5_max_distance);
-      } catch (const std::invalid_argument& e) {
-        fail(std::string(e.what()).find("max_distance") != std::string::npos ? "t5_max_distance" : "t5_buckets",
-             e.what());
-      }
-      break;
-    case PositionKind::alibi:
-      check_range("heads", heads, 1, 65536);
-      break;
-    case PositionKind::rope:
-      if (head_dim % 2 != 0) fail("heads", "RoPE needs an even head dimension width / heads, got " + std::to_string(head_dim));
-      if (!(rope_base > 1.0) || !std::isfinite(rope_base)) fail("rope_base", "must be a finite number > 1");
-      break;
-    case PositionKind::xl:
-      if (width % 2 != 0) fail("width", "Transformer-XL's sinusoid needs an even width, got " + std::to_string(width));
-      check_range("xl_memory", xl_memory, 0, 1 << 24);
-      break;
-    case PositionKind::none:
-    case PositionKind::learned:
-    case PositionKind::kerple:
-      break;
+  if (position == "sinusoidal" && width % 2 != 0)
+    fail("width", "sinusoidal embeddings need an even width, got " + std::to_string(width));
+  if (position == "shaw") check_range("shaw_k", shaw_k, 0, 1 << 20);
+  if (position == "t5") {
+    check_range("t5_buckets", t5_buckets, 1, 1 << 16);
+    check_range("t5_max_distance", t5_max_distance, 1, 1 << 30);
+    try {
+      check_t5_config(false, t5_buckets, t5_max_distance);
+    } catch (const std::invalid_argument& e) {
+      fail(std::string(e.what()).find("max_distance") != std::string::npos ? "t5_max_distance" : "t5_buckets",
+           e.what());
+    }
+  }
+  if (position == "alibi") check_range("heads", heads, 1, 65536);
+  if (position == "rope") {
+    if (head_dim % 2 != 0) fail("heads", "RoPE needs an even head dimension width / heads, got " + std::to_string(head_dim));
+    if (!(rope_base > 1.0) || !std::isfinite(rope_base)) fail("rope_base", "must be a finite number > 1");
+  }
+  if (position == "xl") {
+    if (width % 2 != 0) fail("width", "Transformer-XL's sinusoid needs an even width, got " + std::to_string(width));
+    check_range("xl_memory", xl_memory, 0, 1 << 24);
   }
 }
 
@@ -123,7 +117,7 @@ std::string ModelConfig::to_text() const {
   const auto [end, error] = std::to_chars(base, base + sizeof base, rope_base);  // shortest round-trip form
   (void)error;
   out << "layers=" << layers << "\nwidth=" << width << "\nheads=" << heads << "\nffn=" << ffn
-      << "\ncontext=" << context << "\nposition=" << nn::to_string(position) << "\nshaw_k=" << shaw_k
+      << "\ncontext=" << context << "\nposition=" << position << "\nshaw_k=" << shaw_k
       << "\nt5_buckets=" << t5_buckets << "\nt5_max_distance=" << t5_max_distance
       << "\nrope_base=" << std::string(base, end) << "\nxl_memory=" << xl_memory << "\nseed=" << seed << "\n";
   return out.str();

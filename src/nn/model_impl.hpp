@@ -29,10 +29,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "activations.hpp"
@@ -81,6 +84,7 @@ class ModelImpl {
     params_.assign(layout_.total, T(0));
     grads_.assign(layout_.total, T(0));
     layout_.initialise(config.seed, params_.data());
+    position_scheme(config_, scheme_options_);
   }
 
   const ModelConfig& config() const { return config_; }
@@ -196,82 +200,75 @@ class ModelImpl {
         throw std::invalid_argument("cache: buffers of layer " + std::to_string(l) + " have the wrong size");
   }
 
-  PositionParams<T> position_params(const LayerOffsets& o) const {
-    const int64_t h = config_.heads, dh = head_dim();
-    PositionParams<T> p;
-    switch (config_.position) {
-      case PositionKind::none:
-      case PositionKind::sinusoidal:
-      case PositionKind::learned:
-        p.scheme = Scheme::none;
-        break;
-      case PositionKind::shaw:
-        p.scheme = Scheme::shaw;
-        p.shaw.k = config_.shaw_k;
-        p.shaw.wk = View3<const T>::contiguous(operand(o.shaw_wk), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
-        p.shaw.wv = View3<const T>::contiguous(operand(o.shaw_wv), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
-        break;
-      case PositionKind::t5:
-        p.scheme = Scheme::t5;
-        p.t5.bidirectional = false;
-        p.t5.max_distance = config_.t5_max_distance;
-        p.t5.table = View2<const T>::contiguous(operand(layout_.t5_table), {h, config_.t5_buckets});
-        break;
-      case PositionKind::alibi:
-        p.scheme = Scheme::alibi;  // empty slopes: the paper's, fixed
-        break;
-      case PositionKind::rope:
-        p.scheme = Scheme::rope;
-        p.rope.base = config_.rope_base;
-        break;
-      case PositionKind::xl:
-        p.scheme = Scheme::xl;
-        p.xl.u = View2<const T>::contiguous(operand(layout_.xl_u), {h, dh});
-        p.xl.v = View2<const T>::contiguous(operand(layout_.xl_v), {h, dh});
-        p.xl.w_r = View3<const T>::contiguous(operand(o.xl_w_r), {h, dh, config_.width});
-        break;
-      case PositionKind::kerple: {
-        p.scheme = Scheme::kerple;
-        const int64_t layer = &o - layout_.layers.data();
-        T* clamped = kerple_clamped_.data() + layer * 2 * h;
-        for (int64_t i = 0; i < h; ++i) {
-          clamped[i] = std::max(operand(o.kerple_r1)[i], T(kKerpleFloor));
-          clamped[h + i] = std::max(operand(o.kerple_r2)[i], T(kKerpleFloor));
-        }
-        p.kerple.r1 = View1<const T>::contiguous(clamped, {h});
-        p.kerple.r2 = View1<const T>::contiguous(clamped + h, {h});
-        break;
+  // The position scheme's parameters for layer l: its options, and its
+  // tensors as the attention reads them (rounded in bfloat16; a tensor with
+  // a floor clamped at it, in a copy).
+  PositionParams<T> position_params(int l) const {
+    PositionParams<T> p = scheme_options_;
+    for_each_position_tensor(p, [&](std::size_t i, auto& view) {
+      const ModelTensor& t = layout_.position_tensors[i];
+      const T* data = operand(layout_.layers[l].position[i]);
+      if (t.floor > 0) {
+        std::vector<T>& clamped = clamped_[l * layout_.position_tensors.size() + i];
+        clamped.resize(shape_size(t.shape));
+        for (std::size_t n = 0; n < clamped.size(); ++n) clamped[n] = std::max(data[n], T(t.floor));
+        data = clamped.data();
       }
-    }
+      bind_view(view, data, t.shape);
+    });
     return p;
   }
 
-  // KERPLE's parameters enter clamped at kKerpleFloor: no gradient below it.
-  void clamp_kerple_grads(const LayerOffsets& o) {
-    if (o.kerple_r1 < 0) return;
-    for (int64_t offset : {o.kerple_r1, o.kerple_r2})
-      for (int64_t i = 0; i < config_.heads; ++i)
-        if (param(offset)[i] < T(kKerpleFloor)) grad(offset)[i] = T(0);
+  PositionGrads<T> position_grads(int l) {
+    PositionGrads<T> g;
+    PositionParams<T> unused;
+    for_each_position_tensor(
+        unused,
+        [&](std::size_t i, auto&, auto& grad_view) {
+          bind_view(grad_view, grad(layout_.layers[l].position[i]), layout_.position_tensors[i].shape);
+        },
+        g);
+    return g;
   }
 
-  PositionGrads<T> position_grads(const LayerOffsets& o) {
-    const int64_t h = config_.heads, dh = head_dim();
-    PositionGrads<T> g;
-    if (o.shaw_wk >= 0) {
-      g.shaw_wk = View3<T>::contiguous(grad(o.shaw_wk), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
-      g.shaw_wv = View3<T>::contiguous(grad(o.shaw_wv), {1, 2 * int64_t(config_.shaw_k) + 1, dh});
+  // A tensor read clamped at its floor gets no gradient where it lies below.
+  void clamp_position_grads() {
+    for (std::size_t i = 0; i < layout_.position_tensors.size(); ++i) {
+      const ModelTensor& t = layout_.position_tensors[i];
+      if (t.floor <= 0) continue;
+      for (int l = 0; l < (t.shared ? 1 : config_.layers); ++l) {
+        const int64_t offset = layout_.layers[l].position[i];
+        for (int64_t n = 0; n < shape_size(t.shape); ++n)
+          if (param(offset)[n] < T(t.floor)) grad(offset)[n] = T(0);
+      }
     }
-    if (layout_.t5_table >= 0) g.t5_table = View2<T>::contiguous(grad(layout_.t5_table), {h, config_.t5_buckets});
-    if (o.kerple_r1 >= 0) {
-      g.kerple_r1 = View1<T>::contiguous(grad(o.kerple_r1), {h});
-      g.kerple_r2 = View1<T>::contiguous(grad(o.kerple_r2), {h});
-    }
-    if (o.xl_w_r >= 0) {
-      g.xl_u = View2<T>::contiguous(grad(layout_.xl_u), {h, dh});
-      g.xl_v = View2<T>::contiguous(grad(layout_.xl_v), {h, dh});
-      g.xl_w_r = View3<T>::contiguous(grad(o.xl_w_r), {h, dh, config_.width});
-    }
-    return g;
+  }
+
+  // Calls f(i, member of pos, members of grads...) for the members of the
+  // model's i-th position tensor.
+  template <class Params, class F, class... Grads>
+  void for_each_position_tensor(Params& pos, F&& f, Grads&... grads) const {
+    for_each_scheme_param(
+        pos,
+        [&](const char* name, auto&... members) {
+          for (std::size_t i = 0; i < layout_.position_tensors.size(); ++i)
+            if (std::string_view(name) == layout_.position_tensors[i].name) f(i, members...);
+        },
+        grads...);
+  }
+
+  template <class View, class P>
+  static void bind_view(View& view, P* data, const std::vector<int64_t>& shape) {
+    std::array<int64_t, std::tuple_size_v<decltype(view.shape)>> dims{};
+    if (shape.size() != dims.size()) throw std::logic_error("a scheme's model tensor has the wrong rank");
+    std::copy(shape.begin(), shape.end(), dims.begin());
+    view = View::contiguous(data, dims);
+  }
+
+  static int64_t shape_size(const std::vector<int64_t>& shape) {
+    int64_t size = 1;
+    for (int64_t s : shape) size *= s;
+    return size;
   }
 
   AttentionLayerArgs<T> attention_args(int l) const {
@@ -281,7 +278,7 @@ class ModelImpl {
     a.qkv = act.qkv, a.keys = act.keys, a.values = act.values, a.out = act.attn, a.lse = act.lse;
     a.q_offset = first_position_;
     a.k_offset = first_position_ - shape_.memory;
-    a.pos = position_params(layout_.layers[l]);
+    a.pos = position_params(l);
     a.threads = threads();
     return a;
   }
@@ -293,7 +290,7 @@ class ModelImpl {
   // initialised at std 0.02 are not drowned by a sinusoid of amplitude 1; 1
   // for every other kind. The tied output head uses the unscaled matrix.
   T embed_scale() const {
-    return config_.position == PositionKind::sinusoidal ? static_cast<T>(std::sqrt(double(config_.width))) : T(1);
+    return config_.position == "sinusoidal" ? static_cast<T>(std::sqrt(double(config_.width))) : T(1);
   }
 
   // Input embeddings: embed_scale() * bytes plus, for the absolute kinds, the
@@ -307,9 +304,9 @@ class ModelImpl {
     }
     T* x = act_.layers[0].input;
     embedding_forward(param(layout_.embedding), w, act_.tokens.data(), n, x, false, threads(), embed_scale());
-    if (config_.position == PositionKind::learned)
+    if (config_.position == "learned")
       embedding_forward(param(layout_.learned_positions), w, act_.positions.data(), n, x, true, threads());
-    if (config_.position == PositionKind::sinusoidal) {
+    if (config_.position == "sinusoidal") {
       std::vector<T> row(w);
       for (int64_t i = 0; i < len; ++i) {
         sinusoid<T>(static_cast<double>(first_position_ + i), w, row.data());
@@ -395,16 +392,16 @@ class ModelImpl {
       store(act_.d_attn, n * w);
       std::fill_n(act_.d_qkv, 3 * n * w, T(0));  // the attention adds its gradients
       attention_layer_backward(attention_args(l), act_.d_attn, act_.d_qkv, act_.d_keys, act_.d_values,
-                               position_grads(o));
-      clamp_kerple_grads(o);
+                               position_grads(l));
       store(act_.d_qkv, 3 * n * w);
       linear_backward(act_.d_qkv, a.ln1_out, operand(o.qkv_weight), n, w, 3 * w, act_.d_norm, grad(o.qkv_weight),
                       grad(o.qkv_bias));
       layer_norm_backward(act_.d_norm, a.input, param(o.ln1_weight), a.ln1_mean, a.ln1_rstd, n, w, dx,
                           grad(o.ln1_weight), grad(o.ln1_bias), nt);
     }
+    clamp_position_grads();
     embedding_backward(dx, w, act_.tokens.data(), n, grad(layout_.embedding), embed_scale());
-    if (config_.position == PositionKind::learned)
+    if (config_.position == "learned")
       embedding_backward(dx, w, act_.positions.data(), n, grad(layout_.learned_positions));
   }
 
@@ -456,8 +453,9 @@ class ModelImpl {
   ParameterLayout layout_;
   std::vector<T> params_, grads_, buffer_;
   std::vector<T> operands_;  // bfloat16: params_ rounded, as GEMMs and the attention read them
-  // KERPLE's r1, r2 of every layer as the attention sees them (clamped).
-  mutable std::vector<T> kerple_clamped_ = std::vector<T>(2 * int64_t(config_.layers) * config_.heads);
+  PositionParams<T> scheme_options_;  // the position scheme's id and options; its tensors bound per layer
+  // Per (layer, position tensor) with a floor: the tensor as the attention reads it.
+  mutable std::vector<std::vector<T>> clamped_ = std::vector<std::vector<T>>(config_.layers * layout_.position_tensors.size());
   Activations<T> act_;
   AttentionShape shape_;
   int64_t first_position_ = 0;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../schemes/registry.hpp"
 #include "normal_rng.hpp"
 #include "relpos/nn/model.hpp"
 
@@ -16,15 +17,31 @@ namespace relpos::nn {
 constexpr int64_t kVocabulary = 256;
 constexpr double kInitStd = 0.02;
 
+// The attention scheme of the model's position kind: sets its id and options
+// in p and returns the scheme's tensors the model trains (for the absolute
+// kinds: scheme none, no tensors).
+template <class T>
+std::vector<ModelTensor> position_scheme(const ModelConfig& c, PositionParams<T>& p) {
+  std::vector<ModelTensor> tensors;
+  AllSchemes::for_each([&](auto scheme) {
+    using S = decltype(scheme);
+    if (c.position != S::name) return;
+    p.scheme = S::id;
+    tensors = S::model(p, c);
+  });
+  return tensors;
+}
+
 // Offsets into the parameter buffer; -1 = the configuration has no such tensor.
 struct LayerOffsets {
   int64_t ln1_weight = -1, ln1_bias = -1, qkv_weight = -1, qkv_bias = -1, out_weight = -1, out_bias = -1;
-  int64_t shaw_wk = -1, shaw_wv = -1, xl_w_r = -1, kerple_r1 = -1, kerple_r2 = -1;
+  std::vector<int64_t> position;  // per entry of ParameterLayout::position_tensors (a shared one: the same in every layer)
   int64_t ln2_weight = -1, ln2_bias = -1, up_weight = -1, up_bias = -1, down_weight = -1, down_bias = -1;
 };
 
 struct ParameterLayout {
-  int64_t embedding = -1, learned_positions = -1, t5_table = -1, xl_u = -1, xl_v = -1;
+  int64_t embedding = -1, learned_positions = -1;
+  std::vector<ModelTensor> position_tensors;  // the position scheme's, see position_scheme
   std::vector<LayerOffsets> layers;
   int64_t final_weight = -1, final_bias = -1;
   std::vector<ParameterInfo> table;
@@ -32,17 +49,17 @@ struct ParameterLayout {
   int64_t total = 0;
 
   explicit ParameterLayout(const ModelConfig& c) {
-    const int64_t w = c.width, dh = c.width / c.heads, f = c.ffn;
+    const int64_t w = c.width, f = c.ffn;
     // GPT-2's scaling: each residual branch output starts smaller, so the sum
     // over 2 * layers branches keeps the stream's scale.
     const double residual_std = kInitStd / std::sqrt(2.0 * c.layers);
     embedding = add("embedding.weight", {kVocabulary, w}, true, kInitStd);
-    if (c.position == PositionKind::learned) learned_positions = add("positions.learned", {c.context, w}, false, kInitStd);
-    if (c.position == PositionKind::t5) t5_table = add("t5.table", {c.heads, c.t5_buckets}, false, kInitStd);
-    if (c.position == PositionKind::xl) {
-      xl_u = add("xl.u", {c.heads, dh}, false, kInitStd);
-      xl_v = add("xl.v", {c.heads, dh}, false, kInitStd);
-    }
+    if (c.position == "learned") learned_positions = add("positions.learned", {c.context, w}, false, kInitStd);
+    PositionParams<double> options;  // only the tensors' list is wanted here
+    position_tensors = position_scheme(c, options);
+    std::vector<int64_t> position(position_tensors.size(), -1);
+    for (std::size_t i = 0; i < position.size(); ++i)
+      if (position_tensors[i].shared) position[i] = add_position_tensor("", position_tensors[i]);
     for (int l = 0; l < c.layers; ++l) {
       const std::string p = "layer" + std::to_string(l) + ".";
       LayerOffsets o;
@@ -50,15 +67,9 @@ struct ParameterLayout {
       o.ln1_bias = add(p + "ln1.bias", {w}, false, 0);
       o.qkv_weight = add(p + "attn.qkv.weight", {3 * w, w}, true, kInitStd);
       o.qkv_bias = add(p + "attn.qkv.bias", {3 * w}, false, 0);
-      if (c.position == PositionKind::shaw) {
-        o.shaw_wk = add(p + "attn.shaw.wk", {1, 2 * int64_t(c.shaw_k) + 1, dh}, false, kInitStd);
-        o.shaw_wv = add(p + "attn.shaw.wv", {1, 2 * int64_t(c.shaw_k) + 1, dh}, false, kInitStd);
-      }
-      if (c.position == PositionKind::xl) o.xl_w_r = add(p + "attn.xl.w_r", {c.heads, dh, w}, false, kInitStd);
-      if (c.position == PositionKind::kerple) {
-        o.kerple_r1 = add(p + "attn.kerple.r1", {c.heads}, false, -1);
-        o.kerple_r2 = add(p + "attn.kerple.r2", {c.heads}, false, -1);
-      }
+      o.position = position;
+      for (std::size_t i = 0; i < position.size(); ++i)
+        if (!position_tensors[i].shared) o.position[i] = add_position_tensor(p + "attn.", position_tensors[i]);
       o.out_weight = add(p + "attn.out.weight", {w, w}, true, residual_std);
       o.out_bias = add(p + "attn.out.bias", {w}, false, 0);
       o.ln2_weight = add(p + "ln2.weight", {w}, false, -1);
@@ -85,6 +96,13 @@ struct ParameterLayout {
   }
 
  private:
+  // A scheme's tensor under its checkpoint name: "t5_table" -> prefix + "t5.table".
+  int64_t add_position_tensor(const std::string& prefix, const ModelTensor& t) {
+    std::string name = t.name;
+    if (const std::size_t underscore = name.find('_'); underscore != std::string::npos) name[underscore] = '.';
+    return add(prefix + name, t.shape, false, t.ones ? -1 : kInitStd);
+  }
+
   int64_t add(const std::string& name, std::vector<int64_t> shape, bool decay, double std) {
     int64_t size = 1;
     for (int64_t s : shape) size *= s;

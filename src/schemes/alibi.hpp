@@ -20,6 +20,12 @@ struct AlibiScheme {
     f("alibi_slopes", pos.alibi.slopes, g.alibi_slopes...);
   }
 
+  // The model: the paper's slopes, fixed.
+  template <class T>
+  static std::vector<ModelTensor> model(PositionParams<T>&, const nn::ModelConfig&) {
+    return {};
+  }
+
   template <class T>
   static void check(const AttentionForward<T>& p) {
     using namespace checks;

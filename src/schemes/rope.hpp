@@ -14,6 +14,13 @@ struct RopeScheme : NoLearnableTensors {
   static constexpr const char* name = "rope";
   static constexpr AlgorithmSet algorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
 
+  // The model: base rope_base, half-split, over the whole head dimension.
+  template <class T>
+  static std::vector<ModelTensor> model(PositionParams<T>& p, const nn::ModelConfig& c) {
+    p.rope.base = c.rope_base;
+    return {};
+  }
+
   template <class T>
   static void check(const AttentionForward<T>& p) {
     using checks::fail;

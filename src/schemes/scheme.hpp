@@ -12,6 +12,12 @@
 //                    distance): a DistanceBias<T> (below) built from the call,
 //                    that bias and the reduction of its gradient to the
 //                    scheme's parameters
+//   model(p, c)      how relpos's byte-level model (src/nn) holds the scheme:
+//                    sets the options of p from the model's configuration c
+//                    and returns the learnable tensors the model trains (a
+//                    scheme of the registry is a kind of that model; this
+//                    header-only part is used by relpos::nn alone, so the
+//                    attention library links no model code)
 //
 // The other kinds of relative term are computed by the kernels themselves and
 // selected by the scheme's parameters: a per-distance key embedding read by a
@@ -23,8 +29,10 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <vector>
 
 #include "relpos/attention.hpp"
+#include "relpos/nn/model.hpp"
 
 namespace relpos {
 
@@ -45,10 +53,25 @@ class AlgorithmSet {
 // distance: the reference, the per-distance gathers and the fused kernel.
 inline constexpr AlgorithmSet kBiasAlgorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
 
-// The for_each_param of a scheme without learnable tensors (none, RoPE).
+// A learnable tensor of a scheme in relpos's byte-level model. Its name in
+// checkpoints is the for_each_param name with the first '_' made a '.'
+// ("t5.table"), prefixed by "layer<l>.attn." for a per-layer tensor.
+struct ModelTensor {
+  const char* name;  // as in for_each_param: "t5_table"
+  std::vector<int64_t> shape;
+  bool shared = false;  // one tensor for all layers (else one per layer)
+  bool ones = false;    // initialised to 1 (else normal(0, 0.02) like the model's matrices)
+  double floor = 0;     // > 0: the attention reads max(parameter, floor); no gradient below it
+};
+
+// The for_each_param and model of a scheme without learnable tensors (none).
 struct NoLearnableTensors {
   template <class Params, class F, class... Grads>
   static void for_each_param(Params&, F&&, Grads&...) {}
+  template <class T>
+  static std::vector<ModelTensor> model(PositionParams<T>&, const nn::ModelConfig&) {
+    return {};
+  }
 };
 
 // A bias per (head, distance) for the distances of one call,

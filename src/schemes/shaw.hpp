@@ -21,6 +21,14 @@ struct ShawScheme {
     f("shaw_wv", pos.shaw.wv, g.shaw_wv...);
   }
 
+  // The model: per layer, K and V tables shared by heads, clipped at shaw_k.
+  template <class T>
+  static std::vector<ModelTensor> model(PositionParams<T>& p, const nn::ModelConfig& c) {
+    p.shaw.k = c.shaw_k;
+    const std::vector<int64_t> shape = {1, 2 * int64_t(c.shaw_k) + 1, c.width / c.heads};
+    return {{"shaw_wk", shape}, {"shaw_wv", shape}};
+  }
+
   template <class T>
   static void check(const AttentionForward<T>& p) {
     using namespace checks;

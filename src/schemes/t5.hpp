@@ -19,6 +19,14 @@ struct T5Scheme {
     f("t5_table", pos.t5.table, g.t5_table...);
   }
 
+  // The model: one table for all layers (as T5), causal buckets.
+  template <class T>
+  static std::vector<ModelTensor> model(PositionParams<T>& p, const nn::ModelConfig& c) {
+    p.t5.bidirectional = false;
+    p.t5.max_distance = c.t5_max_distance;
+    return {{"t5_table", {c.heads, c.t5_buckets}, true}};
+  }
+
   template <class T>
   static void check(const AttentionForward<T>& p) {
     using namespace checks;

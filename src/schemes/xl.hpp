@@ -21,6 +21,14 @@ struct XLScheme {
     f("xl_w_r", pos.xl.w_r, g.xl_w_r...);
   }
 
+  // The model: u, v shared by all layers, W_R per layer, a sinusoid of size
+  // width; no absolute embeddings.
+  template <class T>
+  static std::vector<ModelTensor> model(PositionParams<T>&, const nn::ModelConfig& c) {
+    const int64_t dh = c.width / c.heads;
+    return {{"xl_u", {c.heads, dh}, true}, {"xl_v", {c.heads, dh}, true}, {"xl_w_r", {c.heads, dh, c.width}}};
+  }
+
   template <class T>
   static void check(const AttentionForward<T>& p) {
     using namespace checks;

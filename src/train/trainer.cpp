@@ -116,7 +116,7 @@ Trainer::Trainer(const nn::ModelConfig& model, const TrainConfig& config, std::s
       data_source_(std::move(data_source)),
       data_hash_(fnv1a64(train_data)),
       sampler_(train_data, int(config.batch), model.context, config.seed,
-               model.position == nn::PositionKind::xl ? BatchSampler::Layout::contiguous
+               model.position == "xl" ? BatchSampler::Layout::contiguous
                                                      : BatchSampler::Layout::random),
       tokens_(size_t(config.batch) * size_t(model.context + 1)) {
   if (uses_memory()) memory_ = model_.make_cache(int(config_.batch), memory_capacity());

@@ -39,23 +39,23 @@ TEST(NnConfig, ErrorsNameTheField) {
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.width = 130; }), "heads"));  // 130 % 4 != 0
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.ffn = -1; }), "ffn"));
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.context = 0; }), "context"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = PositionKind::shaw, c.shaw_k = -1; }), "shaw_k"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = PositionKind::t5, c.t5_buckets = 0; }), "t5_buckets"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = PositionKind::t5, c.t5_max_distance = 2; }),
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "shaw", c.shaw_k = -1; }), "shaw_k"));
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "t5", c.t5_buckets = 0; }), "t5_buckets"));
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "t5", c.t5_max_distance = 2; }),
                              "t5_max_distance"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = PositionKind::rope, c.rope_base = 0.5; }),
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "rope", c.rope_base = 0.5; }),
                              "rope_base"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = PositionKind::rope, c.width = 12, c.heads = 4; }),
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "rope", c.width = 12, c.heads = 4; }),
                              "heads"));  // head dimension 3 cannot be rotated in pairs
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = PositionKind::sinusoidal, c.width = 9, c.heads = 3; }),
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "sinusoidal", c.width = 9, c.heads = 3; }),
                              "width"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = PositionKind::xl, c.xl_memory = -2; }), "xl_memory"));
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "xl", c.xl_memory = -2; }), "xl_memory"));
   EXPECT_THROW(Model(with([](ModelConfig& c) { c.ffn = 0; })), std::invalid_argument);
 }
 
 TEST(NnConfig, TextRoundTrips) {
   ModelConfig c;
-  c.layers = 3, c.width = 96, c.heads = 6, c.ffn = 200, c.context = 48, c.position = PositionKind::t5;
+  c.layers = 3, c.width = 96, c.heads = 6, c.ffn = 200, c.context = 48, c.position = "t5";
   c.shaw_k = 5, c.t5_buckets = 16, c.t5_max_distance = 64, c.rope_base = 12345.678, c.xl_memory = 17;
   c.seed = 18446744073709551615ull;
   const ModelConfig back = ModelConfig::from_text(c.to_text());
@@ -65,7 +65,7 @@ TEST(NnConfig, TextRoundTrips) {
   EXPECT_EQ(back.heads, 6);
   EXPECT_EQ(back.ffn, 200);
   EXPECT_EQ(back.context, 48);
-  EXPECT_EQ(back.position, PositionKind::t5);
+  EXPECT_EQ(back.position, "t5");
   EXPECT_EQ(back.shaw_k, 5);
   EXPECT_EQ(back.t5_buckets, 16);
   EXPECT_EQ(back.t5_max_distance, 64);
@@ -96,6 +96,6 @@ TEST(NnConfig, TextRefusesUnknownKeysAndBadValues) {
 
 TEST(NnConfig, PositionKindNamesRoundTrip) {
   for (const char* name : {"none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "xl", "kerple"})
-    EXPECT_STREQ(to_string(parse_position_kind(name)), name);
+    EXPECT_EQ(parse_position_kind(name), name);
   EXPECT_THROW(parse_position_kind("ALiBi"), std::invalid_argument);
 }

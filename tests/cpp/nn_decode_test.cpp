@@ -58,9 +58,9 @@ std::vector<uint8_t> columns(const std::vector<uint8_t>& tokens, int batch, int 
 }
 
 const auto kAllKinds =
-    ::testing::Values(PositionKind::none, PositionKind::sinusoidal, PositionKind::learned, PositionKind::shaw,
-                      PositionKind::t5, PositionKind::alibi, PositionKind::rope, PositionKind::xl,
-                      PositionKind::kerple);
+    ::testing::Values("none", "sinusoidal", "learned", "shaw",
+                      "t5", "alibi", "rope", "xl",
+                      "kerple");
 
 }  // namespace
 
@@ -141,10 +141,10 @@ TEST_P(NnDecode, MemorySegmentEqualsFullForward) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPositionKinds, NnDecode, kAllKinds,
-                         [](const auto& info) { return std::string(to_string(info.param)); });
+                         [](const auto& info) { return info.param; });
 
 TEST(NnDecodeErrors, BadCacheOrSizesAreRefused) {
-  Model m = sharp_model(PositionKind::rope, 1);
+  Model m = sharp_model("rope", 1);
   std::vector<float> logits(2 * kVocab);
   KVCache cache = m.make_cache(2, 4);
   EXPECT_THROW(m.decode(std::vector<uint8_t>(3), 2, 1, cache, logits), std::invalid_argument);  // tokens size

@@ -56,7 +56,7 @@ struct Adam {
 TEST(NnOverfit, TinyModelMemorisesTwoKilobytes) {
   ASSERT_GE(kText.size(), 2000u);
   ModelConfig c;
-  c.layers = 2, c.width = 64, c.heads = 4, c.ffn = 256, c.context = 32, c.position = PositionKind::rope, c.seed = 5;
+  c.layers = 2, c.width = 64, c.heads = 4, c.ffn = 256, c.context = 32, c.position = "rope", c.seed = 5;
   Model m(c);
   m.num_threads = 1;
   const int batch = 16, length = 32, steps = 500;

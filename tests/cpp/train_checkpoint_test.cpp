@@ -44,7 +44,7 @@ std::string load_error(const std::string& path) {
 TEST(TrainCheckpoint, RoundTripKeepsEveryField) {
   TempDir dir;
   const auto data = relpos_train_test::sample_text(400);
-  Trainer trainer(tiny_model(PositionKind::xl), tiny_training(), data, "sample");
+  Trainer trainer(tiny_model("xl"), tiny_training(), data, "sample");
   trainer.set_threads(1);
   for (int i = 0; i < 3; ++i) trainer.step();
   const Checkpoint a = trainer.checkpoint();
@@ -79,7 +79,7 @@ class DamagedCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto data = relpos_train_test::sample_text(300);
-    Trainer trainer(tiny_model(PositionKind::alibi), tiny_training(), data);
+    Trainer trainer(tiny_model("alibi"), tiny_training(), data);
     trainer.step();
     trainer.save(dir.file("good.ckpt"));
     good = read_bytes(dir.file("good.ckpt"));
@@ -147,7 +147,7 @@ TEST(TrainCheckpoint, FailedWriteLeavesTheOldFileAndNoTemporary) {
   const std::vector<uint8_t> old_bytes = {'o', 'l', 'd'};
   write_bytes(path, old_bytes);
   const auto data = relpos_train_test::sample_text(300);
-  Trainer trainer(tiny_model(PositionKind::rope), tiny_training(), data);
+  Trainer trainer(tiny_model("rope"), tiny_training(), data);
   // A file-size limit below the checkpoint's size makes write() fail midway
   // (EFBIG; SIGXFSZ ignored so the process survives), as a full disk would.
   struct sigaction ignore {}, previous{};
@@ -179,7 +179,7 @@ TEST(TrainCheckpoint, FailedWriteLeavesTheOldFileAndNoTemporary) {
 TEST(TrainCheckpoint, ResumeRefusesOtherConfigurationsAndData) {
   TempDir dir;
   const auto data = relpos_train_test::sample_text(300);
-  Trainer trainer(tiny_model(PositionKind::t5), tiny_training(), data);
+  Trainer trainer(tiny_model("t5"), tiny_training(), data);
   trainer.step();
   trainer.save(dir.file("t5.ckpt"));
   const auto resume_error = [&](const ModelConfig& m, const TrainConfig& t, const std::vector<uint8_t>& d) {
@@ -191,21 +191,21 @@ TEST(TrainCheckpoint, ResumeRefusesOtherConfigurationsAndData) {
     }
     return std::string();
   };
-  ModelConfig wider = tiny_model(PositionKind::t5);
+  ModelConfig wider = tiny_model("t5");
   wider.width = 32;
   EXPECT_NE(resume_error(wider, tiny_training(), data).find("width: 16 in the checkpoint, 32 requested"),
             std::string::npos);
-  EXPECT_NE(resume_error(tiny_model(PositionKind::alibi), tiny_training(), data).find("model configuration differs"),
+  EXPECT_NE(resume_error(tiny_model("alibi"), tiny_training(), data).find("model configuration differs"),
             std::string::npos);
   TrainConfig faster = tiny_training();
   faster.lr = 0.5;
-  EXPECT_NE(resume_error(tiny_model(PositionKind::t5), faster, data).find("training configuration differs (lr"),
+  EXPECT_NE(resume_error(tiny_model("t5"), faster, data).find("training configuration differs (lr"),
             std::string::npos);
   auto other_data = data;
   other_data[7] ^= 1;
-  EXPECT_NE(resume_error(tiny_model(PositionKind::t5), tiny_training(), other_data).find("other data"),
+  EXPECT_NE(resume_error(tiny_model("t5"), tiny_training(), other_data).find("other data"),
             std::string::npos);
-  EXPECT_EQ(resume_error(tiny_model(PositionKind::t5), tiny_training(), data), "");
+  EXPECT_EQ(resume_error(tiny_model("t5"), tiny_training(), data), "");
 }
 
 TEST(TrainCheckpoint, TrainConfigTextRoundTrips) {

@@ -61,7 +61,7 @@ ModelConfig tiny(PositionKind p) {
 }
 
 TEST(TrainEvaluate, WindowScoresEqualTheModelsLossesInBits) {
-  Model model(tiny(PositionKind::alibi));
+  Model model(tiny("alibi"));
   model.num_threads = 1;
   const auto data = relpos_train_test::sample_text(100);
   const int length = 12;
@@ -86,7 +86,7 @@ TEST(TrainEvaluate, WindowScoresEqualTheModelsLossesInBits) {
 }
 
 TEST(TrainEvaluate, MemoryEvaluationReadsStreamsInSegmentsWithMemory) {
-  Model model(tiny(PositionKind::xl));
+  Model model(tiny("xl"));
   model.num_threads = 1;
   const auto data = relpos_train_test::sample_text(203);
   // 2 streams of 101 bytes, segments of 8: (101 - 1) / 8 = 12 segments each.

@@ -10,15 +10,18 @@
 //
 // Parameters and gradients each live in one contiguous float buffer (the
 // optimizer and checkpoints see flat spans); `parameter_table()` names the
-// slices ("embedding.weight", "positions.learned", "t5.table", "xl.u", "xl.v",
-// "layer<l>.ln1.weight", "layer<l>.attn.qkv.weight", "layer<l>.attn.shaw.wk",
-// "layer<l>.attn.xl.w_r", "layer<l>.ffn.up.weight", "final_ln.bias", ..., l
-// counted from 0). Activations of a forward pass are kept in one buffer sized
-// for the largest (batch, length, memory) seen, so a training loop allocates
-// once. Initialisation: normal(0, 0.02) from config.seed by the model's own
-// generator (splitmix64 + Box-Muller, no standard-library distribution), the
-// residual output projections (attn.out, ffn.down) scaled by 1/sqrt(2 layers),
-// biases 0, LayerNorm gains 1.
+// slices in order: "embedding.weight", "positions.learned", the scheme's
+// tensors shared by all layers ("t5.table", "xl.u", "xl.v"), then per layer l
+// (counted from 0) "layer<l>.ln1.weight", ..., "layer<l>.attn.qkv.bias", the
+// scheme's per-layer tensors ("layer<l>.attn.shaw.wk", "layer<l>.attn.xl.w_r"),
+// "layer<l>.attn.out.weight", ..., "layer<l>.ffn.down.bias", and last
+// "final_ln.weight", "final_ln.bias". Activations of a forward pass are kept
+// in one buffer sized for the largest (batch, length, memory) seen, so a
+// training loop allocates once. Initialisation: normal(0, 0.02) from
+// config.seed by the model's own generator (splitmix64 + Box-Muller, no
+// standard-library distribution), the residual output projections (attn.out,
+// ffn.down) scaled by 1/sqrt(2 layers), biases 0, LayerNorm gains 1, a
+// scheme's tensors as its file says.
 #pragma once
 
 #include <cstdint>
@@ -29,34 +32,26 @@
 
 namespace relpos::nn {
 
-// Where position information enters the model. `sinusoidal` and `learned` are
-// absolute embeddings added to the byte embeddings (sinusoidal in relpos's
-// [sin..., cos...] order; the learned table has `context` rows and positions
-// >= context all use its last row, so evaluation beyond the training length
-// runs and shows how that fares). Under `sinusoidal` the byte embeddings are
-// multiplied by sqrt(width) before the sinusoid is added (the Transformer
-// paper's and fairseq's embed_scale; the gradient into the embedding from the
-// input side carries the same factor, the tied output head uses the unscaled
-// matrix): initialised at std 0.02, unscaled bytes would be drowned 50:1 by a
-// sinusoid of amplitude 1. The other kinds keep the unscaled embedding, as
-// GPT-2 does: `learned` positions are trained at the embedding's own scale,
-// and `none` and the attention schemes add nothing to the bytes that could
-// drown them. Every other kind is a scheme of the attention library, applied
-// in every layer:
-//   shaw   per-layer tables wk, wv (2 shaw_k + 1, head_dim), shared by heads
-//   t5     one table (heads, t5_buckets) shared by all layers, causal buckets
-//   alibi  the paper's slopes, fixed
-//   rope   base rope_base, half-split, over the whole head dimension
-//   xl     u, v (heads, head_dim) shared by all layers, W_R (heads, head_dim,
-//          width) per layer, sinusoid of size width; no absolute embeddings
-//   kerple per-layer r1, r2 (heads) of the logarithmic KERPLE bias, initialised
-//          to 1 and used clamped at kKerpleFloor (a parameter below it gets a
-//          zero gradient), as the paper's code clamps them
-enum class PositionKind { none, sinusoidal, learned, shaw, t5, alibi, rope, xl, kerple };
-inline constexpr double kKerpleFloor = 0.01;
-const char* to_string(PositionKind kind);
-PositionKind parse_position_kind(const std::string& name);  // throws std::invalid_argument
-std::vector<PositionKind> all_position_kinds();             // every kind, in enum order
+// Where position information enters the model, by name. `sinusoidal` and
+// `learned` are absolute embeddings added to the byte embeddings (sinusoidal
+// in relpos's [sin..., cos...] order; the learned table has `context` rows and
+// positions >= context all use its last row, so evaluation beyond the
+// training length runs and shows how that fares). Under `sinusoidal` the byte
+// embeddings are multiplied by sqrt(width) before the sinusoid is added (the
+// Transformer paper's and fairseq's embed_scale; the gradient into the
+// embedding from the input side carries the same factor, the tied output head
+// uses the unscaled matrix): initialised at std 0.02, unscaled bytes would be
+// drowned 50:1 by a sinusoid of amplitude 1. The other kinds keep the unscaled
+// embedding, as GPT-2 does: `learned` positions are trained at the embedding's
+// own scale, and `none` and the attention schemes add nothing to the bytes
+// that could drown them. Every other kind is a scheme of the attention
+// library by its name (shaw, t5, alibi, rope, xl, kerple, ...), applied in
+// every layer; the scheme's own file says which of its tensors the model
+// trains, with which options, shapes and initialisation (docs/trainer.md
+// lists them): a new scheme of the library is a new kind of model.
+using PositionKind = std::string;
+PositionKind parse_position_kind(const std::string& name);  // the name if a kind's; throws std::invalid_argument
+std::vector<PositionKind> all_position_kinds();             // none, sinusoidal, learned, then the schemes in registry order
 std::string position_kind_names();                          // "none, sinusoidal, ...": every kind's name
 
 // The arithmetic of a model's forward and backward. bfloat16 is mixed
@@ -74,7 +69,7 @@ struct ModelConfig {
   int heads = 4;
   int ffn = 512;    // hidden width of the GELU feed-forward block
   int context = 64; // training length; size of the learned absolute table
-  PositionKind position = PositionKind::alibi;
+  PositionKind position = "alibi";
   int shaw_k = 16;              // Shaw clipping distance (tables per layer, shared by heads, K and V)
   int t5_buckets = 32;          // T5 (causal buckets, one table shared by all layers, as in T5)
   int t5_max_distance = 128;

@@ -71,7 +71,7 @@ class Trainer {
   double last_grad_norm() const { return last_grad_norm_; }
 
  private:
-  bool uses_memory() const { return model_.config().position == nn::PositionKind::xl; }
+  bool uses_memory() const { return model_.config().position == "xl"; }
   int memory_capacity() const;
 
   TrainConfig config_;
