@@ -201,17 +201,18 @@ class ModelImpl {
   }
 
   // The position scheme's parameters for layer l: its options, and its
-  // tensors as the attention reads them (rounded in bfloat16; a tensor with
-  // a floor clamped at it, in a copy).
+  // tensors as the attention reads them (rounded in bfloat16; a bounded
+  // tensor clamped to its bounds, in a copy).
   PositionParams<T> position_params(int l) const {
     PositionParams<T> p = scheme_options_;
     for_each_position_tensor(p, [&](std::size_t i, auto& view) {
       const ModelTensor& t = layout_.position_tensors[i];
       const T* data = operand(layout_.layers[l].position[i]);
-      if (t.floor > 0) {
+      if (t.bounded()) {
         std::vector<T>& clamped = clamped_[l * layout_.position_tensors.size() + i];
         clamped.resize(shape_size(t.shape));
-        for (std::size_t n = 0; n < clamped.size(); ++n) clamped[n] = std::max(data[n], T(t.floor));
+        for (std::size_t n = 0; n < clamped.size(); ++n)
+          clamped[n] = std::clamp(data[n], T(t.floor), T(t.ceiling));
         data = clamped.data();
       }
       bind_view(view, data, t.shape);
@@ -231,15 +232,15 @@ class ModelImpl {
     return g;
   }
 
-  // A tensor read clamped at its floor gets no gradient where it lies below.
+  // A bounded tensor gets no gradient where it lies outside its bounds.
   void clamp_position_grads() {
     for (std::size_t i = 0; i < layout_.position_tensors.size(); ++i) {
       const ModelTensor& t = layout_.position_tensors[i];
-      if (t.floor <= 0) continue;
+      if (!t.bounded()) continue;
       for (int l = 0; l < (t.shared ? 1 : config_.layers); ++l) {
         const int64_t offset = layout_.layers[l].position[i];
         for (int64_t n = 0; n < shape_size(t.shape); ++n)
-          if (param(offset)[n] < T(t.floor)) grad(offset)[n] = T(0);
+          if (param(offset)[n] < T(t.floor) || param(offset)[n] > T(t.ceiling)) grad(offset)[n] = T(0);
       }
     }
   }
@@ -454,7 +455,7 @@ class ModelImpl {
   std::vector<T> params_, grads_, buffer_;
   std::vector<T> operands_;  // bfloat16: params_ rounded, as GEMMs and the attention read them
   PositionParams<T> scheme_options_;  // the position scheme's id and options; its tensors bound per layer
-  // Per (layer, position tensor) with a floor: the tensor as the attention reads it.
+  // Per (layer, bounded position tensor): the tensor as the attention reads it.
   mutable std::vector<std::vector<T>> clamped_ = std::vector<std::vector<T>>(config_.layers * layout_.position_tensors.size());
   Activations<T> act_;
   AttentionShape shape_;

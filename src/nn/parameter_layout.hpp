@@ -59,7 +59,7 @@ struct ParameterLayout {
     position_tensors = position_scheme(c, options);
     std::vector<int64_t> position(position_tensors.size(), -1);
     for (std::size_t i = 0; i < position.size(); ++i)
-      if (position_tensors[i].shared) position[i] = add_position_tensor("", position_tensors[i]);
+      if (position_tensors[i].shared) position[i] = add_position_tensor("", c.position, position_tensors[i]);
     for (int l = 0; l < c.layers; ++l) {
       const std::string p = "layer" + std::to_string(l) + ".";
       LayerOffsets o;
@@ -69,7 +69,7 @@ struct ParameterLayout {
       o.qkv_bias = add(p + "attn.qkv.bias", {3 * w}, false, 0);
       o.position = position;
       for (std::size_t i = 0; i < position.size(); ++i)
-        if (!position_tensors[i].shared) o.position[i] = add_position_tensor(p + "attn.", position_tensors[i]);
+        if (!position_tensors[i].shared) o.position[i] = add_position_tensor(p + "attn.", c.position, position_tensors[i]);
       o.out_weight = add(p + "attn.out.weight", {w, w}, true, residual_std);
       o.out_bias = add(p + "attn.out.bias", {w}, false, 0);
       o.ln2_weight = add(p + "ln2.weight", {w}, false, -1);
@@ -96,10 +96,11 @@ struct ParameterLayout {
   }
 
  private:
-  // A scheme's tensor under its checkpoint name: "t5_table" -> prefix + "t5.table".
-  int64_t add_position_tensor(const std::string& prefix, const ModelTensor& t) {
+  // A scheme's tensor under its checkpoint name: "<scheme>_<field>" becomes
+  // prefix + "<scheme>.<field>" ("t5_table" -> "t5.table").
+  int64_t add_position_tensor(const std::string& prefix, const std::string& scheme, const ModelTensor& t) {
     std::string name = t.name;
-    if (const std::size_t underscore = name.find('_'); underscore != std::string::npos) name[underscore] = '.';
+    if (name.starts_with(scheme + "_")) name[scheme.size()] = '.';
     return add(prefix + name, t.shape, false, t.ones ? -1 : kInitStd);
   }
 

@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -54,14 +55,19 @@ class AlgorithmSet {
 inline constexpr AlgorithmSet kBiasAlgorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
 
 // A learnable tensor of a scheme in relpos's byte-level model. Its name in
-// checkpoints is the for_each_param name with the first '_' made a '.'
-// ("t5.table"), prefixed by "layer<l>.attn." for a per-layer tensor.
+// checkpoints is the for_each_param name "<scheme>_<field>" written
+// "<scheme>.<field>" ("t5.table"), prefixed by "layer<l>.attn." for a
+// per-layer tensor.
 struct ModelTensor {
   const char* name;  // as in for_each_param: "t5_table"
   std::vector<int64_t> shape;
   bool shared = false;  // one tensor for all layers (else one per layer)
   bool ones = false;    // initialised to 1 (else normal(0, 0.02) like the model's matrices)
-  double floor = 0;     // > 0: the attention reads max(parameter, floor); no gradient below it
+  // The attention reads the parameter clamped to [floor, ceiling]; an entry
+  // outside gets no gradient (it keeps its value: a step back returns it).
+  double floor = -std::numeric_limits<double>::infinity();
+  double ceiling = std::numeric_limits<double>::infinity();
+  bool bounded() const { return floor > -std::numeric_limits<double>::infinity() || ceiling < std::numeric_limits<double>::infinity(); }
 };
 
 // The for_each_param and model of a scheme without learnable tensors (none).
