@@ -22,12 +22,9 @@ namespace {
 
 
 std::vector<SchemeCase> cases() {
-  std::vector<SchemeCase> c(7);
-  const char* labels[] = {"none", "shaw k=64 K+V", "t5", "alibi", "rope", "transformer-xl", "kerple"};
-  const Scheme schemes[] = {Scheme::none, Scheme::shaw,  Scheme::t5,    Scheme::alibi,
-                            Scheme::rope, Scheme::xl, Scheme::kerple};
-  for (size_t i = 0; i < c.size(); ++i) c[i].label = labels[i], c[i].scheme = schemes[i], c[i].shaw_k = 64;
-  return c;
+  SchemeCase shaw{"shaw k=64 K+V", Scheme::shaw}, xl{"transformer-xl", Scheme::xl};
+  shaw.shaw_k = 64;
+  return cases_of_every_scheme({shaw, xl});
 }
 
 // sgemm rate of `count` (m x k)(k x n) products spread over `threads`, one

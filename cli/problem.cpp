@@ -1,30 +1,42 @@
 #include "problem.hpp"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <random>
+#include <string_view>
 #include <tuple>
+
+#include "../src/schemes/registry.hpp"
 
 namespace relpos::cli {
 
-std::vector<SchemeCase> check_cases() {
+std::vector<SchemeCase> cases_of_every_scheme(const std::vector<SchemeCase>& variants) {
   std::vector<SchemeCase> cases;
+  AllSchemes::for_each([&](auto scheme) {
+    using S = decltype(scheme);
+    const size_t before = cases.size();
+    for (const SchemeCase& c : variants)
+      if (c.scheme == S::id) cases.push_back(c);
+    if (cases.size() == before) cases.push_back(SchemeCase{S::name, S::id});
+  });
+  return cases;
+}
+
+std::vector<SchemeCase> check_cases() {
+  std::vector<SchemeCase> variants;
   auto add = [&](std::string label, Scheme s) -> SchemeCase& {
-    cases.push_back(SchemeCase{});
-    cases.back().label = std::move(label);
-    cases.back().scheme = s;
-    return cases.back();
+    variants.push_back(SchemeCase{std::move(label), s});
+    return variants.back();
   };
-  add("none", Scheme::none);
   add("shaw k=16 K+V", Scheme::shaw);
   add("shaw k=16 K+V beyond=zero", Scheme::shaw).beyond = Beyond::zero;
   add("t5 causal buckets", Scheme::t5);
   add("t5 bidirectional", Scheme::t5).t5_bidirectional = true;
-  add("alibi", Scheme::alibi);
   add("rope half-split", Scheme::rope);
   add("rope interleaved", Scheme::rope).rope_style = RopeStyle::interleaved;
   add("transformer-xl mem=L/2", Scheme::xl).mem_len = -1;  // resolved to length/2
-  add("kerple", Scheme::kerple);
-  return cases;
+  return cases_of_every_scheme(variants);
 }
 
 namespace {
@@ -39,18 +51,22 @@ View4<T> view4(std::vector<T>& buf, int64_t b, int64_t h, int64_t l, int64_t d) 
 
 template <class T>
 void Problem<T>::clear_grads() {
-  for (std::vector<T>* g : {&dq, &dk, &dv, &dwk, &dwv, &dt5_table, &du, &dxv, &dw_r, &dkerple_r1, &dkerple_r2})
-    std::fill(g->begin(), g->end(), T(0.0f));
+  for (std::vector<T>* g : {&dq, &dk, &dv}) std::fill(g->begin(), g->end(), T(0.0f));
+  for (std::vector<T>& g : dtables) std::fill(g.begin(), g.end(), T(0.0f));
 }
 
 template <class T>
 std::vector<const std::vector<T>*> Problem<T>::grads() const {
-  return {&dq, &dk, &dv, &dwk, &dwv, &dt5_table, &du, &dxv, &dw_r, &dkerple_r1, &dkerple_r2};
+  std::vector<const std::vector<T>*> all = {&dq, &dk, &dv};
+  for (const std::vector<T>& g : dtables) all.push_back(&g);
+  return all;
 }
 
 template <class T>
 std::vector<std::vector<T>*> Problem<T>::inputs() {
-  return {&q, &k, &v, &dout, &wk, &wv, &t5_table, &u, &xv, &w_r, &kerple_r1, &kerple_r2};
+  std::vector<std::vector<T>*> all = {&q, &k, &v, &dout};
+  for (std::vector<T>& t : tables) all.push_back(&t);
+  return all;
 }
 
 template <class T>
@@ -83,50 +99,44 @@ Problem<T> make_problem(const ProblemShape& s, const SchemeCase& c, uint64_t see
   p.causal = s.causal;
   p.q_offset = mem;  // memory keys sit before the queries
 
+  // The scheme's tables as the byte-level model holds them (shapes for H
+  // heads of dimension d), then the case's options. Bounded tables (KERPLE's)
+  // get values in [0.5, 1.5] clamped to their bounds, the others
+  // normal(0, 1/sqrt(last dimension)).
   PositionParams<T>& pos = p.pos;
-  PositionGrads<T>& g = p.dpos;
+  nn::ModelConfig model;
+  model.heads = int(H), model.width = int(H * d), model.shaw_k = int(c.shaw_k);
+  std::vector<ModelTensor> tensors;
+  AllSchemes::visit(c.scheme, [&](auto scheme) { tensors = decltype(scheme)::model(pos, model); });
   pos.scheme = c.scheme;
-  auto param = [&](std::vector<T>& w, std::vector<T>& dw, auto shape, double sd) {
-    using V = View<T, std::tuple_size_v<decltype(shape)>>;
+  pos.shaw.beyond = c.beyond;
+  pos.t5.bidirectional = c.t5_bidirectional;
+  pos.rope.style = c.rope_style;
+  pb.tables.resize(tensors.size());
+  pb.dtables.resize(tensors.size());
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ModelTensor& t = tensors[i];
     int64_t n = 1;
-    for (int64_t e : shape) n *= e;
-    fill(w, n, sd);
-    dw.assign(n, T(0.0f));
-    return std::pair{V::contiguous(w.data(), shape), V::contiguous(dw.data(), shape)};
-  };
-  switch (c.scheme) {
-    case Scheme::shaw: {
-      pos.shaw.k = c.shaw_k;
-      pos.shaw.beyond = c.beyond;
-      const std::array<int64_t, 3> table{1, 2 * c.shaw_k + 1, d};
-      std::tie(pos.shaw.wk, g.shaw_wk) = param(pb.wk, pb.dwk, table, 0.5);
-      std::tie(pos.shaw.wv, g.shaw_wv) = param(pb.wv, pb.dwv, table, 0.5);
-      break;
-    }
-    case Scheme::t5:
-      pos.t5.bidirectional = c.t5_bidirectional;
-      std::tie(pos.t5.table, g.t5_table) = param(pb.t5_table, pb.dt5_table, std::array<int64_t, 2>{H, 32}, 1.0);
-      break;
-    case Scheme::rope:
-      pos.rope.style = c.rope_style;
-      break;
-    case Scheme::xl:
-      std::tie(pos.xl.u, g.xl_u) = param(pb.u, pb.du, std::array<int64_t, 2>{H, d}, 0.5);
-      std::tie(pos.xl.v, g.xl_v) = param(pb.xv, pb.dxv, std::array<int64_t, 2>{H, d}, 0.5);
-      std::tie(pos.xl.w_r, g.xl_w_r) = param(pb.w_r, pb.dw_r, std::array<int64_t, 3>{H, d, d}, 0.1);
-      break;
-    case Scheme::kerple: {  // r1 in (0.5, 1.5), r2 in (0.25, 0.75): positive, as KERPLE requires
-      const std::array<int64_t, 1> heads{H};
-      std::tie(pos.kerple.r1, g.kerple_r1) = param(pb.kerple_r1, pb.dkerple_r1, heads, 0.0);
-      std::tie(pos.kerple.r2, g.kerple_r2) = param(pb.kerple_r2, pb.dkerple_r2, heads, 0.0);
-      for (int64_t h = 0; h < H; ++h)
-        pb.kerple_r1[h] = T(0.5 + double(h % 4) / 4), pb.kerple_r2[h] = T(0.25 + double(h % 3) / 4);
-      break;
-    }
-    case Scheme::none:
-    case Scheme::alibi:
-      break;
+    for (int64_t e : t.shape) n *= e;
+    fill(pb.tables[i], n, 1.0 / std::sqrt(double(t.shape.back())));
+    if (t.bounded())
+      for (T& x : pb.tables[i]) x = static_cast<T>(static_cast<float>(std::clamp(0.5 + unit(rng), t.floor, t.ceiling)));
+    pb.dtables[i].assign(n, T(0.0f));
   }
+  // Binds each table (and its gradient) to the scheme's member of that name.
+  for_each_scheme_param(
+      pos,
+      [&](const char* name, auto& view, auto& grad) {
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          if (std::string_view(name) != tensors[i].name) continue;
+          std::array<int64_t, std::tuple_size_v<decltype(view.shape)>> dims{};
+          std::copy(tensors[i].shape.begin(), tensors[i].shape.end(), dims.begin());
+          view = std::decay_t<decltype(view)>::contiguous(pb.tables[i].data(), dims);
+          grad = std::decay_t<decltype(grad)>::contiguous(pb.dtables[i].data(), dims);
+        }
+      },
+      p.dpos);
   return pb;
 }
 

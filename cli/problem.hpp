@@ -28,16 +28,23 @@ struct SchemeCase {
   int64_t mem_len = 0;  // Transformer-XL memory prepended to the keys
 };
 
+// One case per scheme of the library, in registry order: a scheme's cases in
+// `variants` where it has any, else one labelled by its name.
+std::vector<SchemeCase> cases_of_every_scheme(const std::vector<SchemeCase>& variants);
+
 // The schemes `relpos check` runs by default.
 std::vector<SchemeCase> check_cases();
 
 template <class T>
 struct Problem {
   // Inputs and parameters (values are float-representable, so the float and
-  // double problems built from one seed hold exactly the same numbers).
-  std::vector<T> q, k, v, dout, wk, wv, t5_table, u, xv, w_r, kerple_r1, kerple_r2;
+  // double problems built from one seed hold exactly the same numbers). The
+  // scheme's tables are those the byte-level model trains (its model()).
+  std::vector<T> q, k, v, dout;
+  std::vector<std::vector<T>> tables;
   // Outputs and gradients.
-  std::vector<T> out, dq, dk, dv, dwk, dwv, dt5_table, du, dxv, dw_r, dkerple_r1, dkerple_r2;
+  std::vector<T> out, dq, dk, dv;
+  std::vector<std::vector<T>> dtables;
   std::vector<compute_t<T>> lse;  // float32 for the half types
   AttentionBackward<T> params;  // views into the buffers above
 

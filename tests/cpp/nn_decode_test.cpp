@@ -57,10 +57,7 @@ std::vector<uint8_t> columns(const std::vector<uint8_t>& tokens, int batch, int 
   return ::testing::AssertionSuccess();
 }
 
-const auto kAllKinds =
-    ::testing::Values("none", "sinusoidal", "learned", "shaw",
-                      "t5", "alibi", "rope", "xl",
-                      "kerple");
+const auto kAllKinds = ::testing::ValuesIn(all_position_kinds());
 
 }  // namespace
 

@@ -100,7 +100,5 @@ TEST_P(NnModelGradient, WithMemoryMatchesCentralDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPositionKinds, NnModelGradient,
-                         ::testing::Values("none", "sinusoidal", "learned",
-                                           "shaw", "t5", "alibi",
-                                           "rope", "xl", "kerple"),
+                         ::testing::ValuesIn(all_position_kinds()),
                          [](const auto& info) { return info.param; });
