@@ -25,7 +25,7 @@
 
 namespace relpos {
 
-enum class Scheme { none, shaw, t5, alibi, rope, xl, kerple };
+enum class Scheme { none, shaw, t5, alibi, rope, xl, kerple, kerple_power };
 
 // Largest thread count relpos accepts anywhere (0 = OpenMP's maximum); checked
 // before OpenMP or the GEMM library sees it (100000 crashed inside libgomp).
@@ -97,6 +97,13 @@ struct KerpleParams {
   View1<const T> r1, r2;
 };
 
+// KERPLE, power variant: bias -r1_h * |r|^r2_h, r1 (H) finite and > 0,
+// r2 (H) in (0, 2].
+template <class T>
+struct KerplePowerParams {
+  View1<const T> r1, r2;
+};
+
 template <class T>
 struct PositionParams {
   Scheme scheme = Scheme::none;
@@ -106,6 +113,7 @@ struct PositionParams {
   RopeParams rope;
   XLParams<T> xl;
   KerpleParams<T> kerple;
+  KerplePowerParams<T> kerple_power;
 };
 
 // Gradients of the learnable positional parameters, same shapes as the
@@ -118,6 +126,7 @@ struct PositionGrads {
   View2<T> xl_u, xl_v;
   View3<T> xl_w_r;
   View1<T> kerple_r1, kerple_r2;
+  View1<T> kerple_power_r1, kerple_power_r2;
 };
 
 template <class T>

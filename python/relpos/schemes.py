@@ -13,7 +13,7 @@ from typing import Any, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL", "KERPLE"]
+__all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL", "KERPLE", "KERPLEPower"]
 
 
 def integer(x: Any, name: str) -> int:
@@ -230,5 +230,20 @@ class KERPLE(_Scheme):
     _tensors = ("r1", "r2")
 
 
+@dataclass
+class KERPLEPower(_Scheme):
+    """KERPLE (Chi et al. 2022), power variant: bias ``-r1_h * |r|**r2_h``.
+
+    ``r1`` and ``r2`` of shape ``(H,)``, ``r1`` finite and > 0, ``r2`` in (0, 2], both
+    learnable (``RelativeMultiheadAttention`` initialises them uniformly in (0, 2) and
+    (0, 1) and clamps them into those ranges at 0.01, as the paper's code does).
+    """
+
+    r1: np.ndarray
+    r2: np.ndarray
+    name = "kerple_power"
+    _tensors = ("r1", "r2")
+
+
 # Every scheme record by its name.
-SCHEMES = {cls.name: cls for cls in (NoPosition, Shaw, T5, ALiBi, RoPE, TransformerXL, KERPLE)}
+SCHEMES = {cls.name: cls for cls in (NoPosition, Shaw, T5, ALiBi, RoPE, TransformerXL, KERPLE, KERPLEPower)}

@@ -113,6 +113,8 @@ class RelativeMultiheadAttention(nn.Module):
       xl     ``xl_u``, ``xl_v`` ``(H, head_dim)``, ``xl_w_r`` ``(H, head_dim, xl_pos_dim)``.
       kerple ``kerple_r1``, ``kerple_r2`` ``(H,)``, initialised uniformly in (0, 2) and (0, 1)
              and clamped at ``KERPLE_MIN`` = 0.01 in forward, as in the paper's code.
+      kerple_power  ``kerple_power_r1``, ``kerple_power_r2`` ``(H,)``, the same, ``r2`` also
+             clamped at 2 (the power variant's range).
     """
 
     def __init__(
@@ -180,7 +182,7 @@ class RelativeMultiheadAttention(nn.Module):
         H, d = num_heads, head_dim
         self.shaw_wk = self.shaw_wv = self.t5_table = self.alibi_slopes = None
         self.xl_u = self.xl_v = self.xl_w_r = None
-        self.kerple_r1 = self.kerple_r2 = None
+        self.kerple_r1 = self.kerple_r2 = self.kerple_power_r1 = self.kerple_power_r2 = None
         if scheme == "shaw":
             self.shaw_k, self.shaw_beyond, self.shaw_tied = shaw_k, shaw_beyond, shaw_tied
             shape = ((H,) if shaw_per_head else ()) + (2 * shaw_k + 1, d)
@@ -201,9 +203,9 @@ class RelativeMultiheadAttention(nn.Module):
             self.xl_u = nn.Parameter(torch.randn(H, d) * 0.02)
             self.xl_v = nn.Parameter(torch.randn(H, d) * 0.02)
             self.xl_w_r = nn.Parameter(torch.randn(H, d, pos_dim) * pos_dim**-0.5)
-        elif scheme == "kerple":
-            self.kerple_r1 = nn.Parameter(torch.rand(H) * 2)
-            self.kerple_r2 = nn.Parameter(torch.rand(H))
+        elif scheme in ("kerple", "kerple_power"):
+            setattr(self, f"{scheme}_r1", nn.Parameter(torch.rand(H) * 2))
+            setattr(self, f"{scheme}_r2", nn.Parameter(torch.rand(H)))
 
     def position_scheme(self):
         """The relpos scheme record holding this module's parameters (not copies)."""
@@ -221,6 +223,9 @@ class RelativeMultiheadAttention(nn.Module):
             return relpos.TransformerXL(self.xl_u, self.xl_v, self.xl_w_r, clamp_len=self.xl_clamp_len)
         if s == "kerple":  # a parameter stepped below the floor keeps it, with a zero gradient
             return relpos.KERPLE(self.kerple_r1.clamp(min=KERPLE_MIN), self.kerple_r2.clamp(min=KERPLE_MIN))
+        if s == "kerple_power":
+            return relpos.KERPLEPower(self.kerple_power_r1.clamp(min=KERPLE_MIN),
+                                      self.kerple_power_r2.clamp(min=KERPLE_MIN, max=2.0))
         return relpos.NoPosition()
 
     def _heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:

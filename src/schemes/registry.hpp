@@ -8,6 +8,7 @@
 
 #include "alibi.hpp"
 #include "kerple.hpp"
+#include "kerple_power.hpp"
 #include "none.hpp"
 #include "rope.hpp"
 #include "shaw.hpp"
@@ -31,7 +32,8 @@ struct SchemeList {
 };
 
 using AllSchemes =
-    SchemeList<NoPositionScheme, ShawScheme, T5Scheme, AlibiScheme, RopeScheme, XLScheme, KerpleScheme>;
+    SchemeList<NoPositionScheme, ShawScheme, T5Scheme, AlibiScheme, RopeScheme, XLScheme, KerpleScheme,
+               KerplePowerScheme>;
 
 // Calls f(name, parameter, gradient...) for the learnable tensors of every
 // scheme, with the matching member of each PositionGrads given.

@@ -93,7 +93,7 @@ TEST(FusedMultiTile, NineTilesEachWay) {
   for (const Spec& variant : scheme_variants()) {
     if (variant.label != "none" && variant.label != "shaw_kv_per_head_zero" && variant.label != "t5_causal" &&
         variant.label != "alibi_explicit_slopes" && variant.label != "rope_interleaved_rot4" &&
-        variant.label != "xl_clamp2" && variant.label != "kerple")
+        variant.label != "xl_clamp2" && variant.label != "kerple" && variant.label != "kerple_power")
       continue;
     Spec spec = with_mask_and_geometry(multi_tile(variant), masks()[3], {"L1100", [](Spec& s) { s.Lq = s.Lk = 1100; }});
     spec.H = 1;

@@ -95,7 +95,7 @@ TEST(NnConfig, TextRefusesUnknownKeysAndBadValues) {
 }
 
 TEST(NnConfig, PositionKindNamesRoundTrip) {
-  for (const char* name : {"none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "xl", "kerple"})
+  for (const char* name : {"none", "sinusoidal", "learned", "shaw", "t5", "alibi", "rope", "xl", "kerple", "kerple_power"})
     EXPECT_EQ(parse_position_kind(name), name);
   EXPECT_THROW(parse_position_kind("ALiBi"), std::invalid_argument);
 }

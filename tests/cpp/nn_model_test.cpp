@@ -88,27 +88,41 @@ TEST(NnModel, InitialisationIsDeterministicAndScaled) {
   EXPECT_NEAR(m.loss(tokens, 2, 16), std::log(256.0), 0.3);
 }
 
-// KERPLE's r1, r2 enter the attention clamped at the documented floor 0.01: a
-// parameter below it gives the loss of the floor and receives no gradient.
-TEST(NnModel, KerpleParametersBelowTheFloorActAsTheFloorWithoutGradient) {
+namespace {
+
+// A bounded scheme tensor enters the attention clamped to its documented
+// bounds: a parameter outside gives the loss of the bound and receives no
+// gradient; at the bound itself it still learns.
+void expect_clamped_at(const std::string& kind, const std::string& tensor, float outside, float bound, float inside) {
+  SCOPED_TRACE(tensor);
   std::vector<uint8_t> tokens(2 * 17);
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint8_t>((i * 13) % 251);
-  auto loss_and_grad = [&](float r2_head1) {
-    Model m(small_config("kerple"));
+  auto loss_and_grad = [&](float head1) {
+    Model m(small_config(kind));
     m.num_threads = 1;
-    const int64_t r2 = find(m, "layer0.attn.kerple.r2").offset;
-    m.parameters()[r2 + 1] = r2_head1;
+    const int64_t offset = find(m, tensor).offset;
+    m.parameters()[offset + 1] = head1;
     const float loss = m.forward_backward(tokens, 2, 16);
-    return std::pair{loss, m.gradients()[r2 + 1]};
+    return std::pair{loss, m.gradients()[offset + 1]};
   };
-  const auto [below, below_grad] = loss_and_grad(-0.5f);
-  const auto [floor, floor_grad] = loss_and_grad(0.01f);
-  const auto [above, above_grad] = loss_and_grad(0.5f);
-  EXPECT_EQ(below, floor);
-  EXPECT_EQ(below_grad, 0.0f);
-  EXPECT_NE(above, floor);
-  EXPECT_NE(above_grad, 0.0f);
-  EXPECT_NE(floor_grad, 0.0f);  // at the floor itself the parameter still learns
+  const auto [outside_loss, outside_grad] = loss_and_grad(outside);
+  const auto [bound_loss, bound_grad] = loss_and_grad(bound);
+  const auto [inside_loss, inside_grad] = loss_and_grad(inside);
+  EXPECT_EQ(outside_loss, bound_loss);
+  EXPECT_EQ(outside_grad, 0.0f);
+  EXPECT_NE(inside_loss, bound_loss);
+  EXPECT_NE(inside_grad, 0.0f);
+  EXPECT_NE(bound_grad, 0.0f);
+}
+
+}  // namespace
+
+// KERPLE's r1, r2 (both variants) have the floor 0.01; the power variant's
+// exponent r2 also the ceiling 2.
+TEST(NnModel, KerpleParametersOutsideTheirBoundsActAsTheBoundWithoutGradient) {
+  expect_clamped_at("kerple", "layer0.attn.kerple.r2", -0.5f, 0.01f, 0.5f);
+  expect_clamped_at("kerple_power", "layer0.attn.kerple_power.r1", -0.5f, 0.01f, 0.5f);
+  expect_clamped_at("kerple_power", "layer0.attn.kerple_power.r2", 3.0f, 2.0f, 1.5f);
 }
 
 TEST(NnModel, ThreadsGiveTheSameLossAndGradients) {

@@ -95,7 +95,7 @@ inline std::vector<double> row(Tensor<double, 4>& t, int64_t b, int64_t h, int64
   return r;
 }
 
-// What a scheme adds to the logit scale * q_i . k_j (T5 / ALiBi / KERPLE bias, Shaw's
+// What a scheme adds to the logit scale * q_i . k_j (T5 / ALiBi / KERPLE biases, Shaw's
 // and Transformer-XL's scaled score terms). Not used for RoPE.
 inline double extra_logit(Problem<double>& p, int64_t b, int64_t h, int64_t i, int64_t j) {
   const Spec& s = p.spec;
@@ -117,6 +117,8 @@ inline double extra_logit(Problem<double>& p, int64_t b, int64_t h, int64_t i, i
     }
     case Scheme::kerple:
       return -p.kerple_r1(h) * std::log(1.0 + p.kerple_r2(h) * double(std::abs(r)));
+    case Scheme::kerple_power:
+      return -p.kerple_power_r1(h) * std::pow(double(std::abs(r)), p.kerple_power_r2(h));
     case Scheme::xl: {
       int64_t dist = -r;
       if (s.xl_clamp_len > 0) dist = std::max(-s.xl_clamp_len, std::min(s.xl_clamp_len, dist));

@@ -49,7 +49,9 @@ TEST_P(EqualsPlainAttentionWithFoldedTerms, OutLseAndInputGradients) {
   EXPECT_TRUE(all_near("out", p.out.values(), plain.out.values(), 1e-12, 1e-12));
   EXPECT_TRUE(all_near("lse", p.lse.values(), plain.lse.values(), 1e-12, 1e-12));
   // A bias independent of q and k (T5, ALiBi, KERPLE) leaves dq, dk, dv those of plain attention.
-  if (p.spec.scheme != Scheme::t5 && p.spec.scheme != Scheme::alibi && p.spec.scheme != Scheme::kerple) return;
+  if (p.spec.scheme != Scheme::t5 && p.spec.scheme != Scheme::alibi && p.spec.scheme != Scheme::kerple &&
+      p.spec.scheme != Scheme::kerple_power)
+    return;
   p.backward();
   plain.backward();
   EXPECT_TRUE(all_near("dv", p.dv.values(), plain.dv.values(), 1e-12, 1e-12));
@@ -68,7 +70,7 @@ TEST_P(EqualsPlainAttentionWithFoldedTerms, OutLseAndInputGradients) {
 INSTANTIATE_TEST_SUITE_P(T5AlibiShawKOnlyXL, EqualsPlainAttentionWithFoldedTerms,
                          ::testing::ValuesIn(cases_where([](const Spec& s) {
                            return s.scheme == Scheme::t5 || s.scheme == Scheme::alibi || s.scheme == Scheme::kerple ||
-                                  s.scheme == Scheme::xl ||
+                                  s.scheme == Scheme::kerple_power || s.scheme == Scheme::xl ||
                                   (s.scheme == Scheme::shaw && s.shaw_tables == ShawTables::k_only);
                          })),
                          spec_name);

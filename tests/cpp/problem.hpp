@@ -205,6 +205,7 @@ class Problem {
   Tensor<T, 2> xl_u, xl_v, grad_xl_u, grad_xl_v;
   Tensor<T, 3> xl_w_r, grad_xl_w_r;
   Tensor<T, 1> kerple_r1, kerple_r2, grad_kerple_r1, grad_kerple_r2;
+  Tensor<T, 1> kerple_power_r1, kerple_power_r2, grad_kerple_power_r1, grad_kerple_power_r2;
 
   explicit Problem(const Spec& s) : spec(s), rng_(s.seed) {
     random(q, {s.B, s.H, s.Lq, s.d}, -1, 1);
@@ -252,6 +253,12 @@ class Problem {
       zeros_like(grad_kerple_r1, kerple_r1);
       zeros_like(grad_kerple_r2, kerple_r2);
     }
+    if (s.scheme == Scheme::kerple_power) {  // r2 across the power's range (0, 2]
+      random(kerple_power_r1, {s.H}, 0.2, 1.5);
+      random(kerple_power_r2, {s.H}, 0.1, 2.0);
+      zeros_like(grad_kerple_power_r1, kerple_power_r1);
+      zeros_like(grad_kerple_power_r2, kerple_power_r2);
+    }
   }
 
   // The scheme's default scale: 1 for T5, 1 / sqrt(d) for the others.
@@ -280,6 +287,7 @@ class Problem {
     pos.rope = spec.rope;
     pos.xl = {xl_u.cview(), xl_v.cview(), xl_w_r.cview(), spec.xl_clamp_len};
     pos.kerple = {kerple_r1.cview(), kerple_r2.cview()};
+    pos.kerple_power = {kerple_power_r1.cview(), kerple_power_r2.cview()};
     a.algorithm = spec.algorithm;
     a.num_threads = spec.num_threads;
     return a;
@@ -295,7 +303,7 @@ class Problem {
     a.dv = dv.view();
     a.dpos = {grad_shaw_wk.view(), grad_shaw_wv.view(), grad_t5_table.view(), grad_alibi_slopes.view(),
               grad_xl_u.view(),    grad_xl_v.view(),    grad_xl_w_r.view(),       grad_kerple_r1.view(),
-              grad_kerple_r2.view()};
+              grad_kerple_r2.view(), grad_kerple_power_r1.view(), grad_kerple_power_r2.view()};
     return a;
   }
 
@@ -320,6 +328,8 @@ class Problem {
     add("xl.w_r", xl_w_r, grad_xl_w_r);
     add("kerple.r1", kerple_r1, grad_kerple_r1);
     add("kerple.r2", kerple_r2, grad_kerple_r2);
+    add("kerple_power.r1", kerple_power_r1, grad_kerple_power_r1);
+    add("kerple_power.r2", kerple_power_r2, grad_kerple_power_r2);
     return ps;
   }
 
@@ -334,7 +344,8 @@ class Problem {
               dv.padding_untouched();
     for (auto* g : {&grad_shaw_wk, &grad_shaw_wv, &grad_xl_w_r}) ok = ok && g->padding_untouched();
     for (auto* g : {&grad_t5_table, &grad_xl_u, &grad_xl_v}) ok = ok && g->padding_untouched();
-    for (auto* g : {&grad_alibi_slopes, &grad_kerple_r1, &grad_kerple_r2}) ok = ok && g->padding_untouched();
+    for (auto* g : {&grad_alibi_slopes, &grad_kerple_r1, &grad_kerple_r2, &grad_kerple_power_r1, &grad_kerple_power_r2})
+      ok = ok && g->padding_untouched();
     return ok;
   }
 
@@ -435,6 +446,7 @@ inline std::vector<Spec> scheme_variants() {
   add("xl_unclamped", Scheme::xl);
   add("xl_clamp2", Scheme::xl, [](Spec& s) { s.xl_clamp_len = 2; });
   add("kerple", Scheme::kerple);
+  add("kerple_power", Scheme::kerple_power);
   return out;
 }
 
@@ -461,9 +473,11 @@ inline const std::vector<Geometry>& geometries() {
       // end-aligned decoding against a KV cache: Lq < Lk, q_offset = Lk - Lq
       {"kv_cache_strided",
        [](Spec& s) { s.Lq = 2, s.Lk = 5, s.q_offset = 3, s.k_offset = 0, s.layout = Layout::strided; }},
-      // queries start before the keys (early rows see no key under causal), explicit scale
+      // queries start before the keys (early rows see no key under causal), explicit
+      // scale; the last query reaches distance 2 (at distances 0 and 1 alone a
+      // power of the distance would not depend on its exponent)
       {"query_before_keys_scaled",
-       [](Spec& s) { s.Lq = 4, s.Lk = 3, s.q_offset = 1, s.k_offset = 3, s.layout = Layout::strided, s.scale = 0.7; }},
+       [](Spec& s) { s.Lq = 5, s.Lk = 3, s.q_offset = 1, s.k_offset = 3, s.layout = Layout::strided, s.scale = 0.7; }},
       // one decoding step (Lq = 1) over 6 cached keys, T5's scale of 1
       {"decode_one_query", [](Spec& s) { s.Lq = 1, s.Lk = 6, s.q_offset = 5, s.k_offset = 0, s.scale = 1.0; }},
   };

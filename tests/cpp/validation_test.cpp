@@ -102,6 +102,19 @@ std::vector<BadInput> bad_inputs() {
       {"kerple_r2_nan", S::kerple, [nan](Problem<double>& p, Args&) { p.kerple_r2(2) = nan; }, "kerple.r2"},
       {"kerple_bias_overflows", S::kerple,
        [](Problem<double>& p, Args&) { p.kerple_r1(0) = 1e308, p.kerple_r2(0) = 1e300; }, "kerple.r1"},
+      // KERPLE, power variant: r2 in (0, 2]
+      {"kerple_power_r1_wrong_length", S::kerple_power, [](auto&, Args& a) { a.pos.kerple_power.r1.shape[0] -= 1; },
+       "kerple_power.r1"},
+      {"kerple_power_r1_zero", S::kerple_power, [](Problem<double>& p, Args&) { p.kerple_power_r1(0) = 0; },
+       "kerple_power.r1"},
+      {"kerple_power_r2_zero", S::kerple_power, [](Problem<double>& p, Args&) { p.kerple_power_r2(1) = 0; },
+       "kerple_power.r2"},
+      {"kerple_power_r2_above_two", S::kerple_power,
+       [](Problem<double>& p, Args&) { p.kerple_power_r2(1) = 2.0000001; }, "kerple_power.r2"},
+      {"kerple_power_r2_nan", S::kerple_power, [nan](Problem<double>& p, Args&) { p.kerple_power_r2(2) = nan; },
+       "kerple_power.r2"},
+      {"kerple_power_bias_overflows", S::kerple_power,
+       [](Problem<double>& p, Args&) { p.kerple_power_r1(0) = 1e308, p.kerple_power_r2(0) = 2; }, "kerple_power.r1"},
       // RoPE
       {"rope_rotary_dims_odd", S::rope, [](auto&, Args& a) { a.pos.rope.rotary_dims = 3; }, "rope.rotary_dims"},
       {"rope_rotary_dims_above_d", S::rope, [](auto&, Args& a) { a.pos.rope.rotary_dims = 8; }, "rope.rotary_dims"},
@@ -197,7 +210,8 @@ INSTANTIATE_TEST_SUITE_P(AllArguments, RejectsBadInput, ::testing::ValuesIn(bad_
 // The valid problems the bad inputs start from pass, and so does every case
 // the other test files use.
 TEST(AcceptsValidInput, BaseProblemsOfEveryScheme) {
-  for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl, Scheme::kerple}) {
+  for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl, Scheme::kerple,
+                   Scheme::kerple_power}) {
     Problem<double> p(base(s));
     EXPECT_NO_THROW(p.forward()) << relpos::to_string(s);
     EXPECT_NO_THROW(p.backward()) << relpos::to_string(s);
@@ -324,7 +338,8 @@ TEST(ScratchEstimate, HugeBroadcastShawTableIsRefusedWithTheSize) {
 // ---- names of schemes and algorithms ------------------------------------------
 
 TEST(Names, SchemesAndAlgorithmsRoundTrip) {
-  for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl, Scheme::kerple})
+  for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl, Scheme::kerple,
+                   Scheme::kerple_power})
     EXPECT_EQ(relpos::parse_scheme(relpos::to_string(s)), s);
   EXPECT_EQ(relpos::parse_scheme("t5"), Scheme::t5);
   EXPECT_STREQ(relpos::to_string(Scheme::xl), "xl");

@@ -80,6 +80,8 @@ class Problem:
             return relpos.TransformerXL(p["xl_u"], p["xl_v"], p["xl_w_r"], clamp_len=o.get("clamp_len", 0))
         if c.scheme == "kerple":
             return relpos.KERPLE(p["kerple_r1"], p["kerple_r2"])
+        if c.scheme == "kerple_power":
+            return relpos.KERPLEPower(p["kerple_power_r1"], p["kerple_power_r2"])
         raise ValueError(c.scheme)
 
     def call_kwargs(self) -> dict:
@@ -116,6 +118,9 @@ def make_problem(case: Case) -> Problem:
     elif c.scheme == "kerple":
         params["kerple_r1"] = rng.uniform(0.1, 2.0, c.H)
         params["kerple_r2"] = rng.uniform(0.05, 1.0, c.H)
+    elif c.scheme == "kerple_power":  # the exponent across the power's range (0, 2]
+        params["kerple_power_r1"] = rng.uniform(0.1, 2.0, c.H)
+        params["kerple_power_r2"] = rng.uniform(0.05, 2.0, c.H)
     key_padding = None
     if c.padding in ("random", "uint8"):
         key_padding = rng.random((c.B, c.Lk)) < 0.3

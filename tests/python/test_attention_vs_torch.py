@@ -63,6 +63,14 @@ CASES = [
     C("kerple-H3-L97-d64-causal-offsets", "kerple", B=1, H=3, Lq=97, Lk=97, d=64, causal=True, q_offset=5, k_offset=5),
     C("kerple-H5-cross5x13-pad", "kerple", H=5, Lq=5, Lk=13, padding="random", k_offset=20),
     C("kerple-H2-L300-multi-tile", "kerple", B=1, H=2, Lq=300, Lk=300, d=16, causal=True),
+    C("kerple_power-H4-L7", "kerple_power", B=1, H=4),
+    C("kerple_power-H3-L97-d64-causal-offsets", "kerple_power", B=1, H=3, Lq=97, Lk=97, d=64, causal=True,
+      q_offset=5, k_offset=5),
+    # (k_offset 8 where KERPLE-log has 20: with r2 up to 2, keys 16-32 away put gaps of ~17 nats
+    # between neighbouring keys, each row's softmax is one-hot to 1e-7, and an r1 gradient of
+    # 1.6e-6 is left as float32 rounding of a cancellation amplified by |r|^r2 ~ 400)
+    C("kerple_power-H5-cross5x13-pad", "kerple_power", H=5, Lq=5, Lk=13, padding="random", k_offset=8),
+    C("kerple_power-H2-L300-multi-tile", "kerple_power", B=1, H=2, Lq=300, Lk=300, d=16, causal=True),
     # --- RoPE -----------------------------------------------------------------
     C("rope-half-L97-d64-causal", "rope", B=1, Lq=97, Lk=97, d=64, causal=True, opts=dict(style="half_split")),
     C("rope-interleaved-L7-d16", "rope", opts=dict(style="interleaved")),
@@ -94,6 +102,7 @@ CASES = [
 SCHEME_OPTS = {
     "none": {}, "shaw": dict(k=3, tables="kv"), "t5": dict(bidirectional=False, num_buckets=8, max_distance=16),
     "alibi": dict(learn=True), "rope": dict(dims=8), "xl": dict(pos_dim=8, clamp_len=0), "kerple": {},
+    "kerple_power": {},
 }
 MASKED_CASES = [C(f"{s}-fully-masked-rows", s, Lq=6, Lk=8, k_offset=3, causal=True, padding="batch", opts=o)
                 for s, o in SCHEME_OPTS.items()]
@@ -102,7 +111,7 @@ MASKED_CASES = [C(f"{s}-fully-masked-rows", s, Lq=6, Lk=8, k_offset=3, causal=Tr
 def expected_algorithms(case: Case) -> set[str]:
     """Which algorithms serve a case, stated from the papers (docs/design.md section 2)."""
     algos = {"reference", "fused"}
-    if case.scheme in ("none", "rope", "t5", "alibi", "kerple"):
+    if case.scheme in ("none", "rope", "t5", "alibi", "kerple", "kerple_power"):
         algos |= {"gather"}
     if case.scheme == "shaw":
         algos |= {"split", "gather", "generalized_skew"}

@@ -26,7 +26,7 @@ from relpos.context_parallel import gather_sequence, ring_attention, shard_seque
 B, H, HKV, D = 2, 4, 2, 5
 CHUNKS = {2: [9, 14], 4: [5, 7, 3, 8]}
 POSITION = 3  # absolute position of the sequence's first token
-SCHEMES = ["none", "shaw", "t5", "alibi", "rope", "xl", "kerple"]
+SCHEMES = ["none", "shaw", "t5", "alibi", "rope", "xl", "kerple", "kerple_power"]
 
 
 def make_scheme(name, params):
@@ -38,17 +38,18 @@ def make_scheme(name, params):
         "rope": lambda: relpos.RoPE(dims=4),
         "xl": lambda: relpos.TransformerXL(params["u"], params["v"], params["w_r"]),
         "kerple": lambda: relpos.KERPLE(params["r1"], params["r2"]),
+        "kerple_power": lambda: relpos.KERPLEPower(params["r1"], params["r2"]),
     }[name]()
 
 
 def make_params(name, g):
     shapes = {"none": {}, "shaw": {"wk": (H, 9, D), "wv": (9, D)}, "t5": {"table": (H, 10)},
               "alibi": {"slopes": (H,)}, "rope": {}, "xl": {"u": (H, D), "v": (H, D), "w_r": (H, D, 6)},
-              "kerple": {"r1": (H,), "r2": (H,)}}[name]
+              "kerple": {"r1": (H,), "r2": (H,)}, "kerple_power": {"r1": (H,), "r2": (H,)}}[name]
     params = {n: 0.5 * torch.randn(s, generator=g, dtype=torch.float64) for n, s in shapes.items()}
     if name == "alibi":
         params["slopes"] = torch.rand(H, generator=g, dtype=torch.float64) + 0.1
-    if name == "kerple":  # r1, r2 > 0
+    if name in ("kerple", "kerple_power"):  # r1, r2 > 0 (and r2 <= 2 for the power)
         params = {n: torch.rand(H, generator=g, dtype=torch.float64) + 0.1 for n in ("r1", "r2")}
     return params
 

@@ -20,6 +20,7 @@ GRADCHECK = [
     ("rope", dict(k_offset=2), {}),
     ("xl", dict(causal=True, q_offset=1), {"u": (2, 3), "v": (2, 3), "w_r": (2, 3, 4)}),
     ("kerple", dict(causal=True, q_offset=1), {"r1": (2,), "r2": (2,)}),
+    ("kerple_power", dict(causal=True, q_offset=1), {"r1": (2,), "r2": (2,)}),
 ]
 
 
@@ -32,6 +33,7 @@ def scheme_of(name: str, params: dict):
         "rope": lambda: relpos.RoPE(dims=2),
         "xl": lambda: relpos.TransformerXL(params["u"], params["v"], params["w_r"]),
         "kerple": lambda: relpos.KERPLE(params["r1"], params["r2"]),
+        "kerple_power": lambda: relpos.KERPLEPower(params["r1"], params["r2"]),
     }[name]()
 
 
@@ -43,7 +45,7 @@ def test_gradcheck_float64(name, call, shapes):
     params = {n: (0.5 * torch.randn(s, generator=g)).requires_grad_() for n, s in shapes.items()}
     if name == "alibi":
         params["slopes"] = torch.rand(2, generator=g).add(0.1).requires_grad_()
-    if name == "kerple":  # r1, r2 > 0
+    if name in ("kerple", "kerple_power"):  # r1, r2 > 0 (and r2 <= 2 for the power)
         params = {n: torch.rand(2, generator=g).add(0.2).requires_grad_() for n in ("r1", "r2")}
     names = list(params)
 
@@ -76,8 +78,8 @@ def oracle_module_forward(m: rt.RelativeMultiheadAttention, x, kv, *, causal, ke
         opts = dict(base=s.base, dims=s.dims, style=s.style)
     elif m.scheme == "xl":
         opts, params = dict(clamp_len=s.clamp_len), {"xl_u": s.u, "xl_v": s.v, "xl_w_r": s.w_r}
-    elif m.scheme == "kerple":
-        params = {"kerple_r1": s.r1, "kerple_r2": s.r2}
+    elif m.scheme in ("kerple", "kerple_power"):
+        params = {f"{m.scheme}_r1": s.r1, f"{m.scheme}_r2": s.r2}
     out, _ = torch_oracle.attention(q, k, v, m.scheme, opts, params, causal=causal, key_padding=key_padding,
                                     q_offset=q_offset, scale=m.scale)
     B, _, Lq, _ = out.shape
@@ -96,6 +98,7 @@ MODULES = [
     ("xl-mems", dict(scheme="xl", xl_pos_dim=6, xl_clamp_len=4), dict(causal=True, mems=3)),
     ("none-cross", dict(scheme="none", kdim=7, vdim=7), dict(cross=7, pad=True)),
     ("kerple", dict(scheme="kerple"), dict(causal=True, pad=True)),
+    ("kerple_power", dict(scheme="kerple_power"), dict(causal=True, pad=True)),
 ]
 
 
@@ -140,6 +143,23 @@ def test_kerple_module_clamps_its_parameters_at_the_floor():
         m.kerple_r1[0] = -1.0
     m(x, causal=True).square().sum().backward()
     assert m.kerple_r1.grad[0] == 0 and m.kerple_r1.grad[1] != 0 and (m.kerple_r2.grad != 0).all()
+
+
+def test_kerple_power_module_clamps_its_exponent_into_its_range():
+    """The power variant's r2 stepped above 2 acts as 2 and gets no gradient; r1 still learns."""
+    torch.manual_seed(4)
+    m = rt.RelativeMultiheadAttention(8, 2, "kerple_power")
+    x = torch.randn(1, 6, 8)
+    with torch.no_grad():
+        m.kerple_power_r2[0] = 3.0
+    y = m(x, causal=True)
+    with torch.no_grad():
+        m.kerple_power_r2[0] = 2.0
+    torch.testing.assert_close(y, m(x, causal=True), rtol=0, atol=0)
+    with torch.no_grad():
+        m.kerple_power_r2[0] = 3.0
+    m(x, causal=True).square().sum().backward()
+    assert m.kerple_power_r2.grad[0] == 0 and m.kerple_power_r2.grad[1] != 0 and (m.kerple_power_r1.grad != 0).all()
 
 
 def test_module_float32_and_bad_configuration():

@@ -150,6 +150,10 @@ CASES = [
     ("kerple-r1-negative", _bad(scheme=lambda: relpos.KERPLE(-np.ones(H), np.ones(H))), r"kerple[._]r1"),
     ("kerple-r2-inf", _bad(scheme=lambda: relpos.KERPLE(np.ones(H), np.full(H, np.inf))), r"kerple[._]r2"),
     ("kerple-r2-missing", _bad(scheme=lambda: relpos.KERPLE(np.ones(H), None)), r"kerple[._]r2"),
+    # KERPLE, power variant: r2 in (0, 2]
+    ("kerple_power-r2-above-two", _bad(scheme=lambda: relpos.KERPLEPower(np.ones(H), np.full(H, 2.5))),
+     r"kerple_power[._]r2"),
+    ("kerple_power-r1-zero", _bad(scheme=lambda: relpos.KERPLEPower(np.zeros(H), np.ones(H))), r"kerple_power[._]r1"),
     # RoPE
     ("rope-odd-dims", _bad(scheme=lambda: relpos.RoPE(dims=3)), r"dims"),
     ("rope-dims-above-d", _bad(scheme=lambda: relpos.RoPE(dims=D + 2)), r"dims"),

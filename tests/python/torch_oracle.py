@@ -153,6 +153,7 @@ def attention(
       rope   opts base, dims (None = d), style ('half_split'|'interleaved')
       xl     opts clamp_len; params xl_u (H, d), xl_v (H, d), xl_w_r (H, d, pos_dim)
       kerple params kerple_r1, kerple_r2 (H,): bias -r1 log(1 + r2 |r|) (Chi et al. 2022, eq. for KERPLE-log)
+      kerple_power params kerple_power_r1, kerple_power_r2 (H,): bias -r1 |r|^r2 (KERPLE-power)
     key_padding: bool (B, Lk), True = padded.
     """
     opts, params = opts or {}, params or {}
@@ -195,6 +196,10 @@ def attention(
         r1, r2 = params["kerple_r1"], params["kerple_r2"]
         score = q @ k.transpose(-1, -2)
         bias = -r1[:, None, None] * torch.log(1 + r2[:, None, None] * r.abs().to(q.dtype))
+    elif scheme == "kerple_power":
+        r1, r2 = params["kerple_power_r1"], params["kerple_power_r2"]
+        score = q @ k.transpose(-1, -2)
+        bias = -r1[:, None, None] * torch.pow(r.abs().to(q.dtype), r2[:, None, None])
     elif scheme == "rope":
         base, dims, style = opts.get("base", 10000.0), opts.get("dims"), opts.get("style", "half_split")
         qr = rope(q, q_offset + torch.arange(Lq), base, dims, style)
