@@ -319,14 +319,14 @@ struct QueryGrads {
   Scratch<T> dqc, dqp;  // dL/d(q + u) and dL/d(q + v), (lq, d)
   Scratch<T> dR, Pb;    // Shaw: key-score gradients and value bucket sums of P, (lq, 2k+1)
   Scratch<T> dE;        // Transformer-XL: positional-key gradients, (distances, d)
-  Scratch<T> dbias;     // T5 / ALiBi: bias gradient per distance
+  Scratch<T> dbias;     // a bias per distance with learnable parameters: its gradient per distance
 
-  void reset(const HeadContext<T>& c) {
+  void reset(const HeadContext<T>& c, bool bias_grads) {
     const Head<T>& hd = c.x.hd;
     dqc.assign(hd.lq * hd.d, T(0)), dqp.assign(hd.lq * hd.d, T(0));
     dR.assign(c.shaw_k() ? hd.lq * c.nb : 0, T(0)), Pb.assign(c.shaw_v() ? hd.lq * c.nb : 0, T(0));
     dE.assign(c.xl() ? hd.distances() * hd.d : 0, T(0));
-    dbias.assign(c.x.bias.empty() ? 0 : hd.distances(), T(0));
+    dbias.assign(c.x.bias.empty() || !bias_grads ? 0 : hd.distances(), T(0));
   }
 
   void add(const QueryGrads& o) {
@@ -371,7 +371,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   HeadContext<T>& c = w.head;
   prepare(p, data, xl, b, h, c);
   load_dout(data, w);
-  q.reset(c);
+  q.reset(c, wants_scheme_grads(p));
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
   const T scale = T(effective_scale(p));

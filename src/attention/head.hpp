@@ -205,6 +205,17 @@ inline bool masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t i, i
   return (p.causal && hd.r(i, j) > 0) || (!p.key_padding.empty() && p.key_padding(hd.b, j) != 0);
 }
 
+// Whether the call wants a gradient of any of its scheme's parameters. A bias
+// whose parameters are fixed (ALiBi's paper slopes) needs no per-distance sums
+// of the logits' gradient in the backward.
+template <class T>
+bool wants_scheme_grads(const AttentionBackward<T>& p) {
+  bool wanted = false;
+  for_each_scheme_param(
+      p.pos, [&](const char*, const auto&, const auto& grad) { wanted = wanted || !grad.empty(); }, p.dpos);
+  return wanted;
+}
+
 // The gradients of the scheme's parameters from the gradient of the bias per
 // distance, dbias (distances), of the head load_head prepared in x.
 template <class T>

@@ -108,7 +108,7 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
     for (int64_t c = 0; c < dvd; ++c) D += dout[i * dvd + c] * p.out(b, h, i, c);
     for (int64_t j = 0; j < lk; ++j) dS[i * lk + j] = P[i * lk + j] * (dS[i * lk + j] - D);
   }
-  if (!x.bias.empty()) {  // bias gradient: per distance, then per bucket / slope
+  if (!x.bias.empty() && wants_scheme_grads(p)) {  // bias gradient: per distance, then per bucket / slope
     dbias.assign(hd.distances(), T(0));
     for (int64_t i = 0; i < lq; ++i)
       for (int64_t j = 0; j < lk; ++j) dbias[hd.diagonal(i, j)] += dS[i * lk + j];
