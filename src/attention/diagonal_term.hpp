@@ -13,6 +13,7 @@
 #pragma once
 
 #include "distance_table.hpp"
+#include "unfused.hpp"
 
 namespace relpos::unfused {
 

@@ -1,9 +1,11 @@
 // Relative embeddings of one head listed by distance index m = r - rmin
-// (see unfused.hpp), the matrix E that the skew and rel-shift algorithms
+// (Head in head.hpp), the matrix E that the skew and rel-shift algorithms
 // multiply by the queries:
 //   Shaw            key row  wk[c(r)]   value row wv[c(r)]   (zero when c(r) = -1)
 //   Transformer-XL  key row  W_R R(xl_distance(r))
 // and the way back: a gradient per distance row summed into the parameters.
+// Shared by the unfused algorithms and the fused kernel, with the per-head
+// slices of Shaw's tables both read.
 #pragma once
 
 #include <algorithm>
@@ -12,9 +14,38 @@
 
 #include "relpos/gemm.hpp"
 #include "../backend/parallel.hpp"
-#include "unfused.hpp"
+#include "../backend/scratch.hpp"
+#include "head.hpp"
+#include "relpos/attention.hpp"
 
-namespace relpos::unfused {
+namespace relpos {
+
+// Dense copy of head h's slice of a (1 or H, rows, width) table.
+template <class T>
+Scratch<T> table_slice(const View3<const T>& table, int64_t h) {
+  const int64_t ht = table.shape[0] == 1 ? 0 : h, rows = table.shape[1], width = table.shape[2];
+  Scratch<T> dense(rows * width);
+  for (int64_t c = 0; c < rows; ++c)
+    for (int64_t x = 0; x < width; ++x) dense[c * width + x] = table(ht, c, x);
+  return dense;
+}
+
+// grad(ht(h), c, x) += dense[c * width + x]
+template <class T>
+void add_to_table(const View3<T>& grad, int64_t h, const Scratch<T>& dense) {
+  const int64_t ht = grad.shape[0] == 1 ? 0 : h, rows = grad.shape[1], width = grad.shape[2];
+  for (int64_t c = 0; c < rows; ++c)
+    for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dense[c * width + x];
+}
+
+// Shaw's table row for every distance of the head: c(r) or -1 (zero embedding).
+template <class T>
+Scratch<int64_t> shaw_rows_by_distance(const Head<T>& hd, const ShawParams<T>& shaw) {
+  Scratch<int64_t> rows(hd.distances());
+  for (int64_t m = 0; m < hd.distances(); ++m) rows[m] = shaw_index(hd.rmin + m, shaw.k, shaw.beyond);
+  return rows;
+}
+
 
 template <class T>
 class DistanceTable {
@@ -144,4 +175,4 @@ class DistanceTable {
   const Scratch<T>* shared_sinusoids_;
 };
 
-}  // namespace relpos::unfused
+}  // namespace relpos

@@ -77,9 +77,9 @@ struct XLKeys {
     if (p.pos.scheme != Scheme::xl) return;
     const Head<T> first = head_geometry(p, 0, 0);
     const int64_t heads = p.q.shape[1];
-    R = unfused::DistanceTable<T>::make_sinusoids(p.pos, first.rmin, first.distances(),
+    R = DistanceTable<T>::make_sinusoids(p.pos, first.rmin, first.distances(),
                                                   thread_count(p.num_threads, first.distances()));
-    const unfused::DistanceTable<T> table(p.pos, nullptr, &R);
+    const DistanceTable<T> table(p.pos, nullptr, &R);
     E.resize(heads);
     // In a parallel region like every GEMM of the kernel: one thread per GEMM, not OpenMP's default team.
     parallel_for(
@@ -101,8 +101,8 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
   if (pos.scheme == Scheme::shaw) {
     c.nb = 2 * pos.shaw.k + 1;
     c.clip = pos.shaw.beyond == Beyond::clip;
-    if (!pos.shaw.wk.empty()) c.wk = unfused::table_slice(pos.shaw.wk, h);
-    if (!pos.shaw.wv.empty()) c.wv = unfused::table_slice(pos.shaw.wv, h);
+    if (!pos.shaw.wk.empty()) c.wk = table_slice(pos.shaw.wk, h);
+    if (!pos.shaw.wv.empty()) c.wv = table_slice(pos.shaw.wv, h);
   }
   c.E = xl.E.empty() ? nullptr : xl.E[h].data();
 }
@@ -462,15 +462,15 @@ void finish_head(const AttentionBackward<T>& p, const AttentionBackward<Stored>&
     if (!g.shaw_wk.empty()) {
       Scratch<T> dwk(nb * d);
       gemm<T>(Trans::yes, Trans::no, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), dwk.data(), d);
-      unfused::add_to_table(g.shaw_wk, hd.h, dwk);
+      add_to_table(g.shaw_wk, hd.h, dwk);
     }
   }
   if (c.shaw_v() && !g.shaw_wv.empty()) {  // dwv += Pb^T dout
     Scratch<T> dwv(nb * dvd);
     gemm<T>(Trans::yes, Trans::no, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout.data(), dvd, T(0), dwv.data(), dvd);
-    unfused::add_to_table(g.shaw_wv, hd.h, dwv);
+    add_to_table(g.shaw_wv, hd.h, dwv);
   }
-  if (c.xl()) unfused::DistanceTable<T>(p.pos, &g, &xl.R).add_key_grad(hd, q.dE, hd.distances());
+  if (c.xl()) DistanceTable<T>(p.pos, &g, &xl.R).add_key_grad(hd, q.dE, hd.distances());
   if (!q.dbias.empty()) add_bias_grad(g, c.x, q.dbias);
   write_input_grads(p, data, c.x, g, q.dqc, q.dqp, dk, dv);
 }

@@ -3,6 +3,7 @@
 //   value term  Pb[i, c] = sum_{j: c(r_ij) = c} P_ij;  out += Pb wv
 // and the transposes for backward (bucket sums of dS, gathers of dout wv^T).
 #include "relpos/gemm.hpp"
+#include "distance_table.hpp"
 #include "unfused.hpp"
 
 namespace relpos::unfused {

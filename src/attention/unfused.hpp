@@ -41,32 +41,6 @@ class RelativeTerm {
   }
 };
 
-// Dense copy of head h's slice of a (1 or H, rows, width) table.
-template <class T>
-Scratch<T> table_slice(const View3<const T>& table, int64_t h) {
-  const int64_t ht = table.shape[0] == 1 ? 0 : h, rows = table.shape[1], width = table.shape[2];
-  Scratch<T> dense(rows * width);
-  for (int64_t c = 0; c < rows; ++c)
-    for (int64_t x = 0; x < width; ++x) dense[c * width + x] = table(ht, c, x);
-  return dense;
-}
-
-// grad(ht(h), c, x) += dense[c * width + x]
-template <class T>
-void add_to_table(const View3<T>& grad, int64_t h, const Scratch<T>& dense) {
-  const int64_t ht = grad.shape[0] == 1 ? 0 : h, rows = grad.shape[1], width = grad.shape[2];
-  for (int64_t c = 0; c < rows; ++c)
-    for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dense[c * width + x];
-}
-
-// Shaw's table row for every distance of the head: c(r) or -1 (zero embedding).
-template <class T>
-Scratch<int64_t> shaw_rows_by_distance(const Head<T>& hd, const ShawParams<T>& shaw) {
-  Scratch<int64_t> rows(hd.distances());
-  for (int64_t m = 0; m < hd.distances(); ++m) rows[m] = shaw_index(hd.rmin + m, shaw.k, shaw.beyond);
-  return rows;
-}
-
 // The term of `algorithm` for p's scheme; grads is null in forward. Call only
 // for an algorithm check_algorithm accepted for p (dispatch's capability table).
 template <class T>

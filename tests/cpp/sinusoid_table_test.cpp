@@ -21,7 +21,7 @@ double largest_error(int64_t rmin, int64_t count, int64_t pos_dim, int64_t clamp
   pos.scheme = Scheme::xl;
   pos.xl.w_r = View3<const double>::contiguous(w_r.data(), {1, 1, pos_dim});
   pos.xl.clamp_len = clamp_len;
-  const Scratch<double> table = unfused::DistanceTable<double>::make_sinusoids(pos, rmin, count, threads);
+  const Scratch<double> table = DistanceTable<double>::make_sinusoids(pos, rmin, count, threads);
   std::vector<double> exact(pos_dim);
   double error = 0;
   for (int64_t m = 0; m < count; ++m) {
