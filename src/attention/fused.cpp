@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "relpos/gemm.hpp"
 #include "../backend/parallel.hpp"
@@ -64,6 +65,50 @@ struct HeadContext {
   bool shaw_v() const { return !wv.empty(); }
   bool xl() const { return E != nullptr; }
 };
+
+// What shapes a tile's row loops, fixed at compile time at one dispatch point
+// (with_tile_features, in run_forward and run_backward) so that the loops
+// over a tile's rows test none of it, as FlashAttention's static switches do:
+// the causal mask, a key-padding mask, and the kind of relative term a tile
+// adds (RoPE's rotation happens before the tiles: plain). Within Shaw, K-only
+// and V-only stay run-time tests, once per tile.
+enum class TileTerm { plain, bias, shaw, xl };
+
+template <bool Causal, bool Padding, TileTerm Term>
+struct TileFeatures {
+  static constexpr bool causal = Causal, padding = Padding;
+  static constexpr bool bias = Term == TileTerm::bias, shaw = Term == TileTerm::shaw, xl = Term == TileTerm::xl;
+};
+
+template <class F>
+void bool_switch(bool value, F&& f) {
+  if (value)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+// Calls f(TileFeatures<...>{}) with the features of call p.
+template <class T, class F>
+void with_tile_features(const AttentionForward<T>& p, F&& f) {
+  bool bias = false;
+  AllSchemes::visit(p.pos.scheme, [&](auto scheme) { bias = HasDistanceBias<decltype(scheme), T>::value; });
+  const TileTerm term = p.pos.scheme == Scheme::xl     ? TileTerm::xl
+                        : p.pos.scheme == Scheme::shaw ? TileTerm::shaw
+                        : bias                         ? TileTerm::bias
+                                                       : TileTerm::plain;
+  bool_switch(p.causal, [&](auto causal) {
+    bool_switch(!p.key_padding.empty(), [&](auto padding) {
+      constexpr bool c = decltype(causal)::value, k = decltype(padding)::value;
+      switch (term) {
+        case TileTerm::plain: return f(TileFeatures<c, k, TileTerm::plain>{});
+        case TileTerm::bias: return f(TileFeatures<c, k, TileTerm::bias>{});
+        case TileTerm::shaw: return f(TileFeatures<c, k, TileTerm::shaw>{});
+        case TileTerm::xl: return f(TileFeatures<c, k, TileTerm::xl>{});
+      }
+    });
+  });
+}
 
 // Transformer-XL's positional keys E_h = R W_R[h]^T of every head over the
 // call's distances, the sinusoids R computed once: they depend on the head,
@@ -198,7 +243,7 @@ void xl_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t start, int
 
 // S (bq, bk) = the tile's logits, masked pairs -inf. Rq: the Shaw key scores
 // of the tile's queries, (bq, nb). band: the query tile's Transformer-XL scores.
-template <class T>
+template <class F, class T>
 void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const T* Rq,
                  const XLBand<T>& band, T* S) {
   const Head<T>& hd = c.x.hd;
@@ -206,24 +251,23 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
   gemm<T>(Trans::no, Trans::yes, bq, bk, d, scale, c.x.qc.data() + t.i0 * d, d, c.x.kp + t.j0 * c.x.ldk, c.x.ldk, T(0),
           S, bk);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
-  if (c.xl())
+  if constexpr (F::xl)
     for (int64_t ii = 0; ii < bq; ++ii) {
       const T* diagonal = band.scores.data() + band.at(ii, bq, t.j0);
       rows::add_scaled(S + ii * bk, diagonal, scale, bk);
     }
   const Scratch<T>& bias = c.x.bias;
-  const bool padding = !p.key_padding.empty();
   for (int64_t ii = 0; ii < bq; ++ii) {
     T* row = S + ii * bk;
     const int64_t mrow = m0 + (bq - 1 - ii);  // distance index of (ii, jj = 0)
-    if (c.shaw_k()) add_by_row(row, bk, hd.rmin + mrow, p.pos.shaw.k, c.clip, Rq + ii * c.nb, scale);
-    if (!bias.empty())
+    if (F::shaw && c.shaw_k()) add_by_row(row, bk, hd.rmin + mrow, p.pos.shaw.k, c.clip, Rq + ii * c.nb, scale);
+    if constexpr (F::bias)
       rows::add_scaled(row, &bias[mrow], T(1), bk);
-    if (p.causal) {  // keys with r > 0: jj > ii + (the distance index of r = 0) - mrow
+    if constexpr (F::causal) {  // keys with r > 0: jj > ii + (the distance index of r = 0) - mrow
       const int64_t first_future = std::max<int64_t>(0, -(hd.rmin + mrow) + 1);
       for (int64_t jj = first_future; jj < bk; ++jj) row[jj] = kNegInf<T>;
     }
-    if (padding)
+    if constexpr (F::padding)
       for (int64_t jj = 0; jj < bk; ++jj)
         if (p.key_padding(hd.b, t.j0 + jj)) row[jj] = kNegInf<T>;
   }
@@ -237,7 +281,7 @@ struct ForwardScratch {
 };
 
 // One query tile of one head: all key tiles, online softmax, out and lse.
-template <class T, class Stored>
+template <class F, class T, class Stored>
 void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const XLKeys<T>& xl, int64_t b,
                   int64_t h, int64_t i0, ForwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
@@ -248,18 +292,18 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
   w.O.assign(bq * dv, T(0));
   w.m.assign(bq, kNegInf<T>);
   w.l.assign(bq, T(0));
-  if (c.shaw_k()) {
+  if (F::shaw && c.shaw_k()) {
     w.Rq.resize(bq * c.nb);
     gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), c.nb);
   }
-  if (c.shaw_v()) w.Pb.assign(bq * c.nb, T(0));
+  if (F::shaw && c.shaw_v()) w.Pb.assign(bq * c.nb, T(0));
   const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(bq), keys);
   w.S.resize(bq * block);
-  if (c.xl() && keys) xl_band(c, i0, bq, 0, keys, w.band);
+  if (F::xl && keys) xl_band(c, i0, bq, 0, keys, w.band);
   for (int64_t j0 = 0; j0 < keys; j0 += block) {
     const Tile t{i0, bq, j0, std::min(block, keys - j0)};
     T* S = w.S.data();
-    tile_logits(p, c, scale, t, w.Rq.data(), w.band, S);
+    tile_logits<F>(p, c, scale, t, w.Rq.data(), w.band, S);
     for (int64_t ii = 0; ii < bq; ++ii) {  // online softmax: S becomes P, O and Pb rescaled
       T* row = S + ii * t.bk;
       const T m_new = max_of(row, t.bk, w.m[ii]);
@@ -272,15 +316,15 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
       w.m[ii] = m_new;
       if (alpha != T(1)) {
         rows::scale(&w.O[ii * dv], alpha, dv);
-        if (c.shaw_v())
+        if (F::shaw && c.shaw_v())
           rows::scale(&w.Pb[ii * c.nb], alpha, c.nb);
       }
-      if (c.shaw_v()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), p.pos.shaw.k, c.clip, row, T(1));
+      if (F::shaw && c.shaw_v()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), p.pos.shaw.k, c.clip, row, T(1));
     }
     gemm<T>(Trans::no, Trans::no, bq, dv, t.bk, T(1), S, t.bk, c.x.vp + j0 * c.x.ldv, c.x.ldv, T(1), w.O.data(),
             dv);
   }
-  if (c.shaw_v())
+  if (F::shaw && c.shaw_v())
     gemm<T>(Trans::no, Trans::no, bq, dv, c.nb, T(1), w.Pb.data(), c.nb, c.wv.data(), dv, T(1), w.O.data(), dv);
   for (int64_t ii = 0; ii < bq; ++ii) {
     const bool empty = w.l[ii] == T(0);  // fully masked row: zeros, lse -inf
@@ -364,7 +408,7 @@ void load_dout(const AttentionBackward<Stored>& data, BackwardScratch<T>& w) {
 // (b, h) against every query tile that sees them: dk and dv of those keys
 // (rows no other group writes; dk, dv zeroed by the caller) and the group's
 // query-side sums in q.
-template <class T, class Stored>
+template <class F, class T, class Stored>
 void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const XLKeys<T>& xl,
                         int64_t b, int64_t h, int64_t group, int64_t groups, QueryGrads<T>& q, Scratch<T>& dk,
                         Scratch<T>& dv, BackwardScratch<T>& w) {
@@ -382,16 +426,16 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   for (int64_t i0 = 0; i0 < lq; i0 += kBlockQ) {
     const int64_t bq = std::min(kBlockQ, lq - i0), keys = std::min(end, visited_keys(p, hd, i0, bq));
     if (keys <= begin) continue;
-    if (c.shaw_k()) {  // Shaw key scores of the query tile, (bq, nb)
+    if (F::shaw && c.shaw_k()) {  // Shaw key scores of the query tile, (bq, nb)
       w.Rq.resize(bq * nb);
       gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), nb);
     }
-    if (c.shaw_v()) {  // dout wv^T of the query tile, (bq, nb)
+    if (F::shaw && c.shaw_v()) {  // dout wv^T of the query tile, (bq, nb)
       w.G.resize(bq * nb);
       gemm<T>(Trans::no, Trans::yes, bq, nb, dvd, T(1), w.dout.data() + i0 * dvd, dvd, c.wv.data(), dvd, T(0),
               w.G.data(), nb);
     }
-    if (c.xl()) {  // one band for all the keys of the group this query tile sees
+    if constexpr (F::xl) {  // one band for all the keys of the group this query tile sees
       xl_band(c, i0, bq, begin, keys, w.band);
       w.dband.assign(bq * w.band.width, T(0));
     }
@@ -399,7 +443,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       const Tile t{i0, bq, j0, std::min(kBlockK, keys - j0)};
       const int64_t bk = t.bk;
       T *P = w.P.data(), *dS = w.dP.data();
-      tile_logits(p, c, scale, t, w.Rq.data(), w.band, P);
+      tile_logits<F>(p, c, scale, t, w.Rq.data(), w.band, P);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const T lse = data.lse(b, h, i0 + ii);
         T* row = P + ii * bk;
@@ -418,26 +462,26 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         T* prow = P + ii * bk;
         T* srow = dS + ii * bk;
         const int64_t r0 = hd.rmin + mrow, k = p.pos.shaw.k;
-        if (c.shaw_v()) {
+        if (F::shaw && c.shaw_v()) {
           add_by_row(srow, bk, r0, k, c.clip, &w.G[ii * nb], T(1));
           sum_by_row(&q.Pb[i * nb], bk, r0, k, c.clip, prow, T(1));
         }
         rows::softmax_grad(prow, srow, w.D[i], bk);
-        if (!q.dbias.empty())
+        if (F::bias && !q.dbias.empty())
           rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
-        if (c.shaw_k()) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
+        if (F::shaw && c.shaw_k()) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
       }
       gemm<T>(Trans::no, Trans::no, bq, d, bk, scale, dS, bk, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1),
               q.dqc.data() + i0 * d, d);
       gemm<T>(Trans::yes, Trans::no, bk, d, bq, scale, dS, bk, c.x.qc.data() + i0 * d, d, T(1), dk.data() + j0 * d,
               d);
-      if (c.xl())  // un-skew scale * dS onto the band (each (ii, j) owns one column of row ii)
+      if constexpr (F::xl)  // un-skew scale * dS onto the band (each (ii, j) owns one column of row ii)
         for (int64_t ii = 0; ii < bq; ++ii) {
           T* diagonal = w.dband.data() + w.band.at(ii, bq, j0);
           rows::add_scaled(diagonal, dS + ii * bk, scale, bk);  // onto zeros: scale * dS
         }
     }
-    if (c.xl()) {  // the band's products backwards, once per query tile
+    if constexpr (F::xl) {  // the band's products backwards, once per query tile
       const int64_t width = w.band.width;
       const T* E = c.E + w.band.first * d;
       gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, E, d, T(1), q.dqp.data() + i0 * d, d);
@@ -492,20 +536,23 @@ void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& d
   const int threads = thread_count(p.num_threads, items);
   std::vector<ForwardScratch<T>> scratch(threads);
   const XLKeys<T> xl(p);
-  parallel_for(
-      items, threads, [](int) {},
-      [&](int t, int64_t item) {
-        const int64_t bh = item / tiles;
-        forward_tile(p, data, xl, bh / heads, bh % heads, head_tail(item % tiles, tiles) * kBlockQ, scratch[t]);
-      });
+  with_tile_features(p, [&](auto features) {
+    parallel_for(
+        items, threads, [](int) {},
+        [&](int t, int64_t item) {
+          const int64_t bh = item / tiles;
+          forward_tile<decltype(features)>(p, data, xl, bh / heads, bh % heads,
+                                           head_tail(item % tiles, tiles) * kBlockQ, scratch[t]);
+        });
+  });
 }
 
 // Heads that are one group each run whole on one thread; otherwise the
 // (batch, head, group) items run first, then per head the groups' sums are
 // added in group order and the head finished. Positional-parameter gradients
 // go to per-thread partials added in thread order.
-template <class T, class Stored>
-void run_backward(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data) {
+template <class F, class T, class Stored>
+void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data) {
   const int64_t heads = p.q.shape[1], count = p.q.shape[0] * heads, groups = backward_key_groups(p);
   const int64_t lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
   const XLKeys<T> xl(p);
@@ -517,7 +564,7 @@ void run_backward(const AttentionBackward<T>& p, const AttentionBackward<Stored>
     parallel_for(count, threads, make_partials, [&](int t, int64_t bh) {
       BackwardScratch<T>& w = scratch[t];
       w.dk.assign(lk * d, T(0)), w.dv.assign(lk * dv, T(0));
-      backward_key_group(p, data, xl, bh / heads, bh % heads, 0, 1, w.query, w.dk, w.dv, w);
+      backward_key_group<F>(p, data, xl, bh / heads, bh % heads, 0, 1, w.query, w.dk, w.dv, w);
       finish_head(p, data, xl, partials[t]->grads(), w.query, w.dk, w.dv, w);
     });
   } else {
@@ -526,8 +573,8 @@ void run_backward(const AttentionBackward<T>& p, const AttentionBackward<Stored>
     parallel_for(count * groups, threads, [](int) {}, [&](int t, int64_t item) {
       const int64_t bh = item / groups;
       const int64_t group = head_tail(item % groups, groups);  // causal: early key groups cost more
-      backward_key_group(p, data, xl, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh],
-                         dvs[bh], scratch[t]);
+      backward_key_group<F>(p, data, xl, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh],
+                            dvs[bh], scratch[t]);
     });
     parallel_for(count, thread_count(p.num_threads, count), make_partials, [&](int t, int64_t bh) {
       QueryGrads<T>& sum = query[bh * groups];
@@ -540,6 +587,11 @@ void run_backward(const AttentionBackward<T>& p, const AttentionBackward<Stored>
   }
   for (const auto& part : partials)  // fixed order: deterministic sums
     if (part) part->add_into(p.dpos);
+}
+
+template <class T, class Stored>
+void run_backward(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data) {
+  with_tile_features(p, [&](auto features) { backward_with<decltype(features)>(p, data); });
 }
 
 }  // namespace
