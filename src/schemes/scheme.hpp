@@ -67,7 +67,9 @@ struct ModelTensor {
   // outside gets no gradient (it keeps its value: a step back returns it).
   double floor = -std::numeric_limits<double>::infinity();
   double ceiling = std::numeric_limits<double>::infinity();
-  bool bounded() const { return floor > -std::numeric_limits<double>::infinity() || ceiling < std::numeric_limits<double>::infinity(); }
+  bool bounded() const {
+    return floor > -std::numeric_limits<double>::infinity() || ceiling < std::numeric_limits<double>::infinity();
+  }
 };
 
 // The for_each_param and model of a scheme without learnable tensors (none).
