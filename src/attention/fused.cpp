@@ -516,7 +516,7 @@ void finish_head(const AttentionBackward<T>& p, const AttentionBackward<Stored>&
   }
   if (c.xl()) DistanceTable<T>(p.pos, &g, &xl.R).add_key_grad(hd, q.dE, hd.distances());
   if (!q.dbias.empty()) add_bias_grad(g, c.x, q.dbias);
-  write_input_grads(p, data, c.x, g, q.dqc, q.dqp, dk, dv);
+  write_input_grads(data, c.x, g, q.dqc, q.dqp, dk, dv);
 }
 
 }  // namespace

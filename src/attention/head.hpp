@@ -16,58 +16,7 @@
 
 namespace relpos {
 
-// cos and sin of RoPE's angles for `count` consecutive positions from `first`,
-// (count, dims/2): the rotation of every head at those positions.
-template <class T>
-struct RopeAngles {
-  int64_t half = 0;
-  Scratch<T> cos, sin;
-
-  // Position first + i advances every angle by f_a, so a row follows from the
-  // one before by the angle-addition formulas in double; every kAnchorRows-th
-  // row is computed exactly, which keeps the error near 1e-15. A sine and a
-  // cosine per entry cost as much as the attention itself at L = 512.
-  void compute(int64_t first, int64_t count, const RopeParams& rope, int64_t d) {
-    constexpr int64_t kAnchorRows = 32;
-    const std::vector<double> f = rope_inv_freq(rope.rotary_dims ? rope.rotary_dims : d, rope.base);
-    half = static_cast<int64_t>(f.size());
-    cos.resize(count * half), sin.resize(count * half);
-    std::vector<double> c(half), s(half), step_c(half), step_s(half);
-    for (int64_t a = 0; a < half; ++a) step_c[a] = std::cos(f[a]), step_s[a] = std::sin(f[a]);
-    for (int64_t i = 0; i < count; ++i)
-      for (int64_t a = 0; a < half; ++a) {
-        if (i % kAnchorRows == 0) {
-          const double angle = double(first + i) * f[a];
-          c[a] = std::cos(angle), s[a] = std::sin(angle);
-        } else {
-          const double c0 = c[a], s0 = s[a];
-          c[a] = c0 * step_c[a] - s0 * step_s[a];
-          s[a] = s0 * step_c[a] + c0 * step_s[a];
-        }
-        cos[i * half + a] = T(c[a]), sin[i * half + a] = T(s[a]);
-      }
-  }
-
-  // Rotates row i of x (count rows of d) by its angles; direction -1 undoes it.
-  void rotate(T* x, int64_t count, int64_t d, RopeStyle style, int direction) const {
-    for (int64_t i = 0; i < count; ++i) {
-      T* row = x + i * d;
-      if (style == RopeStyle::half_split) {  // pairs (a, a + half): contiguous halves
-        rows::rotate_pairs(row, row + half, &cos[i * half], &sin[i * half], T(direction), half);
-        continue;
-      }
-      for (int64_t a = 0; a < half; ++a) {
-        const auto [u, w] = rope_pair(a, 2 * half, style);
-        const T c = cos[i * half + a], s = direction * sin[i * half + a];
-        const T x1 = row[u], x2 = row[w];
-        row[u] = x1 * c - x2 * s;
-        row[w] = x2 * c + x1 * s;
-      }
-    }
-  }
-};
-
-// One head, dense and row-major, after RoPE rotation.
+// One head, dense and row-major, after the scheme's rotation (RoPE).
 template <class T>
 struct Head {
   int64_t b = 0, h = 0, lq = 0, lk = 0, d = 0, dv = 0;
@@ -82,17 +31,17 @@ struct Head {
 template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-// One head's inputs (after RoPE; Transformer-XL's u and v added) and its
-// bias per distance (T5, ALiBi, KERPLE). One per thread and call: what depends
-// only on the call (RoPE's angles, T5's buckets, ALiBi's slopes) is computed
-// for its first head and kept.
+// One head's inputs (rotated for RoPE; Transformer-XL's u and v added) and
+// its bias per distance (T5, ALiBi, KERPLE). One per thread and call: what
+// depends only on the call (RoPE's angles, T5's buckets, ALiBi's slopes) is
+// computed for its first head and kept.
 template <class T>
 struct HeadData {
   Head<T> hd;
   Scratch<T> qc, qp, k, v;    // qp is filled only for Transformer-XL (q + v)
   Scratch<T> bias;            // (distances) for a scheme whose term is a bias per distance; empty otherwise
-  RopeAngles<T> rope_q, rope_k;  // RoPE cos/sin per position
   std::unique_ptr<DistanceBias<T>> distance_bias;  // the scheme's bias per (head, distance), made for the first head
+  std::unique_ptr<PositionRotation<T>> rotation;   // the scheme's rotation of q and k, made for the first head
 
   // Keys and values as the kernels read them: row j of k at kp + j * ldk (of
   // v at vp + j * ldv), the caller's tensors in place or the copies k, v.
@@ -113,7 +62,7 @@ inline Head<T> head_geometry(const AttentionForward<T>& p, int64_t b, int64_t h)
 // rows of contiguous features at a stride a GEMM accepts, and no rotation.
 template <class T>
 inline bool keys_readable_in_place(const AttentionForward<T>& p) {
-  return p.pos.scheme != Scheme::rope && p.k.stride[3] == 1 && p.v.stride[3] == 1 && p.k.stride[2] >= p.k.shape[3] &&
+  return !scheme_rotates<T>(p.pos.scheme) && p.k.stride[3] == 1 && p.v.stride[3] == 1 && p.k.stride[2] >= p.k.shape[3] &&
          p.v.stride[2] >= p.v.shape[3];
 }
 
@@ -169,13 +118,10 @@ inline void load_head(const AttentionForward<T>& p, const AttentionForward<S>& d
     x.vp = x.v.data(), x.ldv = dv;
   }
   const PositionParams<T>& pos = p.pos;
-  if (pos.scheme == Scheme::rope) {
-    if (x.rope_q.cos.empty()) {  // same angles for every head of the call
-      x.rope_q.compute(p.q_offset, lq, pos.rope, d);
-      x.rope_k.compute(p.k_offset, lk, pos.rope, d);
-    }
-    x.rope_q.rotate(x.qc.data(), lq, d, pos.rope.style, 1);
-    x.rope_k.rotate(x.k.data(), lk, d, pos.rope.style, 1);  // RoPE's keys are always copies
+  if (!x.rotation) x.rotation = make_rotation(p);  // the same angles for every head of the call
+  if (x.rotation) {
+    x.rotation->queries(x.qc.data(), 1);
+    x.rotation->keys(x.k.data(), 1);  // rotated keys are always copies (keys_readable_in_place)
   }
   hd.qp = x.qc.data();
   if (pos.scheme == Scheme::xl) {
@@ -229,21 +175,19 @@ inline void add_bias_grad(const PositionGrads<T>& g, const HeadData<T>& x, const
 // gradients, undo RoPE's rotation, and add into the caller's dq, dk, dv.
 // dqc is overwritten. The caller's tensors are data's (see load_head).
 template <class T, class S>
-inline void write_input_grads(const AttentionBackward<T>& p, const AttentionBackward<S>& data, const HeadData<T>& x,
-                              const PositionGrads<T>& g, Scratch<T>& dqc, const Scratch<T>& dqp, Scratch<T>& dk,
-                              const Scratch<T>& dv) {
+inline void write_input_grads(const AttentionBackward<S>& data, const HeadData<T>& x, const PositionGrads<T>& g,
+                              Scratch<T>& dqc, const Scratch<T>& dqp, Scratch<T>& dk, const Scratch<T>& dv) {
   const Head<T>& hd = x.hd;
   const int64_t b = hd.b, h = hd.h, lq = hd.lq, lk = hd.lk, d = hd.d, dvd = hd.dv;
-  const PositionParams<T>& pos = p.pos;
   for (int64_t i = 0; i < lq; ++i)
     for (int64_t c = 0; c < d; ++c) {
       if (!g.xl_u.empty()) g.xl_u(h, c) += dqc[i * d + c];
       if (!g.xl_v.empty()) g.xl_v(h, c) += dqp[i * d + c];
       dqc[i * d + c] += dqp[i * d + c];
     }
-  if (pos.scheme == Scheme::rope) {
-    x.rope_q.rotate(dqc.data(), lq, d, pos.rope.style, -1);
-    x.rope_k.rotate(dk.data(), lk, d, pos.rope.style, -1);
+  if (x.rotation) {
+    x.rotation->queries(dqc.data(), -1);
+    x.rotation->keys(dk.data(), -1);
   }
   if (!data.dq.empty())
     for (int64_t i = 0; i < lq; ++i) add_row(data.dq, b, h, i, &dqc[i * d]);

@@ -31,7 +31,7 @@ struct HeadTerms {
   Scratch<T> bias;          // (Lq, Lk)
   std::unique_ptr<DistanceBias<T>> distance_bias;  // the scheme's bias per distance, if its term is one
   Scratch<uint8_t> masked;  // (Lq, Lk)
-  std::vector<double> inv_freq; // RoPE frequencies
+  std::unique_ptr<PositionRotation<T>> rotation;  // the scheme's rotation of q and k, if it has one
   // The call's distances are r = rmin + m, m < Lq + Lk - 1. Transformer-XL: R
   // and W_R R for each (each distance's embedding is computed once, then
   // copied to its pairs).
@@ -76,13 +76,10 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
     for (int64_t x = 0; x < t.d; ++x) t.k[j * t.d + x] = p.k(b, hk, j, x);
     for (int64_t x = 0; x < t.dv; ++x) t.v[j * t.dv + x] = p.v(b, hk, j, x);
   }
-  if (pos.scheme == Scheme::rope) {
-    const int64_t dims = pos.rope.rotary_dims ? pos.rope.rotary_dims : t.d;
-    t.inv_freq = rope_inv_freq(dims, pos.rope.base);
-    for (int64_t i = 0; i < t.lq; ++i)
-      rope_rotate(&t.qc[i * t.d], 1, double(p.q_offset + i), t.inv_freq, pos.rope.style);
-    for (int64_t j = 0; j < t.lk; ++j)
-      rope_rotate(&t.k[j * t.d], 1, double(p.k_offset + j), t.inv_freq, pos.rope.style);
+  t.rotation = make_rotation(p);
+  if (t.rotation) {
+    t.rotation->queries(t.qc.data(), 1);
+    t.rotation->keys(t.k.data(), 1);
   }
   t.qp = t.qc;
   if (pos.scheme == Scheme::xl) {
@@ -267,11 +264,9 @@ void backward(const AttentionBackward<T>& p) {
           for (int64_t x = 0; x < d; ++x)
             for (int64_t e = 0; e < pos_dim; ++e) g.xl_w_r(h, x, e) += dxl_e[m * d + x] * t.xl_r[m * pos_dim + e];
       }
-      if (pos.scheme == Scheme::rope) {
-        for (int64_t i = 0; i < t.lq; ++i)
-          rope_rotate(&dq[i * d], 1, double(p.q_offset + i), t.inv_freq, pos.rope.style, -1);
-        for (int64_t j = 0; j < t.lk; ++j)
-          rope_rotate(&dk[j * d], 1, double(p.k_offset + j), t.inv_freq, pos.rope.style, -1);
+      if (t.rotation) {
+        t.rotation->queries(dq.data(), -1);
+        t.rotation->keys(dk.data(), -1);
       }
       if (!p.dq.empty())
         for (int64_t i = 0; i < t.lq; ++i)

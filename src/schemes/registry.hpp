@@ -61,6 +61,31 @@ std::unique_ptr<DistanceBias<T>> make_distance_bias(const AttentionForward<T>& p
   return bias;
 }
 
+// Whether scheme S rotates q and k: it has a class template Rotation<T>
+// deriving from PositionRotation<T>.
+template <class S, class T, class = void>
+struct HasRotation : std::false_type {};
+template <class S, class T>
+struct HasRotation<S, T, std::void_t<typename S::template Rotation<T>>> : std::true_type {};
+
+// The call's rotation of q and k when its scheme has one; nullptr otherwise.
+template <class T>
+std::unique_ptr<PositionRotation<T>> make_rotation(const AttentionForward<T>& p) {
+  std::unique_ptr<PositionRotation<T>> rotation;
+  AllSchemes::visit(p.pos.scheme, [&](auto scheme) {
+    using S = decltype(scheme);
+    if constexpr (HasRotation<S, T>::value) rotation = std::make_unique<typename S::template Rotation<T>>(p);
+  });
+  return rotation;
+}
+
+template <class T>
+bool scheme_rotates(Scheme id) {
+  bool rotates = false;
+  AllSchemes::visit(id, [&](auto scheme) { rotates = HasRotation<decltype(scheme), T>::value; });
+  return rotates;
+}
+
 inline bool scheme_serves(Scheme id, Algorithm a) {
   bool served = false;
   AllSchemes::visit(id, [&](auto scheme) { served = decltype(scheme)::algorithms.contains(a); });

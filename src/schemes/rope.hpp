@@ -1,10 +1,15 @@
 // RoPE (Su et al.): a rotation of q by its absolute position and of k by its;
-// the kernels rotate a head's rows once as they load it (head.hpp).
+// every algorithm rotates a head's rows once as it loads them (head.hpp's
+// load_head, the reference) through this scheme's Rotation.
 #pragma once
 
 #include <cmath>
+#include <vector>
 
+#include "../backend/row_ops.hpp"
+#include "../backend/scratch.hpp"
 #include "checks.hpp"
+#include "relpos/position.hpp"
 #include "scheme.hpp"
 
 namespace relpos {
@@ -31,6 +36,74 @@ struct RopeScheme : NoLearnableTensors {
            (r.rotary_dims ? "" : " (0 means d)"));
     if (!(std::isfinite(r.base) && r.base > 1.0)) fail("rope.base: must be finite and > 1");
   }
+
+  // cos and sin of the angles of `count` consecutive positions from `first`,
+  // (count, dims / 2), and the rotation of rows by them.
+  template <class T>
+  class Angles {
+   public:
+    // Position first + i advances every angle by f_a, so a row follows from
+    // the one before by the angle-addition formulas in double; every
+    // kAnchorRows-th row is computed exactly, which keeps the error near
+    // 1e-15. A sine and a cosine per entry cost as much as the attention
+    // itself at L = 512.
+    Angles(int64_t first, int64_t count, const RopeParams& rope, int64_t d) : style_(rope.style), d_(d) {
+      constexpr int64_t kAnchorRows = 32;
+      const std::vector<double> f = rope_inv_freq(rope.rotary_dims ? rope.rotary_dims : d, rope.base);
+      half_ = static_cast<int64_t>(f.size());
+      cos_.resize(count * half_), sin_.resize(count * half_);
+      std::vector<double> c(half_), s(half_), step_c(half_), step_s(half_);
+      for (int64_t a = 0; a < half_; ++a) step_c[a] = std::cos(f[a]), step_s[a] = std::sin(f[a]);
+      for (int64_t i = 0; i < count; ++i)
+        for (int64_t a = 0; a < half_; ++a) {
+          if (i % kAnchorRows == 0) {
+            const double angle = double(first + i) * f[a];
+            c[a] = std::cos(angle), s[a] = std::sin(angle);
+          } else {
+            const double c0 = c[a], s0 = s[a];
+            c[a] = c0 * step_c[a] - s0 * step_s[a];
+            s[a] = s0 * step_c[a] + c0 * step_s[a];
+          }
+          cos_[i * half_ + a] = T(c[a]), sin_[i * half_ + a] = T(s[a]);
+        }
+    }
+
+    // Rotates row i of x (count rows of d) by its angles; direction -1 undoes it.
+    void rotate(T* x, int direction) const {
+      const int64_t count = half_ ? static_cast<int64_t>(cos_.size()) / half_ : 0;
+      for (int64_t i = 0; i < count; ++i) {
+        T* row = x + i * d_;
+        if (style_ == RopeStyle::half_split) {  // pairs (a, a + half): contiguous halves
+          rows::rotate_pairs(row, row + half_, &cos_[i * half_], &sin_[i * half_], T(direction), half_);
+          continue;
+        }
+        for (int64_t a = 0; a < half_; ++a) {
+          const auto [u, w] = rope_pair(a, 2 * half_, style_);
+          const T c = cos_[i * half_ + a], s = direction * sin_[i * half_ + a];
+          const T x1 = row[u], x2 = row[w];
+          row[u] = x1 * c - x2 * s;
+          row[w] = x2 * c + x1 * s;
+        }
+      }
+    }
+
+   private:
+    RopeStyle style_;
+    int64_t d_, half_ = 0;
+    Scratch<T> cos_, sin_;
+  };
+
+  template <class T>
+  class Rotation final : public PositionRotation<T> {
+   public:
+    explicit Rotation(const AttentionForward<T>& p)
+        : q_(p.q_offset, p.q.shape[2], p.pos.rope, p.q.shape[3]), k_(p.k_offset, p.k.shape[2], p.pos.rope, p.k.shape[3]) {}
+    void queries(T* rows, int direction) const override { q_.rotate(rows, direction); }
+    void keys(T* rows, int direction) const override { k_.rotate(rows, direction); }
+
+   private:
+    Angles<T> q_, k_;
+  };
 };
 
 }  // namespace relpos

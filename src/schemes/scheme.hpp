@@ -12,6 +12,8 @@
 //                    distance): a DistanceBias<T> (below) built from the call,
 //                    that bias and the reduction of its gradient to the
 //                    scheme's parameters
+//   Rotation<T>      for a scheme that rotates q and k by their absolute
+//                    positions: a PositionRotation<T> (below)
 //   model(p, c)      how relpos's byte-level model (src/nn) holds the scheme:
 //                    sets the options of p from the model's configuration c
 //                    and returns the learnable tensors the model trains (a
@@ -22,8 +24,8 @@
 // The other kinds of relative term are computed by the kernels themselves and
 // selected by the scheme's parameters: a per-distance key embedding read by a
 // query-side vector (Shaw's clipped table; Transformer-XL's band W_R R(-r)
-// read by q + v), a per-distance value embedding (Shaw), a content bias
-// (Transformer-XL's u) and a rotation of q and k (RoPE).
+// read by q + v), a per-distance value embedding (Shaw) and a content bias
+// (Transformer-XL's u).
 #pragma once
 
 #include <cstdint>
@@ -110,6 +112,19 @@ class DistanceBias {
 
  private:
   int64_t rmin_, count_;
+};
+
+// A rotation of every head's query and key rows by their absolute positions,
+// built once per call and thread from the call (the angles depend on the
+// positions, not on the head): applied to a head's rows as they are loaded
+// (direction 1) and to the gradients of the rotated rows before they are
+// written back (direction -1, the inverse rotation).
+template <class T>
+class PositionRotation {
+ public:
+  virtual ~PositionRotation() = default;
+  virtual void queries(T* rows, int direction) const = 0;  // (Lq, d); row i sits at q_offset + i
+  virtual void keys(T* rows, int direction) const = 0;     // (Lk, d); row j sits at k_offset + j
 };
 
 }  // namespace relpos
