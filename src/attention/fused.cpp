@@ -91,8 +91,7 @@ void bool_switch(bool value, F&& f) {
 // Calls f(TileFeatures<...>{}) with the features of call p.
 template <class T, class F>
 void with_tile_features(const AttentionForward<T>& p, F&& f) {
-  bool bias = false;
-  AllSchemes::visit(p.pos.scheme, [&](auto scheme) { bias = HasDistanceBias<decltype(scheme), T>::value; });
+  const bool bias = scheme_has<BiasOf, T>(p.pos.scheme);
   const TileTerm term = p.pos.scheme == Scheme::xl     ? TileTerm::xl
                         : p.pos.scheme == Scheme::shaw ? TileTerm::shaw
                         : bias                         ? TileTerm::bias

@@ -62,7 +62,7 @@ inline Head<T> head_geometry(const AttentionForward<T>& p, int64_t b, int64_t h)
 // rows of contiguous features at a stride a GEMM accepts, and no rotation.
 template <class T>
 inline bool keys_readable_in_place(const AttentionForward<T>& p) {
-  return !scheme_rotates<T>(p.pos.scheme) && p.k.stride[3] == 1 && p.v.stride[3] == 1 && p.k.stride[2] >= p.k.shape[3] &&
+  return !scheme_has<RotationOf, T>(p.pos.scheme) && p.k.stride[3] == 1 && p.v.stride[3] == 1 && p.k.stride[2] >= p.k.shape[3] &&
          p.v.stride[2] >= p.v.shape[3];
 }
 

@@ -42,48 +42,47 @@ void for_each_scheme_param(Params& pos, F&& f, Grads&... g) {
   AllSchemes::for_each([&](auto scheme) { decltype(scheme)::for_each_param(pos, f, g...); });
 }
 
-// Whether scheme S's relative term is a bias per distance: it has a class
-// template Bias<T> deriving from DistanceBias<T>.
-template <class S, class T, class = void>
-struct HasDistanceBias : std::false_type {};
+// The kinds of relative term a scheme's file may define as a class template
+// built from the call: Bias<T> (a DistanceBias<T>) and Rotation<T> (a
+// PositionRotation<T>).
 template <class S, class T>
-struct HasDistanceBias<S, T, std::void_t<typename S::template Bias<T>>> : std::true_type {};
+using BiasOf = typename S::template Bias<T>;
+template <class S, class T>
+using RotationOf = typename S::template Rotation<T>;
 
-// The call's bias per (head, distance) when its scheme's relative term is
-// one; nullptr otherwise.
+// Whether scheme S defines the term Of<S, T>.
+template <template <class, class> class Of, class S, class T, class = void>
+struct HasTerm : std::false_type {};
+template <template <class, class> class Of, class S, class T>
+struct HasTerm<Of, S, T, std::void_t<Of<S, T>>> : std::true_type {};
+
+// The call's term Of (a Base) when its scheme defines one; nullptr otherwise.
+template <template <class, class> class Of, class Base, class T>
+std::unique_ptr<Base> make_scheme_term(const AttentionForward<T>& p) {
+  std::unique_ptr<Base> term;
+  AllSchemes::visit(p.pos.scheme, [&](auto scheme) {
+    using S = decltype(scheme);
+    if constexpr (HasTerm<Of, S, T>::value) term = std::make_unique<Of<S, T>>(p);
+  });
+  return term;
+}
+
+// Whether the scheme `id` defines the term Of.
+template <template <class, class> class Of, class T>
+bool scheme_has(Scheme id) {
+  bool has = false;
+  AllSchemes::visit(id, [&](auto scheme) { has = HasTerm<Of, decltype(scheme), T>::value; });
+  return has;
+}
+
+// The call's bias per (head, distance), or its rotation of q and k.
 template <class T>
 std::unique_ptr<DistanceBias<T>> make_distance_bias(const AttentionForward<T>& p) {
-  std::unique_ptr<DistanceBias<T>> bias;
-  AllSchemes::visit(p.pos.scheme, [&](auto scheme) {
-    using S = decltype(scheme);
-    if constexpr (HasDistanceBias<S, T>::value) bias = std::make_unique<typename S::template Bias<T>>(p);
-  });
-  return bias;
+  return make_scheme_term<BiasOf, DistanceBias<T>>(p);
 }
-
-// Whether scheme S rotates q and k: it has a class template Rotation<T>
-// deriving from PositionRotation<T>.
-template <class S, class T, class = void>
-struct HasRotation : std::false_type {};
-template <class S, class T>
-struct HasRotation<S, T, std::void_t<typename S::template Rotation<T>>> : std::true_type {};
-
-// The call's rotation of q and k when its scheme has one; nullptr otherwise.
 template <class T>
 std::unique_ptr<PositionRotation<T>> make_rotation(const AttentionForward<T>& p) {
-  std::unique_ptr<PositionRotation<T>> rotation;
-  AllSchemes::visit(p.pos.scheme, [&](auto scheme) {
-    using S = decltype(scheme);
-    if constexpr (HasRotation<S, T>::value) rotation = std::make_unique<typename S::template Rotation<T>>(p);
-  });
-  return rotation;
-}
-
-template <class T>
-bool scheme_rotates(Scheme id) {
-  bool rotates = false;
-  AllSchemes::visit(id, [&](auto scheme) { rotates = HasRotation<decltype(scheme), T>::value; });
-  return rotates;
+  return make_scheme_term<RotationOf, PositionRotation<T>>(p);
 }
 
 inline bool scheme_serves(Scheme id, Algorithm a) {
