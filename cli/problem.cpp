@@ -1,11 +1,8 @@
 #include "problem.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <random>
-#include <string_view>
-#include <tuple>
 
 #include "../src/schemes/registry.hpp"
 
@@ -117,24 +114,18 @@ Problem<T> make_problem(const ProblemShape& s, const SchemeCase& c, uint64_t see
   std::uniform_real_distribution<double> unit(0.0, 1.0);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ModelTensor& t = tensors[i];
-    int64_t n = 1;
-    for (int64_t e : t.shape) n *= e;
+    const int64_t n = t.size();
     fill(pb.tables[i], n, 1.0 / std::sqrt(double(t.shape.back())));
     if (t.bounded())
       for (T& x : pb.tables[i]) x = static_cast<T>(static_cast<float>(std::clamp(0.5 + unit(rng), t.floor, t.ceiling)));
     pb.dtables[i].assign(n, T(0.0f));
   }
   // Binds each table (and its gradient) to the scheme's member of that name.
-  for_each_scheme_param(
-      pos,
-      [&](const char* name, auto& view, auto& grad) {
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          if (std::string_view(name) != tensors[i].name) continue;
-          std::array<int64_t, std::tuple_size_v<decltype(view.shape)>> dims{};
-          std::copy(tensors[i].shape.begin(), tensors[i].shape.end(), dims.begin());
-          view = std::decay_t<decltype(view)>::contiguous(pb.tables[i].data(), dims);
-          grad = std::decay_t<decltype(grad)>::contiguous(pb.dtables[i].data(), dims);
-        }
+  for_each_model_tensor(
+      tensors, pos,
+      [&](size_t i, auto& view, auto& grad) {
+        tensors[i].bind(view, pb.tables[i].data());
+        tensors[i].bind(grad, pb.dtables[i].data());
       },
       p.dpos);
   return pb;

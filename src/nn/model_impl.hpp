@@ -29,13 +29,10 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <string_view>
-#include <tuple>
 #include <vector>
 
 #include "activations.hpp"
@@ -205,17 +202,17 @@ class ModelImpl {
   // tensor clamped to its bounds, in a copy).
   PositionParams<T> position_params(int l) const {
     PositionParams<T> p = scheme_options_;
-    for_each_position_tensor(p, [&](std::size_t i, auto& view) {
+    for_each_model_tensor(layout_.position_tensors, p, [&](std::size_t i, auto& view) {
       const ModelTensor& t = layout_.position_tensors[i];
       const T* data = operand(layout_.layers[l].position[i]);
       if (t.bounded()) {
         std::vector<T>& clamped = clamped_[l * layout_.position_tensors.size() + i];
-        clamped.resize(shape_size(t.shape));
+        clamped.resize(t.size());
         for (std::size_t n = 0; n < clamped.size(); ++n)
           clamped[n] = std::clamp(data[n], T(t.floor), T(t.ceiling));
         data = clamped.data();
       }
-      bind_view(view, data, t.shape);
+      t.bind(view, data);
     });
     return p;
   }
@@ -223,10 +220,10 @@ class ModelImpl {
   PositionGrads<T> position_grads(int l) {
     PositionGrads<T> g;
     PositionParams<T> unused;
-    for_each_position_tensor(
-        unused,
+    for_each_model_tensor(
+        layout_.position_tensors, unused,
         [&](std::size_t i, auto&, auto& grad_view) {
-          bind_view(grad_view, grad(layout_.layers[l].position[i]), layout_.position_tensors[i].shape);
+          layout_.position_tensors[i].bind(grad_view, grad(layout_.layers[l].position[i]));
         },
         g);
     return g;
@@ -239,37 +236,10 @@ class ModelImpl {
       if (!t.bounded()) continue;
       for (int l = 0; l < (t.shared ? 1 : config_.layers); ++l) {
         const int64_t offset = layout_.layers[l].position[i];
-        for (int64_t n = 0; n < shape_size(t.shape); ++n)
+        for (int64_t n = 0; n < t.size(); ++n)
           if (param(offset)[n] < T(t.floor) || param(offset)[n] > T(t.ceiling)) grad(offset)[n] = T(0);
       }
     }
-  }
-
-  // Calls f(i, member of pos, members of grads...) for the members of the
-  // model's i-th position tensor.
-  template <class Params, class F, class... Grads>
-  void for_each_position_tensor(Params& pos, F&& f, Grads&... grads) const {
-    for_each_scheme_param(
-        pos,
-        [&](const char* name, auto&... members) {
-          for (std::size_t i = 0; i < layout_.position_tensors.size(); ++i)
-            if (std::string_view(name) == layout_.position_tensors[i].name) f(i, members...);
-        },
-        grads...);
-  }
-
-  template <class View, class P>
-  static void bind_view(View& view, P* data, const std::vector<int64_t>& shape) {
-    std::array<int64_t, std::tuple_size_v<decltype(view.shape)>> dims{};
-    if (shape.size() != dims.size()) throw std::logic_error("a scheme's model tensor has the wrong rank");
-    std::copy(shape.begin(), shape.end(), dims.begin());
-    view = View::contiguous(data, dims);
-  }
-
-  static int64_t shape_size(const std::vector<int64_t>& shape) {
-    int64_t size = 1;
-    for (int64_t s : shape) size *= s;
-    return size;
   }
 
   AttentionLayerArgs<T> attention_args(int l) const {

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "alibi.hpp"
 #include "kerple.hpp"
@@ -40,6 +42,19 @@ using AllSchemes =
 template <class Params, class F, class... Grads>
 void for_each_scheme_param(Params& pos, F&& f, Grads&... g) {
   AllSchemes::for_each([&](auto scheme) { decltype(scheme)::for_each_param(pos, f, g...); });
+}
+
+// Calls f(i, member of pos, members of grads...) for the members that
+// tensors[i] (a scheme's model tensors) names.
+template <class Params, class F, class... Grads>
+void for_each_model_tensor(const std::vector<ModelTensor>& tensors, Params& pos, F&& f, Grads&... grads) {
+  for_each_scheme_param(
+      pos,
+      [&](const char* name, auto&... members) {
+        for (std::size_t i = 0; i < tensors.size(); ++i)
+          if (std::string_view(name) == tensors[i].name) f(i, members...);
+      },
+      grads...);
 }
 
 // The kinds of relative term a scheme's file may define as a class template

@@ -28,10 +28,15 @@
 // (Transformer-XL's u).
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
 #include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "relpos/attention.hpp"
@@ -71,6 +76,20 @@ struct ModelTensor {
   double ceiling = std::numeric_limits<double>::infinity();
   bool bounded() const {
     return floor > -std::numeric_limits<double>::infinity() || ceiling < std::numeric_limits<double>::infinity();
+  }
+  int64_t size() const {
+    int64_t n = 1;
+    for (int64_t e : shape) n *= e;
+    return n;
+  }
+  // A contiguous view of this shape over data, of the type of `view` (the
+  // scheme's member this tensor binds: for_each_param gives it).
+  template <class View, class P>
+  void bind(View& view, P* data) const {
+    std::array<int64_t, std::tuple_size_v<decltype(view.shape)>> dims{};
+    if (shape.size() != dims.size()) throw std::logic_error(std::string(name) + ": a model tensor of the wrong rank");
+    std::copy(shape.begin(), shape.end(), dims.begin());
+    view = View::contiguous(data, dims);
   }
 };
 
