@@ -23,21 +23,23 @@ int run_info(int argc, char** argv, int first) {
   Options opts("relpos info",
                "Prints relpos's version, the SIMD target its vector loops run on (chosen at run time; the\n"
                "environment variable RELPOS_SIMD=avx512|avx2|sse4|scalar limits it), the GEMM library and\n"
-               "the instruction set it uses, how bfloat16 / float16 calls compute, OpenMP's threads and wait\n"
-               "policy.");
+               "the instruction set it uses (ONEDNN_MAX_CPU_ISA limits it), how bfloat16 GEMMs and bfloat16 /\n"
+               "float16 attention calls compute, OpenMP's threads and wait policy.");
   opts.add_string("--json", &json_path, "also write this to a JSON file");
   if (!opts.parse(argc, argv, first)) return 0;
   const BuildInfo i = build_info();
-  std::printf("relpos %s\nSIMD: %s (compiled: %s; this CPU: %s)\nGEMM: %s on %s\n"
+  std::printf("relpos %s\nSIMD: %s (compiled: %s; this CPU: %s)\nGEMM: %s on %s\nbfloat16 GEMM: %s\n"
               "half storage: %s (this CPU %s AVX512-BF16)\nthreads: %d, OpenMP wait policy: %s\n",
               i.version.c_str(), i.simd_target.c_str(), joined(i.simd_compiled).c_str(),
-              joined(i.simd_supported).c_str(), i.gemm.c_str(), i.gemm_isa.c_str(), i.half_storage.c_str(),
+              joined(i.simd_supported).c_str(), i.gemm.c_str(), i.gemm_isa.c_str(), i.gemm_bf16.c_str(),
+              i.half_storage.c_str(),
               i.cpu_avx512_bf16 ? "has" : "lacks", i.max_threads,
               i.openmp_wait_policy.empty() ? "default (spin, then sleep)" : i.openmp_wait_policy.c_str());
   if (!json_path.empty())
     write_json(json_path, Json{{"version", i.version}, {"simd_target", i.simd_target},
                                {"simd_compiled", i.simd_compiled}, {"simd_supported", i.simd_supported},
-                               {"gemm", i.gemm}, {"gemm_isa", i.gemm_isa}, {"half_storage", i.half_storage},
+                               {"gemm", i.gemm}, {"gemm_isa", i.gemm_isa}, {"gemm_bf16", i.gemm_bf16},
+                               {"half_storage", i.half_storage},
                                {"cpu_avx512_bf16", i.cpu_avx512_bf16}, {"threads", i.max_threads},
                                {"openmp_wait_policy", i.openmp_wait_policy}});
   return 0;

@@ -240,6 +240,7 @@ NB_MODULE(_relpos, m) {
         d["simd_supported"] = i.simd_supported;
         d["gemm"] = i.gemm;
         d["gemm_isa"] = i.gemm_isa;
+        d["gemm_bf16"] = i.gemm_bf16;
         d["half_storage"] = i.half_storage;
         d["cpu_avx512_bf16"] = i.cpu_avx512_bf16;
         d["threads"] = i.max_threads;

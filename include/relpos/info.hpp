@@ -15,7 +15,8 @@ struct BuildInfo {
   std::vector<std::string> simd_supported;   // of those, the ones this CPU runs (RELPOS_SIMD may limit them)
   std::string gemm;                          // "oneDNN 2.7.3 (sgemm)"
   std::string gemm_isa;                      // the instruction set oneDNN dispatches to
-  std::string half_storage;                  // how bfloat16 / float16 calls compute
+  std::string gemm_bf16;                     // how relpos::gemm_bf16 (mixed-precision training) multiplies
+  std::string half_storage;                  // how bfloat16 / float16 attention calls compute
   bool cpu_avx512_bf16 = false;              // whether this CPU has AVX512-BF16 instructions
   int max_threads = 0;                       // OpenMP's maximum (threads = 0)
   std::string openmp_wait_policy;            // OMP_WAIT_POLICY as this process sees it ("" = default)

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 
+#include "relpos/gemm.hpp"
 #include "simd.hpp"
 
 namespace relpos {
@@ -38,9 +39,10 @@ BuildInfo build_info() {
   info.gemm = "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
               " (dnnl_sgemm)";
   info.gemm_isa = isa_name(dnnl_get_effective_cpu_isa());
-  // Half-storage calls widen to float32 and run the float32 kernels (see
-  // src/attention/half_storage.cpp) whatever the CPU; bfloat16 GEMMs through
-  // oneDNN on AVX512-BF16 / AMX are not built yet, so the flag is reported only.
+  info.gemm_bf16 = gemm_bf16_native() ? "bfloat16 products (oneDNN bf16 matmul, float32 accumulation)"
+                                       : "widened to float32 (oneDNN's instruction set has no AVX512-BF16)";
+  // Half-storage attention calls widen to float32 and run the float32
+  // kernels (see src/attention/half_storage.cpp) whatever the CPU.
   info.half_storage = "bfloat16/float16 widened to float32 per batch chunk, float32 GEMMs";
   info.cpu_avx512_bf16 = __builtin_cpu_supports("avx512bf16");
   info.max_threads = omp_get_max_threads();

@@ -23,7 +23,9 @@
 // input, the logits, the cross-entropy, the softmax statistics and every
 // parameter gradient stay float32, as do the parameters and the optimizer.
 // The values are rounded in float32 buffers: the numbers are those of bf16
-// storage with float32 accumulation, whatever GEMM the CPU runs.
+// storage with float32 accumulation. Where the CPU has bfloat16 products
+// (AVX512-BF16, AMX) the GEMMs run them (layer_gemm); elsewhere float32 GEMMs
+// multiply the same values: the same exact products, summed in another order.
 #pragma once
 
 #include <omp.h>
@@ -307,27 +309,27 @@ class ModelImpl {
       LayerActivations<T>& a = act_.layers[l];
       layer_norm_forward(a.input, param(o.ln1_weight), param(o.ln1_bias), n, w, a.ln1_out, a.ln1_mean, a.ln1_rstd, nt);
       store(a.ln1_out, n * w);
-      linear_forward(a.ln1_out, operand(o.qkv_weight), param(o.qkv_bias), n, w, 3 * w, a.qkv, nt);
+      linear_forward(a.ln1_out, operand(o.qkv_weight), param(o.qkv_bias), n, w, 3 * w, a.qkv, nt, bf16());
       store(a.qkv, 3 * n * w);
       if (shape_.memory > 0) fill_keys(*cache, l);
       attention_layer_forward(attention_args(l));
       store(a.attn, n * w);
-      linear_forward(a.attn, operand(o.out_weight), param(o.out_bias), n, w, w, a.mid, nt);
+      linear_forward(a.attn, operand(o.out_weight), param(o.out_bias), n, w, w, a.mid, nt, bf16());
       residual_forward(a.input, a.mid, n, w, nt);
       layer_norm_forward(a.mid, param(o.ln2_weight), param(o.ln2_bias), n, w, a.ln2_out, a.ln2_mean, a.ln2_rstd, nt);
       store(a.ln2_out, n * w);
-      linear_forward(a.ln2_out, operand(o.up_weight), param(o.up_bias), n, w, f, a.hidden, nt);
+      linear_forward(a.ln2_out, operand(o.up_weight), param(o.up_bias), n, w, f, a.hidden, nt, bf16());
       gelu_forward(a.hidden, a.activated, n, f, nt);
       store(a.activated, n * f);
       T* out = layer_output(l);
-      linear_forward(a.activated, operand(o.down_weight), param(o.down_bias), n, f, w, out, nt);
+      linear_forward(a.activated, operand(o.down_weight), param(o.down_bias), n, f, w, out, nt, bf16());
       residual_forward(a.mid, out, n, w, nt);
     }
     layer_norm_forward(act_.stream_out, param(layout_.final_weight), param(layout_.final_bias), n, w, act_.final_out,
                        act_.final_mean, act_.final_rstd, nt);
     store(act_.final_out, n * w);
-    gemm<T>(Trans::no, Trans::yes, n, kVocabulary, w, T(1), act_.final_out, w, operand(layout_.embedding), w, T(0),
-            act_.logits, kVocabulary);
+    layer_gemm(bf16(), Trans::no, Trans::yes, n, kVocabulary, w, T(1), act_.final_out, w, operand(layout_.embedding),
+               w, T(0), act_.logits, kVocabulary);
   }
 
   void backward_pass(const uint8_t* targets) {
@@ -336,8 +338,10 @@ class ModelImpl {
     cross_entropy_backward(act_.logits, targets, act_.row_weight, n, v, act_.d_logits, nt);
     store(act_.d_logits, n * v);
     // Tied head: logits = final_out E^T.
-    gemm<T>(Trans::yes, Trans::no, v, w, n, T(1), act_.d_logits, v, act_.final_out, w, T(1), grad(layout_.embedding), w);
-    gemm<T>(Trans::no, Trans::no, n, w, v, T(1), act_.d_logits, v, operand(layout_.embedding), w, T(0), act_.d_norm, w);
+    layer_gemm(bf16(), Trans::yes, Trans::no, v, w, n, T(1), act_.d_logits, v, act_.final_out, w, T(1),
+               grad(layout_.embedding), w);
+    layer_gemm(bf16(), Trans::no, Trans::no, n, w, v, T(1), act_.d_logits, v, operand(layout_.embedding), w, T(0),
+               act_.d_norm, w);
     // The gradient of the residual stream, one buffer for every depth: each
     // block's branches read it as their output's gradient, then their
     // LayerNorms add their input's gradient into it (the skip connection's 1).
@@ -350,23 +354,23 @@ class ModelImpl {
       const LayerActivations<T>& a = act_.layers[l];
       // Feed-forward branch; dx is d(output of block l).
       linear_backward(stored_copy(dx, act_.d_branch, n * w), a.activated, operand(o.down_weight), n, f, w,
-                      act_.d_activated, grad(o.down_weight), grad(o.down_bias));
+                      act_.d_activated, grad(o.down_weight), grad(o.down_bias), bf16());
       gelu_backward(a.hidden, act_.d_activated, act_.d_hidden, n, f, nt);
       store(act_.d_hidden, n * f);
       linear_backward(act_.d_hidden, a.ln2_out, operand(o.up_weight), n, w, f, act_.d_norm, grad(o.up_weight),
-                      grad(o.up_bias));
+                      grad(o.up_bias), bf16());
       layer_norm_backward(act_.d_norm, a.mid, param(o.ln2_weight), a.ln2_mean, a.ln2_rstd, n, w, dx,
                           grad(o.ln2_weight), grad(o.ln2_bias), nt);
       // Attention branch; dx is now d(mid).
       linear_backward(stored_copy(dx, act_.d_branch, n * w), a.attn, operand(o.out_weight), n, w, w, act_.d_attn,
-                      grad(o.out_weight), grad(o.out_bias));
+                      grad(o.out_weight), grad(o.out_bias), bf16());
       store(act_.d_attn, n * w);
       std::fill_n(act_.d_qkv, 3 * n * w, T(0));  // the attention adds its gradients
       attention_layer_backward(attention_args(l), act_.d_attn, act_.d_qkv, act_.d_keys, act_.d_values,
                                position_grads(l));
       store(act_.d_qkv, 3 * n * w);
       linear_backward(act_.d_qkv, a.ln1_out, operand(o.qkv_weight), n, w, 3 * w, act_.d_norm, grad(o.qkv_weight),
-                      grad(o.qkv_bias));
+                      grad(o.qkv_bias), bf16());
       layer_norm_backward(act_.d_norm, a.input, param(o.ln1_weight), a.ln1_mean, a.ln1_rstd, n, w, dx,
                           grad(o.ln1_weight), grad(o.ln1_bias), nt);
     }

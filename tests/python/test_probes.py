@@ -177,6 +177,13 @@ def test_version_and_info_agree_everywhere():
     assert "float32" in info["half_storage"]
     text = subprocess.run([str(cli), "info"], capture_output=True, text=True, check=True).stdout
     assert f"half storage: {info['half_storage']}" in text
+    # bfloat16 GEMMs take bfloat16 products exactly where oneDNN may use AVX512-BF16.
+    limit = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    if limit is None:
+        assert info["gemm_bf16"].startswith("bfloat16 products") == ("avx512_bf16" in flags)
+    elif limit == "AVX2":
+        assert info["gemm_bf16"].startswith("widened to float32")
+    assert f"bfloat16 GEMM: {info['gemm_bf16']}" in text
     code = "import relpos; print(relpos.info()['simd_target'])"
     limited = subprocess.run([sys.executable, "-c", code], env={**os.environ, "RELPOS_SIMD": "sse4"},
                              capture_output=True, text=True, check=True).stdout.strip()
