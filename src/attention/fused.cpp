@@ -51,6 +51,33 @@ inline int64_t forward_key_block(int64_t bq) {
   return std::clamp<int64_t>(kBlockQ * kForwardBlockK / bq / kBlockK * kBlockK, kForwardBlockK, kDecodeBlockK);
 }
 
+// The rows of one head as a bfloat16 call stores them (pointer, row stride),
+// read in place by the two products whose operands are exactly those stored
+// values: q k^T (forward and backward) and dout v^T (backward). Where the CPU
+// has bfloat16 products (gemm_bf16_native) these run at about twice sgemm's
+// rate, with the same exact products as a float32 GEMM of the widened rows,
+// summed in another order. Null elsewhere: float32 / float16 storage, a CPU
+// without bfloat16 products, a scheme that changes q or k before the
+// product (RoPE's rotation, Transformer-XL's u), rows not dense in their
+// features. The other products read P or dS, which are float32 numbers.
+struct StoredBf16Rows {
+  const bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
+  int64_t ldq = 0, ldk = 0, ldv = 0, lddout = 0;
+
+  explicit operator bool() const { return q != nullptr; }
+};
+
+template <class T, class Stored>
+bool multiplies_stored_bf16(const AttentionForward<T>& p, const AttentionForward<Stored>& data) {
+  if constexpr (!std::is_same_v<Stored, bfloat16>) {
+    return false;
+  } else {
+    const auto dense = [](const auto& x) { return x.stride[3] == 1 && x.stride[2] >= x.shape[3]; };
+    return gemm_bf16_native() && !scheme_has<RotationOf, T>(p.pos.scheme) && p.pos.scheme != Scheme::xl &&
+           dense(data.q) && dense(data.k) && dense(data.v);
+  }
+}
+
 // One (batch, head), prepared once and shared by its tiles.
 template <class T>
 struct HeadContext {
@@ -60,6 +87,7 @@ struct HeadContext {
   bool clip = true;         // Shaw: distances beyond +-k use the edge rows (else a zero embedding)
   Scratch<T> wk, wv;        // Shaw table slices of this head (nb, d), (nb, dv)
   const T* E = nullptr;     // Transformer-XL W_R R per distance (distances, d), from XLKeys
+  StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
 
   bool shaw_k() const { return !wk.empty(); }
   bool shaw_v() const { return !wv.empty(); }
@@ -149,6 +177,27 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
     if (!pos.shaw.wv.empty()) c.wv = table_slice(pos.shaw.wv, h);
   }
   c.E = xl.E.empty() ? nullptr : xl.E[h].data();
+  c.stored = {};
+  if constexpr (std::is_same_v<Stored, bfloat16>)
+    if (multiplies_stored_bf16(p, data)) {
+      const int64_t hk = kv_head(p, h);
+      c.stored = {&data.q(b, h, 0, 0), &data.k(b, hk, 0, 0), &data.v(b, hk, 0, 0), nullptr,
+                  data.q.stride[2], data.k.stride[2], data.v.stride[2], 0};
+    }
+}
+
+// c (bq, bk) = alpha a b^T for the rows [ia, ia + bq) of a and [jb, jb + bk)
+// of b (both with `width` features): on the stored bfloat16 rows a16, b16
+// where given, else on the compute-type rows a, b.
+template <class T>
+void product_of_rows(const bfloat16* a16, int64_t lda16, const bfloat16* b16, int64_t ldb16, const T* a, int64_t lda,
+                     const T* b, int64_t ldb, int64_t ia, int64_t jb, int64_t bq, int64_t bk, int64_t width, T alpha,
+                     T* c) {
+  if constexpr (std::is_same_v<T, float>)
+    if (a16 && b16)
+      return gemm_bf16(Trans::no, Trans::yes, bq, bk, width, alpha, a16 + ia * lda16, lda16, b16 + jb * ldb16, ldb16,
+                       0.f, c, bk);
+  gemm<T>(Trans::no, Trans::yes, bq, bk, width, alpha, a + ia * lda, lda, b + jb * ldb, ldb, T(0), c, bk);
 }
 
 // Shaw's table row of the keys of one row of a tile, whose distances are
@@ -247,8 +296,8 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
                  const XLBand<T>& band, T* S) {
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d, bq = t.bq, bk = t.bk;
-  gemm<T>(Trans::no, Trans::yes, bq, bk, d, scale, c.x.qc.data() + t.i0 * d, d, c.x.kp + t.j0 * c.x.ldk, c.x.ldk, T(0),
-          S, bk);
+  product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
+                  bq, bk, d, scale, S);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
   if constexpr (F::xl)
     for (int64_t ii = 0; ii < bq; ++ii) {
@@ -401,6 +450,11 @@ void load_dout(const AttentionBackward<Stored>& data, BackwardScratch<T>& w) {
     for (int64_t x = 0; x < dv; ++x) D += w.dout[i * dv + x] * w.out_row[x];
     w.D[i] = D;
   }
+  if constexpr (std::is_same_v<Stored, bfloat16>)
+    if (w.head.stored && data.dout.stride[3] == 1 && data.dout.stride[2] >= dv) {
+      w.head.stored.dout = &data.dout(hd.b, hd.h, 0, 0);
+      w.head.stored.lddout = data.dout.stride[2];
+    }
 }
 
 // Key tiles [group n / groups, (group + 1) n / groups) of the n of head
@@ -453,8 +507,8 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       }
       gemm<T>(Trans::yes, Trans::no, bk, dvd, bq, T(1), P, bk, w.dout.data() + i0 * dvd, dvd, T(1),
               dv.data() + j0 * dvd, dvd);
-      gemm<T>(Trans::no, Trans::yes, bq, bk, dvd, T(1), w.dout.data() + i0 * dvd, dvd, c.x.vp + j0 * c.x.ldv,
-              c.x.ldv, T(0), dS, bk);
+      product_of_rows(c.stored.dout, c.stored.lddout, c.stored.v, c.stored.ldv, w.dout.data(), dvd, c.x.vp, c.x.ldv,
+                      i0, j0, bq, bk, dvd, T(1), dS);
       const int64_t m0 = hd.diagonal(i0 + bq - 1, j0);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const int64_t i = i0 + ii, mrow = m0 + (bq - 1 - ii);

@@ -42,6 +42,7 @@ struct MatmulKey {
   int threads;
   auto tie() const { return std::tie(ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, threads); }
   bool operator<(const MatmulKey& o) const { return tie() < o.tie(); }
+  bool operator==(const MatmulKey& o) const { return tie() == o.tie(); }
 };
 
 const dnnl::engine& cpu_engine() {
@@ -78,14 +79,21 @@ dnnl::matmul matmul_for(const MatmulKey& key) {
 void native_gemm_bf16(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
                       int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   try {
+    // The fused attention kernel calls one shape per tile over and over from
+    // each thread: its thread's last primitive and stream are at hand.
     const MatmulKey key{ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, omp_get_max_threads()};
-    const dnnl::matmul matmul = matmul_for(key);
+    thread_local MatmulKey last_key{};
+    thread_local dnnl::matmul matmul;
+    if (!(key == last_key) || last_key.m == 0) {
+      matmul = matmul_for(key);
+      last_key = key;
+    }
     const dnnl::engine& engine = cpu_engine();
+    thread_local dnnl::stream stream(engine);
     // Each operand's memory spans its rows up to the last row's last element.
     auto wrap = [&](Trans t, int64_t rows, int64_t cols, int64_t ld, DataType type, const void* data) {
       return dnnl::memory(operand_desc(t, rows, cols, ld, type), engine, const_cast<void*>(data));
     };
-    dnnl::stream stream(engine);
     matmul.execute(stream, {{DNNL_ARG_SRC, wrap(ta, m, k, lda, DataType::bf16, a)},
                             {DNNL_ARG_WEIGHTS, wrap(tb, k, n, ldb, DataType::bf16, b)},
                             {DNNL_ARG_DST, wrap(Trans::no, m, n, ldc, DataType::f32, c)}});

@@ -41,9 +41,13 @@ BuildInfo build_info() {
   info.gemm_isa = isa_name(dnnl_get_effective_cpu_isa());
   info.gemm_bf16 = gemm_bf16_native() ? "bfloat16 products (oneDNN bf16 matmul, float32 accumulation)"
                                        : "widened to float32 (oneDNN's instruction set has no AVX512-BF16)";
-  // Half-storage attention calls widen to float32 and run the float32
-  // kernels (see src/attention/half_storage.cpp) whatever the CPU.
-  info.half_storage = "bfloat16/float16 widened to float32 per batch chunk, float32 GEMMs";
+  // Half-storage attention calls run the float32 kernels on widened rows
+  // (src/attention/half_storage.cpp); the fused kernel multiplies stored
+  // bfloat16 rows in place where their products are exact (src/attention/fused.cpp).
+  info.half_storage = gemm_bf16_native()
+                          ? "fused: q k^T and dout v^T as bfloat16 products of the stored rows, the rest widened to "
+                            "float32; other algorithms widened to float32 per batch chunk"
+                          : "bfloat16/float16 widened to float32 per batch chunk, float32 GEMMs";
   info.cpu_avx512_bf16 = __builtin_cpu_supports("avx512bf16");
   info.max_threads = omp_get_max_threads();
   const char* policy = std::getenv("OMP_WAIT_POLICY");
