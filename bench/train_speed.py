@@ -10,7 +10,9 @@ float bias for ALiBi and T5, and materialised relative embeddings for Shaw
 (as OpenNMT-py does). Reported: training tokens per second of each and their
 ratio (relpos over PyTorch, > 1: relpos faster). With --dtypes bf16 both train
 in bfloat16 mixed precision: relpos with --dtype bf16, PyTorch under
-torch.autocast("cpu", torch.bfloat16), the way PyTorch users ask for it.
+torch.autocast("cpu", torch.bfloat16), the way PyTorch users ask for it; with
+--dtypes float32,bf16 a last column also gives each row over PyTorch's float32
+speed on the same scheme in this run.
 
     .venv/bin/python bench/train_speed.py                      # every scheme, defaults
     .venv/bin/python bench/train_speed.py --positions alibi --steps 300 --threads 1
@@ -228,17 +230,26 @@ def main():
 
     print(f"training tokens/s, layers={a.layers} width={a.width} heads={a.heads} ffn={a.ffn} length={a.length} "
           f"batch={a.batch} steps={a.steps} threads={a.threads}, torch {torch.__version__}")
-    print(f"{'scheme':<12}{'dtype':>8}{'relpos tok/s':>14}{'torch tok/s':>14}{'relpos/torch':>14}")
+    print(f"{'scheme':<12}{'dtype':>8}{'relpos tok/s':>14}{'torch tok/s':>14}{'relpos/torch':>14}"
+          f"{'vs torch f32':>14}")
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
         for position in positions:
+            torch_float32 = None  # PyTorch's float32 speed on this scheme, this run: what bf16 rows also face
             for dtype in dtypes:
                 a.position, a.dtype = position, dtype
                 ours = relpos_tokens_per_second(a, a.relpos, workdir)
                 theirs = torch_tokens_per_second(a, data)
-                rows.append({"position": position, "dtype": dtype, "relpos_tokens_per_s": ours,
-                             "torch_tokens_per_s": theirs, "ratio": ours / theirs})
-                print(f"{position:<12}{dtype:>8}{ours:>14.0f}{theirs:>14.0f}{ours / theirs:>13.2f}x", flush=True)
+                if dtype == "float32":
+                    torch_float32 = theirs
+                row = {"position": position, "dtype": dtype, "relpos_tokens_per_s": ours,
+                       "torch_tokens_per_s": theirs, "ratio": ours / theirs}
+                if torch_float32:
+                    row["ratio_vs_torch_float32"] = ours / torch_float32
+                rows.append(row)
+                versus = f"{ours / torch_float32:>13.2f}x" if torch_float32 else f"{'-':>14}"
+                print(f"{position:<12}{dtype:>8}{ours:>14.0f}{theirs:>14.0f}{ours / theirs:>13.2f}x{versus}",
+                      flush=True)
     settings = {k: v for k, v in vars(a).items() if k not in ("position", "dtype", "json", "relpos")}
     path = pathlib.Path(a.json)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -114,12 +114,17 @@ StoredShape stored_shape(Trans t, int64_t rows, int64_t cols) {
 
 // X's stored rows converted to To, densely (leading dimension = row length),
 // in `buffer` (kept by the caller's thread between calls: no allocation and no
-// zero fill once it has grown).
+// zero fill once it has grown). A large operand is converted by OpenMP's
+// threads (the GEMM's own; one inside a relpos parallel region): on one thread
+// the copies took 8% of a mixed-precision training step on two.
 template <class To, class From>
 const To* dense_copy(const From* x, StoredShape s, int64_t ld, std::vector<To>& buffer) {
+  constexpr int64_t kParallelElements = 1 << 15;
   if (buffer.size() < static_cast<std::size_t>(s.rows * s.cols)) buffer.resize(s.rows * s.cols);
-  for (int64_t r = 0; r < s.rows; ++r) convert::row(x + r * ld, 1, buffer.data() + r * s.cols, 1, s.cols);
-  return buffer.data();
+  To* dense = buffer.data();
+#pragma omp parallel for schedule(static) if (s.rows * s.cols >= kParallelElements)
+  for (int64_t r = 0; r < s.rows; ++r) convert::row(x + r * ld, 1, dense + r * s.cols, 1, s.cols);
+  return dense;
 }
 
 }  // namespace
