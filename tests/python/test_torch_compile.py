@@ -62,8 +62,8 @@ def test_compile_with_inductor_has_no_graph_break():
     # AVX-512), with torch and relpos both on two OpenMP threads, the inductor
     # graph of this test aborts the process with glibc's "corrupted size vs.
     # prev_size" in most runs (not with either side on one thread, nor with
-    # ATEN_CPU_CAPABILITY=avx2; an AddressSanitizer build of relpos reports
-    # nothing). Open; README "Limitations".
+    # ATEN_CPU_CAPABILITY=avx2, nor with the reference or gather algorithm; an
+    # AddressSanitizer build of relpos reports nothing). Open; README "Limitations".
     m = Causal(model("shaw", shaw_k=3, threads=1)).float()
     x, pad = inputs()
     x = x.float()
