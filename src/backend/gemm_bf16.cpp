@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "convert.hpp"
@@ -50,19 +51,29 @@ const dnnl::engine& cpu_engine() {
   return engine;
 }
 
+// A built primitive and the bytes of scratchpad it needs per run.
+struct Matmul {
+  dnnl::matmul primitive;
+  std::size_t scratchpad_bytes = 0;
+};
+
 // The primitive for `key`, built on first use and kept (at most kKept
 // shapes: a caller of ever new shapes empties the map now and then). A
 // primitive is a shared handle, returned by copy, so a caller's stays valid
-// when the map is emptied; primitives may run on several threads at once.
-dnnl::matmul matmul_for(const MatmulKey& key) {
+// when the map is emptied. Its scratchpad is the caller's (user mode):
+// oneDNN's own is one buffer for the whole library, which primitives running
+// on several threads at once (the fused kernel's tiles) would share, and did:
+// wrong results in 6 of 1,140 Python tests, which run on two threads.
+Matmul matmul_for(const MatmulKey& key) {
   constexpr std::size_t kKept = 256;
   static std::mutex guard;
-  static std::map<MatmulKey, dnnl::matmul> built;
+  static std::map<MatmulKey, Matmul> built;
   const std::lock_guard<std::mutex> lock(guard);
   auto found = built.find(key);
   if (found != built.end()) return found->second;
   if (built.size() >= kKept) built.clear();
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (key.alpha != 1.f) attr.set_output_scales(0, {key.alpha});
   if (key.beta != 0.f) {
     dnnl::post_ops ops;
@@ -73,7 +84,7 @@ dnnl::matmul matmul_for(const MatmulKey& key) {
                                 operand_desc(key.tb, key.k, key.n, key.ldb, DataType::bf16),
                                 operand_desc(Trans::no, key.m, key.n, key.ldc, DataType::f32));
   const dnnl::matmul::primitive_desc pd(desc, attr, cpu_engine());
-  return built.emplace(key, dnnl::matmul(pd)).first->second;
+  return built.emplace(key, Matmul{dnnl::matmul(pd), pd.scratchpad_desc().get_size()}).first->second;
 }
 
 void native_gemm_bf16(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
@@ -83,20 +94,27 @@ void native_gemm_bf16(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float
     // each thread: its thread's last primitive and stream are at hand.
     const MatmulKey key{ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, omp_get_max_threads()};
     thread_local MatmulKey last_key{};
-    thread_local dnnl::matmul matmul;
+    thread_local Matmul matmul;
     if (!(key == last_key) || last_key.m == 0) {
       matmul = matmul_for(key);
       last_key = key;
     }
     const dnnl::engine& engine = cpu_engine();
     thread_local dnnl::stream stream(engine);
+    thread_local std::vector<uint8_t> scratchpad;  // this thread's, never shared
+    if (scratchpad.size() < matmul.scratchpad_bytes) scratchpad.resize(matmul.scratchpad_bytes);
     // Each operand's memory spans its rows up to the last row's last element.
     auto wrap = [&](Trans t, int64_t rows, int64_t cols, int64_t ld, DataType type, const void* data) {
       return dnnl::memory(operand_desc(t, rows, cols, ld, type), engine, const_cast<void*>(data));
     };
-    matmul.execute(stream, {{DNNL_ARG_SRC, wrap(ta, m, k, lda, DataType::bf16, a)},
-                            {DNNL_ARG_WEIGHTS, wrap(tb, k, n, ldb, DataType::bf16, b)},
-                            {DNNL_ARG_DST, wrap(Trans::no, m, n, ldc, DataType::f32, c)}});
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, wrap(ta, m, k, lda, DataType::bf16, a)},
+                                               {DNNL_ARG_WEIGHTS, wrap(tb, k, n, ldb, DataType::bf16, b)},
+                                               {DNNL_ARG_DST, wrap(Trans::no, m, n, ldc, DataType::f32, c)}};
+    if (matmul.scratchpad_bytes > 0) {
+      const dnnl::memory::desc bytes(Dims{int64_t(matmul.scratchpad_bytes)}, DataType::u8, Dims{1});
+      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(bytes, engine, scratchpad.data()));
+    }
+    matmul.primitive.execute(stream, args);
     stream.wait();
   } catch (const dnnl::error& e) {
     throw std::runtime_error(std::string("relpos: oneDNN bfloat16 matmul failed: ") + e.what());

@@ -248,6 +248,22 @@ std::vector<Spec> half_multi_tile_cases() {
   return out;
 }
 
+// The multi-tile cases on two threads, whose tiles then run at once: where
+// the CPU has bfloat16 products, two oneDNN matmuls run concurrently and must
+// share no state (they once shared oneDNN's scratchpad).
+std::vector<Spec> half_two_thread_cases() {
+  std::vector<Spec> out;
+  for (const Spec& variant : scheme_variants())
+    for (const NamedMask& m : {masks()[1], masks()[2]}) {
+      Spec s = variant;
+      s.B = 2, s.H = 2, s.Lq = s.Lk = 300, s.d = s.dv = 64, s.shaw_k = 70, s.num_threads = 2;
+      s.mask = m.kind;
+      s.label += std::string("__") + m.name + "__L300_d64_2_threads";
+      out.push_back(s);
+    }
+  return out;
+}
+
 class HalfStorage : public ::testing::TestWithParam<Spec> {};
 
 TEST_P(HalfStorage, BFloat16MeetsTheErrorRule) { EXPECT_TRUE(check_error_rule<bfloat16>(GetParam())); }
@@ -255,6 +271,7 @@ TEST_P(HalfStorage, Float16MeetsTheErrorRule) { EXPECT_TRUE(check_error_rule<flo
 
 INSTANTIATE_TEST_SUITE_P(EveryAlgorithm, HalfStorage, ::testing::ValuesIn(half_cases()), spec_name);
 INSTANTIATE_TEST_SUITE_P(MultiTile, HalfStorage, ::testing::ValuesIn(half_multi_tile_cases()), spec_name);
+INSTANTIATE_TEST_SUITE_P(TwoThreads, HalfStorage, ::testing::ValuesIn(half_two_thread_cases()), spec_name);
 
 // Several chunks of batch rows (the chunk limit lowered to one row; the
 // reference runs on chunks, the fused kernel reads rows itself): the
