@@ -133,8 +133,8 @@ StoredShape stored_shape(Trans t, int64_t rows, int64_t cols) {
 // X's stored rows converted to To, densely (leading dimension = row length),
 // in `buffer` (kept by the caller's thread between calls: no allocation and no
 // zero fill once it has grown). A large operand is converted by OpenMP's
-// threads (the GEMM's own; one inside a relpos parallel region): on one thread
-// the copies took 8% of a mixed-precision training step on two.
+// threads (the GEMM's own; one inside a relpos parallel region): done by one
+// thread, the copies took 8% of a two-thread mixed-precision training step.
 template <class To, class From>
 const To* dense_copy(const From* x, StoredShape s, int64_t ld, std::vector<To>& buffer) {
   constexpr int64_t kParallelElements = 1 << 15;
