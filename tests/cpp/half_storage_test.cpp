@@ -248,15 +248,16 @@ std::vector<Spec> half_multi_tile_cases() {
   return out;
 }
 
-// The multi-tile cases on two threads, whose tiles then run at once: where
+// Every scheme variant on two threads, whose tiles then run at once: where
 // the CPU has bfloat16 products, two oneDNN matmuls run concurrently and must
-// share no state (they once shared oneDNN's scratchpad).
+// share no state (they once shared oneDNN's scratchpad: most of these cases
+// failed). bfloat16 only: float16 has no such path.
 std::vector<Spec> half_two_thread_cases() {
   std::vector<Spec> out;
   for (const Spec& variant : scheme_variants())
     for (const NamedMask& m : {masks()[1], masks()[2]}) {
       Spec s = variant;
-      s.B = 2, s.H = 2, s.Lq = s.Lk = 300, s.d = s.dv = 64, s.shaw_k = 70, s.num_threads = 2;
+      s.B = 1, s.H = 2, s.Lq = s.Lk = 300, s.d = s.dv = 64, s.shaw_k = 70, s.num_threads = 2;
       s.mask = m.kind;
       s.label += std::string("__") + m.name + "__L300_d64_2_threads";
       out.push_back(s);
@@ -265,13 +266,15 @@ std::vector<Spec> half_two_thread_cases() {
 }
 
 class HalfStorage : public ::testing::TestWithParam<Spec> {};
+class HalfStorageTwoThreads : public ::testing::TestWithParam<Spec> {};
 
 TEST_P(HalfStorage, BFloat16MeetsTheErrorRule) { EXPECT_TRUE(check_error_rule<bfloat16>(GetParam())); }
 TEST_P(HalfStorage, Float16MeetsTheErrorRule) { EXPECT_TRUE(check_error_rule<float16>(GetParam())); }
 
 INSTANTIATE_TEST_SUITE_P(EveryAlgorithm, HalfStorage, ::testing::ValuesIn(half_cases()), spec_name);
 INSTANTIATE_TEST_SUITE_P(MultiTile, HalfStorage, ::testing::ValuesIn(half_multi_tile_cases()), spec_name);
-INSTANTIATE_TEST_SUITE_P(TwoThreads, HalfStorage, ::testing::ValuesIn(half_two_thread_cases()), spec_name);
+TEST_P(HalfStorageTwoThreads, BFloat16MeetsTheErrorRule) { EXPECT_TRUE(check_error_rule<bfloat16>(GetParam())); }
+INSTANTIATE_TEST_SUITE_P(TwoThreads, HalfStorageTwoThreads, ::testing::ValuesIn(half_two_thread_cases()), spec_name);
 
 // Several chunks of batch rows (the chunk limit lowered to one row; the
 // reference runs on chunks, the fused kernel reads rows itself): the
