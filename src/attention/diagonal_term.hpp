@@ -13,6 +13,7 @@
 #pragma once
 
 #include "distance_table.hpp"
+#include "relpos/gemm.hpp"
 #include "unfused.hpp"
 
 namespace relpos::unfused {
@@ -20,7 +21,7 @@ namespace relpos::unfused {
 template <class T, class Layout>
 class DiagonalTerm final : public RelativeTerm<T> {
  public:
-  DiagonalTerm(const PositionParams<T>& pos, const PositionGrads<T>* grads) : table_(pos, grads) {}
+  DiagonalTerm(const AttentionForward<T>& p, const PositionGrads<T>* grads) : table_(p, grads) {}
 
   void add_scores(const Head<T>& hd, T scale, T* S) override {
     if (!table_.has_keys()) return;

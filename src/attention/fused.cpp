@@ -1,16 +1,22 @@
 // The fused streaming kernel: flash-style tiles with an online softmax; no
 // (L, L) buffer anywhere. Per (batch, head) it keeps O((Lq + Lk) d) prepared
-// inputs and, for Shaw, O(Lq (2k+1)) bucket matrices; per tile a (Bq, Bk) block.
+// inputs and, for clipped tables, O(Lq (2k+1)) bucket matrices; per tile a
+// (Bq, Bk) block.
 //
-// Relative terms per tile (docs/design.md section 2):
-//   T5, ALiBi, KERPLE   one bias per distance, precomputed per head
-//   RoPE        q and k rotated once, before the tiles
-//   Shaw key    R = qp wk^T (Bq, 2k+1) per query tile, gathered by c(r)
-//   Shaw value  per-row bucket sums of P, rescaled with the running max like
-//               the output, then one (Bq, 2k+1) x (2k+1, dv) product
-//   XL          (q + v) times the positional keys, once per query tile for
-//               the band of distances its key tiles reach (Bq + keys - 1),
-//               read skewed by each tile
+// Relative terms per tile, by kind (src/schemes/scheme.hpp; docs/design.md
+// section 2):
+//   bias per distance   precomputed per head (T5, ALiBi, KERPLE)
+//   rotation            q and k rotated once, before the tiles (RoPE)
+//   query biases        added to the head's queries when loaded (XL's u, v)
+//   key table           clipped table (Shaw): R = qp wk^T (Bq, 2k+1) per
+//                       query tile, gathered by c(r)
+//   value table         clipped table (Shaw): per-row bucket sums of P,
+//                       rescaled with the running max like the output, then
+//                       one (Bq, 2k+1) x (2k+1, dv) product
+//   key band            a key embedding with a row per distance (XL's W_R R):
+//                       qp times those rows, once per query tile for the band
+//                       of distances its key tiles reach (Bq + keys - 1), read
+//                       skewed by each tile
 //
 // Backward recomputes P from the saved logsumexp, query tiles outer and key
 // tiles inner; positional gradients go to per-thread partials summed in
@@ -19,7 +25,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <stdexcept>
 #include <type_traits>
+#include <vector>
 
 #include "relpos/gemm.hpp"
 #include "../backend/parallel.hpp"
@@ -58,7 +67,7 @@ inline int64_t forward_key_block(int64_t bq) {
 // rate, with the same exact products as a float32 GEMM of the widened rows,
 // summed in another order. Null elsewhere: float32 / float16 storage, a CPU
 // without bfloat16 products, a scheme that changes q or k before the
-// product (RoPE's rotation, Transformer-XL's u), rows not dense in their
+// product (a rotation, a query bias), rows not dense in their
 // features. The other products read P or dS, which are float32 numbers.
 struct StoredBf16Rows {
   const bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
@@ -73,7 +82,7 @@ bool multiplies_stored_bf16(const AttentionForward<T>& p, const AttentionForward
     return false;
   } else {
     const auto dense = [](const auto& x) { return x.stride[3] == 1 && x.stride[2] >= x.shape[3]; };
-    return gemm_bf16_native() && !scheme_has<RotationOf, T>(p.pos.scheme) && p.pos.scheme != Scheme::xl &&
+    return gemm_bf16_native() && !scheme_has<RotationOf, T>(p.pos.scheme) && !scheme_has<QueryBiasOf, T>(p.pos.scheme) &&
            dense(data.q) && dense(data.k) && dense(data.v);
   }
 }
@@ -83,29 +92,29 @@ template <class T>
 struct HeadContext {
   int64_t b = -1, h = -1;
   HeadData<T> x;
-  int64_t nb = 0;           // Shaw table rows 2k+1
-  bool clip = true;         // Shaw: distances beyond +-k use the edge rows (else a zero embedding)
-  Scratch<T> wk, wv;        // Shaw table slices of this head (nb, d), (nb, dv)
-  const T* E = nullptr;     // Transformer-XL W_R R per distance (distances, d), from XLKeys
+  int64_t k = 0, nb = 0;    // clipped tables: window k, rows 2k+1
+  bool clip = true;         // clipped tables: distances beyond +-k use the edge rows (else a zero embedding)
+  Scratch<T> wk, wv;        // the clipped tables' slices of this head (nb, d), (nb, dv)
+  const T* E = nullptr;     // a key band's rows per distance (distances, d), from CallEmbeddings
   StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
 
-  bool shaw_k() const { return !wk.empty(); }
-  bool shaw_v() const { return !wv.empty(); }
-  bool xl() const { return E != nullptr; }
+  bool key_table() const { return !wk.empty(); }
+  bool value_table() const { return !wv.empty(); }
+  bool band() const { return E != nullptr; }
 };
 
 // What shapes a tile's row loops, fixed at compile time at one dispatch point
 // (with_tile_features, in run_forward and run_backward) so that the loops
 // over a tile's rows test none of it, as FlashAttention's static switches do:
 // the causal mask, a key-padding mask, and the kind of relative term a tile
-// adds (RoPE's rotation happens before the tiles: plain). Within Shaw, K-only
-// and V-only stay run-time tests, once per tile.
-enum class TileTerm { plain, bias, shaw, xl };
+// adds (rotations and query biases happen before the tiles: plain). Within
+// clipped tables, key-only and value-only stay run-time tests, once per tile.
+enum class TileTerm { plain, bias, table, band };
 
 template <bool Causal, bool Padding, TileTerm Term>
 struct TileFeatures {
   static constexpr bool causal = Causal, padding = Padding;
-  static constexpr bool bias = Term == TileTerm::bias, shaw = Term == TileTerm::shaw, xl = Term == TileTerm::xl;
+  static constexpr bool bias = Term == TileTerm::bias, table = Term == TileTerm::table, band = Term == TileTerm::band;
 };
 
 template <class F>
@@ -116,67 +125,74 @@ void bool_switch(bool value, F&& f) {
     f(std::false_type{});
 }
 
+// The call's embeddings per distance (its scheme's KeyEmbedding and
+// ValueEmbedding), made once per call. Clipped tables are read through their
+// per-head slices; a key embedding with a row per distance is read as a band,
+// its rows for every head over the call's distances computed here once (they
+// depend on the head, not on the batch row). Value embeddings must be clipped
+// tables (the schemes' capability table offers fused for no other).
+template <class T>
+struct CallEmbeddings {
+  std::unique_ptr<DistanceEmbedding<T>> keys, values;
+  std::vector<Scratch<T>> E;  // a key band: per head (distances, d)
+
+  explicit CallEmbeddings(const AttentionForward<T>& p) : keys(make_key_embedding(p)), values(make_value_embedding(p)) {
+    if (values && !values->clipped()) throw std::logic_error("relpos: fused reads value embeddings as clipped tables");
+    if (const ClippedTable<T>*a = key_table(), *b = value_table();
+        a && b && (a->k() != b->k() || a->repeats_edges() != b->repeats_edges()))
+      throw std::logic_error("relpos: fused reads a key and a value table of one window k and edge rule");
+    if (!band()) return;
+    const int64_t heads = p.q.shape[1], count = keys->count();
+    E.resize(heads);
+    // In a parallel region like every GEMM of the kernel: one thread per GEMM, not OpenMP's default team.
+    parallel_for(
+        heads, thread_count(p.num_threads, heads), [](int) {},
+        [&](int, int64_t h) {
+          E[h].resize(count * keys->width());
+          keys->rows(h, count, E[h].data());
+        });
+  }
+
+  const ClippedTable<T>* key_table() const { return keys ? keys->clipped() : nullptr; }
+  const ClippedTable<T>* value_table() const { return values ? values->clipped() : nullptr; }
+  bool band() const { return keys && !keys->clipped(); }
+};
+
 // Calls f(TileFeatures<...>{}) with the features of call p.
 template <class T, class F>
-void with_tile_features(const AttentionForward<T>& p, F&& f) {
+void with_tile_features(const AttentionForward<T>& p, const CallEmbeddings<T>& embeddings, F&& f) {
   const bool bias = scheme_has<BiasOf, T>(p.pos.scheme);
-  const TileTerm term = p.pos.scheme == Scheme::xl     ? TileTerm::xl
-                        : p.pos.scheme == Scheme::shaw ? TileTerm::shaw
-                        : bias                         ? TileTerm::bias
-                                                       : TileTerm::plain;
+  const TileTerm term = embeddings.band()                                       ? TileTerm::band
+                        : embeddings.key_table() || embeddings.value_table() ? TileTerm::table
+                        : bias                                                 ? TileTerm::bias
+                                                                               : TileTerm::plain;
   bool_switch(p.causal, [&](auto causal) {
     bool_switch(!p.key_padding.empty(), [&](auto padding) {
       constexpr bool c = decltype(causal)::value, k = decltype(padding)::value;
       switch (term) {
         case TileTerm::plain: return f(TileFeatures<c, k, TileTerm::plain>{});
         case TileTerm::bias: return f(TileFeatures<c, k, TileTerm::bias>{});
-        case TileTerm::shaw: return f(TileFeatures<c, k, TileTerm::shaw>{});
-        case TileTerm::xl: return f(TileFeatures<c, k, TileTerm::xl>{});
+        case TileTerm::table: return f(TileFeatures<c, k, TileTerm::table>{});
+        case TileTerm::band: return f(TileFeatures<c, k, TileTerm::band>{});
       }
     });
   });
 }
 
-// Transformer-XL's positional keys E_h = R W_R[h]^T of every head over the
-// call's distances, the sinusoids R computed once: they depend on the head,
-// not on the batch row, so all tiles of a call share them. Empty otherwise.
-template <class T>
-struct XLKeys {
-  Scratch<T> R;
-  std::vector<Scratch<T>> E;  // per head, (distances, d)
-
-  explicit XLKeys(const AttentionForward<T>& p) {
-    if (p.pos.scheme != Scheme::xl) return;
-    const Head<T> first = head_geometry(p, 0, 0);
-    const int64_t heads = p.q.shape[1];
-    R = DistanceTable<T>::make_sinusoids(p.pos, first.rmin, first.distances(),
-                                                  thread_count(p.num_threads, first.distances()));
-    const DistanceTable<T> table(p.pos, nullptr, &R);
-    E.resize(heads);
-    // In a parallel region like every GEMM of the kernel: one thread per GEMM, not OpenMP's default team.
-    parallel_for(
-        heads, thread_count(p.num_threads, heads), [](int) {},
-        [&](int, int64_t h) { E[h] = table.keys(head_geometry(p, 0, h), first.distances()); });
-  }
-};
-
 // p: the call; data: where its tensors are (p itself, or the stored call of
 // a half-storage twin; see load_head).
 template <class T, class Stored>
-void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const XLKeys<T>& xl, int64_t b,
-             int64_t h, HeadContext<T>& c) {
+void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const CallEmbeddings<T>& e,
+             int64_t b, int64_t h, HeadContext<T>& c) {
   if (c.b == b && c.h == h) return;
   c.b = b, c.h = h;
   load_head(p, data, b, h, c.x, /*in_place=*/true);
-  const PositionParams<T>& pos = p.pos;
   c.wk.clear(), c.wv.clear();
-  if (pos.scheme == Scheme::shaw) {
-    c.nb = 2 * pos.shaw.k + 1;
-    c.clip = pos.shaw.beyond == Beyond::clip;
-    if (!pos.shaw.wk.empty()) c.wk = table_slice(pos.shaw.wk, h);
-    if (!pos.shaw.wv.empty()) c.wv = table_slice(pos.shaw.wv, h);
-  }
-  c.E = xl.E.empty() ? nullptr : xl.E[h].data();
+  for (const ClippedTable<T>* table : {e.key_table(), e.value_table()})
+    if (table) c.k = table->k(), c.nb = table->table_rows(), c.clip = table->repeats_edges();
+  if (e.key_table()) c.wk = table_slice(*e.key_table(), h);
+  if (e.value_table()) c.wv = table_slice(*e.value_table(), h);
+  c.E = e.E.empty() ? nullptr : e.E[h].data();
   c.stored = {};
   if constexpr (std::is_same_v<Stored, bfloat16>)
     if (multiplies_stored_bf16(p, data)) {
@@ -200,17 +216,17 @@ void product_of_rows(const bfloat16* a16, int64_t lda16, const bfloat16* b16, in
   gemm<T>(Trans::no, Trans::yes, bq, bk, width, alpha, a + ia * lda, lda, b + jb * ldb, ldb, T(0), c, bk);
 }
 
-// Shaw's table row of the keys of one row of a tile, whose distances are
+// A clipped table's row of the keys of one row of a tile, whose distances are
 // r0, r0 + 1, ..., r0 + bk - 1: a prefix below -k (row 0, or none with a zero
 // embedding), a window where the row is r + k (consecutive), a suffix above k
 // (row 2k, or none). The two loops below walk the three parts so that every
 // inner loop is contiguous; tiles wholly beyond +-k reduce to one row sum.
-struct ShawRow {
+struct ClippedRow {
   int64_t lo, hi;  // window: jj in [lo, hi)
   int64_t first;   // table row of jj = lo
 };
 
-inline ShawRow shaw_row(int64_t r0, int64_t bk, int64_t k) {
+inline ClippedRow clipped_row(int64_t r0, int64_t bk, int64_t k) {
   const int64_t lo = std::clamp<int64_t>(-k - r0, 0, bk), hi = std::clamp<int64_t>(k - r0 + 1, lo, bk);
   return {lo, hi, r0 + lo + k};
 }
@@ -218,7 +234,7 @@ inline ShawRow shaw_row(int64_t r0, int64_t bk, int64_t k) {
 // row[jj] += alpha * table[c(r0 + jj)] for jj < bk; table holds 2k+1 entries.
 template <class T>
 void add_by_row(T* row, int64_t bk, int64_t r0, int64_t k, bool clip, const T* table, T alpha) {
-  const ShawRow s = shaw_row(r0, bk, k);
+  const ClippedRow s = clipped_row(r0, bk, k);
   if (clip) {
     const T below = alpha * table[0], above = alpha * table[2 * k];
     rows::add_constant(row, below, s.lo);
@@ -231,7 +247,7 @@ void add_by_row(T* row, int64_t bk, int64_t r0, int64_t k, bool clip, const T* t
 // table[c(r0 + jj)] += alpha * row[jj] for jj < bk: bucket sums.
 template <class T>
 void sum_by_row(T* table, int64_t bk, int64_t r0, int64_t k, bool clip, const T* row, T alpha) {
-  const ShawRow s = shaw_row(r0, bk, k);
+  const ClippedRow s = clipped_row(r0, bk, k);
   if (clip) {
     table[0] += alpha * rows::sum_of(row, s.lo);
     table[2 * k] += alpha * rows::sum_of(row + s.hi, bk - s.hi);
@@ -264,13 +280,13 @@ int64_t visited_keys(const AttentionForward<T>& p, const Head<T>& hd, int64_t i0
   return end;
 }
 
-// Transformer-XL's positional scores of the query tile [i0, i0 + bq) against
+// A key band's scores of the query tile [i0, i0 + bq) against
 // every distance its keys [start, end) reach, by one product: scores
 // (bq, width), column c = distance index first + c; the pair (ii, j) is column
 // j - start - ii + bq - 1. The forward takes all keys a query tile visits at
 // once (a per-key-tile band would compute Bq + Bk - 1 columns for Bk keys).
 template <class T>
-struct XLBand {
+struct KeyBand {
   Scratch<T> scores;
   int64_t width = 0, first = 0, start = 0, end = 0;
 
@@ -279,7 +295,7 @@ struct XLBand {
 };
 
 template <class T>
-void xl_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t start, int64_t end, XLBand<T>& band) {
+void key_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t start, int64_t end, KeyBand<T>& band) {
   const Head<T>& hd = c.x.hd;
   band.start = start, band.end = end;
   band.width = end - start + bq - 1;
@@ -289,17 +305,17 @@ void xl_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t start, int
           hd.d, T(0), band.scores.data(), band.width);
 }
 
-// S (bq, bk) = the tile's logits, masked pairs -inf. Rq: the Shaw key scores
-// of the tile's queries, (bq, nb). band: the query tile's Transformer-XL scores.
+// S (bq, bk) = the tile's logits, masked pairs -inf. Rq: the key table's
+// scores of the tile's queries, (bq, nb). band: the query tile's key band scores.
 template <class F, class T>
 void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const T* Rq,
-                 const XLBand<T>& band, T* S) {
+                 const KeyBand<T>& band, T* S) {
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d, bq = t.bq, bk = t.bk;
   product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
                   bq, bk, d, scale, S);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
-  if constexpr (F::xl)
+  if constexpr (F::band)
     for (int64_t ii = 0; ii < bq; ++ii) {
       const T* diagonal = band.scores.data() + band.at(ii, bq, t.j0);
       rows::add_scaled(S + ii * bk, diagonal, scale, bk);
@@ -308,7 +324,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
   for (int64_t ii = 0; ii < bq; ++ii) {
     T* row = S + ii * bk;
     const int64_t mrow = m0 + (bq - 1 - ii);  // distance index of (ii, jj = 0)
-    if (F::shaw && c.shaw_k()) add_by_row(row, bk, hd.rmin + mrow, p.pos.shaw.k, c.clip, Rq + ii * c.nb, scale);
+    if (F::table && c.key_table()) add_by_row(row, bk, hd.rmin + mrow, c.k, c.clip, Rq + ii * c.nb, scale);
     if constexpr (F::bias)
       rows::add_scaled(row, &bias[mrow], T(1), bk);
     if constexpr (F::causal) {  // keys with r > 0: jj > ii + (the distance index of r = 0) - mrow
@@ -325,29 +341,29 @@ template <class T>
 struct ForwardScratch {
   HeadContext<T> head;
   Scratch<T> S, O, Rq, Pb, m, l;
-  XLBand<T> band;
+  KeyBand<T> band;
 };
 
 // One query tile of one head: all key tiles, online softmax, out and lse.
 template <class F, class T, class Stored>
-void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const XLKeys<T>& xl, int64_t b,
+void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const CallEmbeddings<T>& e, int64_t b,
                   int64_t h, int64_t i0, ForwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
-  prepare(p, data, xl, b, h, c);
+  prepare(p, data, e, b, h, c);
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d, dv = hd.dv, bq = std::min(kBlockQ, hd.lq - i0);
   const T scale = T(effective_scale(p));
   w.O.assign(bq * dv, T(0));
   w.m.assign(bq, kNegInf<T>);
   w.l.assign(bq, T(0));
-  if (F::shaw && c.shaw_k()) {
+  if (F::table && c.key_table()) {
     w.Rq.resize(bq * c.nb);
     gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), c.nb);
   }
-  if (F::shaw && c.shaw_v()) w.Pb.assign(bq * c.nb, T(0));
+  if (F::table && c.value_table()) w.Pb.assign(bq * c.nb, T(0));
   const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(bq), keys);
   w.S.resize(bq * block);
-  if (F::xl && keys) xl_band(c, i0, bq, 0, keys, w.band);
+  if (F::band && keys) key_band(c, i0, bq, 0, keys, w.band);
   for (int64_t j0 = 0; j0 < keys; j0 += block) {
     const Tile t{i0, bq, j0, std::min(block, keys - j0)};
     T* S = w.S.data();
@@ -364,15 +380,15 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
       w.m[ii] = m_new;
       if (alpha != T(1)) {
         rows::scale(&w.O[ii * dv], alpha, dv);
-        if (F::shaw && c.shaw_v())
+        if (F::table && c.value_table())
           rows::scale(&w.Pb[ii * c.nb], alpha, c.nb);
       }
-      if (F::shaw && c.shaw_v()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), p.pos.shaw.k, c.clip, row, T(1));
+      if (F::table && c.value_table()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), c.k, c.clip, row, T(1));
     }
     gemm<T>(Trans::no, Trans::no, bq, dv, t.bk, T(1), S, t.bk, c.x.vp + j0 * c.x.ldv, c.x.ldv, T(1), w.O.data(),
             dv);
   }
-  if (F::shaw && c.shaw_v())
+  if (F::table && c.value_table())
     gemm<T>(Trans::no, Trans::no, bq, dv, c.nb, T(1), w.Pb.data(), c.nb, c.wv.data(), dv, T(1), w.O.data(), dv);
   for (int64_t ii = 0; ii < bq; ++ii) {
     const bool empty = w.l[ii] == T(0);  // fully masked row: zeros, lse -inf
@@ -409,15 +425,15 @@ namespace {
 template <class T>
 struct QueryGrads {
   Scratch<T> dqc, dqp;  // dL/d(q + u) and dL/d(q + v), (lq, d)
-  Scratch<T> dR, Pb;    // Shaw: key-score gradients and value bucket sums of P, (lq, 2k+1)
-  Scratch<T> dE;        // Transformer-XL: positional-key gradients, (distances, d)
+  Scratch<T> dR, Pb;    // clipped tables: key-score gradients and value bucket sums of P, (lq, 2k+1)
+  Scratch<T> dE;        // a key band: gradients of its rows, (distances, d)
   Scratch<T> dbias;     // a bias per distance with learnable parameters: its gradient per distance
 
   void reset(const HeadContext<T>& c, bool bias_grads) {
     const Head<T>& hd = c.x.hd;
     dqc.assign(hd.lq * hd.d, T(0)), dqp.assign(hd.lq * hd.d, T(0));
-    dR.assign(c.shaw_k() ? hd.lq * c.nb : 0, T(0)), Pb.assign(c.shaw_v() ? hd.lq * c.nb : 0, T(0));
-    dE.assign(c.xl() ? hd.distances() * hd.d : 0, T(0));
+    dR.assign(c.key_table() ? hd.lq * c.nb : 0, T(0)), Pb.assign(c.value_table() ? hd.lq * c.nb : 0, T(0));
+    dE.assign(c.band() ? hd.distances() * hd.d : 0, T(0));
     dbias.assign(c.x.bias.empty() || !bias_grads ? 0 : hd.distances(), T(0));
   }
 
@@ -432,7 +448,7 @@ template <class T>
 struct BackwardScratch {
   HeadContext<T> head;
   Scratch<T> dout, out_row, D, P, dP, Rq, G, dband;
-  XLBand<T> band;
+  KeyBand<T> band;
   QueryGrads<T> query;  // one head's, when a head is one group
   Scratch<T> dk, dv;
 };
@@ -462,11 +478,11 @@ void load_dout(const AttentionBackward<Stored>& data, BackwardScratch<T>& w) {
 // (rows no other group writes; dk, dv zeroed by the caller) and the group's
 // query-side sums in q.
 template <class F, class T, class Stored>
-void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const XLKeys<T>& xl,
+void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e,
                         int64_t b, int64_t h, int64_t group, int64_t groups, QueryGrads<T>& q, Scratch<T>& dk,
                         Scratch<T>& dv, BackwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
-  prepare(p, data, xl, b, h, c);
+  prepare(p, data, e, b, h, c);
   load_dout(data, w);
   q.reset(c, wants_scheme_grads(p));
   const Head<T>& hd = c.x.hd;
@@ -479,17 +495,17 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   for (int64_t i0 = 0; i0 < lq; i0 += kBlockQ) {
     const int64_t bq = std::min(kBlockQ, lq - i0), keys = std::min(end, visited_keys(p, hd, i0, bq));
     if (keys <= begin) continue;
-    if (F::shaw && c.shaw_k()) {  // Shaw key scores of the query tile, (bq, nb)
+    if (F::table && c.key_table()) {  // key-table scores of the query tile, (bq, nb)
       w.Rq.resize(bq * nb);
       gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), nb);
     }
-    if (F::shaw && c.shaw_v()) {  // dout wv^T of the query tile, (bq, nb)
+    if (F::table && c.value_table()) {  // dout wv^T of the query tile, (bq, nb)
       w.G.resize(bq * nb);
       gemm<T>(Trans::no, Trans::yes, bq, nb, dvd, T(1), w.dout.data() + i0 * dvd, dvd, c.wv.data(), dvd, T(0),
               w.G.data(), nb);
     }
-    if constexpr (F::xl) {  // one band for all the keys of the group this query tile sees
-      xl_band(c, i0, bq, begin, keys, w.band);
+    if constexpr (F::band) {  // one band for all the keys of the group this query tile sees
+      key_band(c, i0, bq, begin, keys, w.band);
       w.dband.assign(bq * w.band.width, T(0));
     }
     for (int64_t j0 = begin; j0 < keys; j0 += kBlockK) {
@@ -514,27 +530,27 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         const int64_t i = i0 + ii, mrow = m0 + (bq - 1 - ii);
         T* prow = P + ii * bk;
         T* srow = dS + ii * bk;
-        const int64_t r0 = hd.rmin + mrow, k = p.pos.shaw.k;
-        if (F::shaw && c.shaw_v()) {
+        const int64_t r0 = hd.rmin + mrow, k = c.k;
+        if (F::table && c.value_table()) {
           add_by_row(srow, bk, r0, k, c.clip, &w.G[ii * nb], T(1));
           sum_by_row(&q.Pb[i * nb], bk, r0, k, c.clip, prow, T(1));
         }
         rows::softmax_grad(prow, srow, w.D[i], bk);
         if (F::bias && !q.dbias.empty())
           rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
-        if (F::shaw && c.shaw_k()) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
+        if (F::table && c.key_table()) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
       }
       gemm<T>(Trans::no, Trans::no, bq, d, bk, scale, dS, bk, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1),
               q.dqc.data() + i0 * d, d);
       gemm<T>(Trans::yes, Trans::no, bk, d, bq, scale, dS, bk, c.x.qc.data() + i0 * d, d, T(1), dk.data() + j0 * d,
               d);
-      if constexpr (F::xl)  // un-skew scale * dS onto the band (each (ii, j) owns one column of row ii)
+      if constexpr (F::band)  // un-skew scale * dS onto the band (each (ii, j) owns one column of row ii)
         for (int64_t ii = 0; ii < bq; ++ii) {
           T* diagonal = w.dband.data() + w.band.at(ii, bq, j0);
           rows::add_scaled(diagonal, dS + ii * bk, scale, bk);  // onto zeros: scale * dS
         }
     }
-    if constexpr (F::xl) {  // the band's products backwards, once per query tile
+    if constexpr (F::band) {  // the band's products backwards, once per query tile
       const int64_t width = w.band.width;
       const T* E = c.E + w.band.first * d;
       gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, E, d, T(1), q.dqp.data() + i0 * d, d);
@@ -548,26 +564,25 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
 // added) and its dk, dv: the positional parameters' gradients into g, then
 // dq, dk, dv into the caller's tensors. w holds the head and its dout.
 template <class T, class Stored>
-void finish_head(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const XLKeys<T>& xl,
-                 const PositionGrads<T>& g, QueryGrads<T>& q, Scratch<T>& dk, const Scratch<T>& dv,
+void finish_head(const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e, const PositionGrads<T>& g, QueryGrads<T>& q, Scratch<T>& dk, const Scratch<T>& dv,
                  BackwardScratch<T>& w) {
   const HeadContext<T>& c = w.head;
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
-  if (c.shaw_k()) {  // dqp += dR wk; dwk += dR^T qp
+  if (c.key_table()) {  // dqp += dR wk; dwk += dR^T qp
     gemm<T>(Trans::no, Trans::no, lq, d, nb, T(1), q.dR.data(), nb, c.wk.data(), d, T(1), q.dqp.data(), d);
-    if (!g.shaw_wk.empty()) {
+    if (e.key_table()->wants_grad(g)) {
       Scratch<T> dwk(nb * d);
       gemm<T>(Trans::yes, Trans::no, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), dwk.data(), d);
-      add_to_table(g.shaw_wk, hd.h, dwk);
+      e.key_table()->add_slice_grad(g, hd.h, dwk.data());
     }
   }
-  if (c.shaw_v() && !g.shaw_wv.empty()) {  // dwv += Pb^T dout
+  if (c.value_table() && e.value_table()->wants_grad(g)) {  // dwv += Pb^T dout
     Scratch<T> dwv(nb * dvd);
     gemm<T>(Trans::yes, Trans::no, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout.data(), dvd, T(0), dwv.data(), dvd);
-    add_to_table(g.shaw_wv, hd.h, dwv);
+    e.value_table()->add_slice_grad(g, hd.h, dwv.data());
   }
-  if (c.xl()) DistanceTable<T>(p.pos, &g, &xl.R).add_key_grad(hd, q.dE, hd.distances());
+  if (c.band()) e.keys->add_rows_grad(g, hd.h, hd.distances(), q.dE.data());
   if (!q.dbias.empty()) add_bias_grad(g, c.x, q.dbias);
   write_input_grads(data, c.x, g, q.dqc, q.dqp, dk, dv);
 }
@@ -588,13 +603,13 @@ void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& d
   const int64_t items = p.q.shape[0] * heads * tiles;
   const int threads = thread_count(p.num_threads, items);
   std::vector<ForwardScratch<T>> scratch(threads);
-  const XLKeys<T> xl(p);
-  with_tile_features(p, [&](auto features) {
+  const CallEmbeddings<T> e(p);
+  with_tile_features(p, e, [&](auto features) {
     parallel_for(
         items, threads, [](int) {},
         [&](int t, int64_t item) {
           const int64_t bh = item / tiles;
-          forward_tile<decltype(features)>(p, data, xl, bh / heads, bh % heads,
+          forward_tile<decltype(features)>(p, data, e, bh / heads, bh % heads,
                                            head_tail(item % tiles, tiles) * kBlockQ, scratch[t]);
         });
   });
@@ -605,10 +620,9 @@ void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& d
 // added in group order and the head finished. Positional-parameter gradients
 // go to per-thread partials added in thread order.
 template <class F, class T, class Stored>
-void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data) {
+void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e) {
   const int64_t heads = p.q.shape[1], count = p.q.shape[0] * heads, groups = backward_key_groups(p);
   const int64_t lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
-  const XLKeys<T> xl(p);
   const int threads = thread_count(p.num_threads, count * groups);
   std::vector<BackwardScratch<T>> scratch(threads);
   std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
@@ -617,8 +631,8 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
     parallel_for(count, threads, make_partials, [&](int t, int64_t bh) {
       BackwardScratch<T>& w = scratch[t];
       w.dk.assign(lk * d, T(0)), w.dv.assign(lk * dv, T(0));
-      backward_key_group<F>(p, data, xl, bh / heads, bh % heads, 0, 1, w.query, w.dk, w.dv, w);
-      finish_head(p, data, xl, partials[t]->grads(), w.query, w.dk, w.dv, w);
+      backward_key_group<F>(p, data, e, bh / heads, bh % heads, 0, 1, w.query, w.dk, w.dv, w);
+      finish_head(data, e, partials[t]->grads(), w.query, w.dk, w.dv, w);
     });
   } else {
     std::vector<QueryGrads<T>> query(count * groups);
@@ -626,16 +640,16 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
     parallel_for(count * groups, threads, [](int) {}, [&](int t, int64_t item) {
       const int64_t bh = item / groups;
       const int64_t group = head_tail(item % groups, groups);  // causal: early key groups cost more
-      backward_key_group<F>(p, data, xl, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh],
+      backward_key_group<F>(p, data, e, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh],
                             dvs[bh], scratch[t]);
     });
     parallel_for(count, thread_count(p.num_threads, count), make_partials, [&](int t, int64_t bh) {
       QueryGrads<T>& sum = query[bh * groups];
       for (int64_t g = 1; g < groups; ++g) sum.add(query[bh * groups + g]);
       BackwardScratch<T>& w = scratch[t];
-      prepare(p, data, xl, bh / heads, bh % heads, w.head);
+      prepare(p, data, e, bh / heads, bh % heads, w.head);
       load_dout(data, w);
-      finish_head(p, data, xl, partials[t]->grads(), sum, dk[bh], dvs[bh], w);
+      finish_head(data, e, partials[t]->grads(), sum, dk[bh], dvs[bh], w);
     });
   }
   for (const auto& part : partials)  // fixed order: deterministic sums
@@ -644,7 +658,8 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
 
 template <class T, class Stored>
 void run_backward(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data) {
-  with_tile_features(p, [&](auto features) { backward_with<decltype(features)>(p, data); });
+  const CallEmbeddings<T> e(p);
+  with_tile_features(p, e, [&](auto features) { backward_with<decltype(features)>(p, data, e); });
 }
 
 }  // namespace

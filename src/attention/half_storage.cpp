@@ -69,20 +69,15 @@ View<T, N> rows(View<T, N> v, int64_t b0, int64_t n) {
   return v;
 }
 
-// The call's positional parameters in float32: the options as given, every
-// learnable table widened (owned here). A scheme with options of its own
-// (not tensors) copies them here too.
+// The call's positional parameters in float32: the options as given (each
+// scheme's copy_options), every learnable table widened (owned here).
 template <class S>
 struct WideParams {
   PositionParams<float> pos;
   std::deque<Scratch<float>> storage;  // one per table; a deque keeps them in place
 
   explicit WideParams(const PositionParams<S>& from) {
-    pos.scheme = from.scheme;
-    pos.shaw.k = from.shaw.k, pos.shaw.beyond = from.shaw.beyond;
-    pos.t5.bidirectional = from.t5.bidirectional, pos.t5.max_distance = from.t5.max_distance;
-    pos.rope = from.rope;
-    pos.xl.clamp_len = from.xl.clamp_len;
+    copy_scheme_options(from, pos);
     for_each_scheme_param(pos, [&](const char* name, auto& to) {
       for_each_scheme_param(from, [&](const char* other, const auto& given) {
         if constexpr (std::tuple_size_v<decltype(to.shape)> == std::tuple_size_v<decltype(given.shape)>)

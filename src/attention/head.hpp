@@ -21,7 +21,7 @@ template <class T>
 struct Head {
   int64_t b = 0, h = 0, lq = 0, lk = 0, d = 0, dv = 0;
   int64_t rmin = 0;
-  const T* qp = nullptr;  // (lq, d) query of the relative score term: q, or q + v for Transformer-XL
+  const T* qp = nullptr;  // (lq, d) query of the key embedding: q, or q plus a QueryBiases position vector
 
   int64_t distances() const { return lq + lk - 1; }
   int64_t diagonal(int64_t i, int64_t j) const { return j - i + lq - 1; }
@@ -31,17 +31,18 @@ struct Head {
 template <class T>
 constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-// One head's inputs (rotated for RoPE; Transformer-XL's u and v added) and
-// its bias per distance (T5, ALiBi, KERPLE). One per thread and call: what
-// depends only on the call (RoPE's angles, T5's buckets, ALiBi's slopes) is
-// computed for its first head and kept.
+// One head's inputs (rotated for RoPE; query biases added: Transformer-XL's u
+// and v) and its bias per distance (T5, ALiBi, KERPLE). One per thread and
+// call: what depends only on the call (RoPE's angles, T5's buckets, ALiBi's
+// slopes) is computed for its first head and kept.
 template <class T>
 struct HeadData {
   Head<T> hd;
-  Scratch<T> qc, qp, k, v;    // qp is filled only for Transformer-XL (q + v)
+  Scratch<T> qc, qp, k, v;    // qp is filled only with query biases
   Scratch<T> bias;            // (distances) for a scheme whose term is a bias per distance; empty otherwise
   std::unique_ptr<DistanceBias<T>> distance_bias;  // the scheme's bias per (head, distance), made for the first head
   std::unique_ptr<PositionRotation<T>> rotation;   // the scheme's rotation of q and k, made for the first head
+  std::unique_ptr<QueryBiases<T>> query_bias;      // the scheme's vectors added to the query, made for the first head
 
   // Keys and values as the kernels read them: row j of k at kp + j * ldk (of
   // v at vp + j * ldv), the caller's tensors in place or the copies k, v.
@@ -117,20 +118,16 @@ inline void load_head(const AttentionForward<T>& p, const AttentionForward<S>& d
     x.kp = x.k.data(), x.ldk = d;
     x.vp = x.v.data(), x.ldv = dv;
   }
-  const PositionParams<T>& pos = p.pos;
   if (!x.rotation) x.rotation = make_rotation(p);  // the same angles for every head of the call
   if (x.rotation) {
     x.rotation->queries(x.qc.data(), 1);
     x.rotation->keys(x.k.data(), 1);  // rotated keys are always copies (keys_readable_in_place)
   }
   hd.qp = x.qc.data();
-  if (pos.scheme == Scheme::xl) {
+  if (!x.query_bias) x.query_bias = make_query_bias(p);
+  if (x.query_bias) {
     x.qp.resize(lq * d);
-    for (int64_t i = 0; i < lq; ++i)
-      for (int64_t c = 0; c < d; ++c) {
-        x.qp[i * d + c] = x.qc[i * d + c] + pos.xl.v(h, c);
-        x.qc[i * d + c] += pos.xl.u(h, c);
-      }
+    x.query_bias->apply(h, lq, d, x.qc.data(), x.qp.data());
     hd.qp = x.qp.data();
   }
   x.bias.clear();
@@ -170,8 +167,8 @@ inline void add_bias_grad(const PositionGrads<T>& g, const HeadData<T>& x, const
 }
 
 // The end of every per-head backward: from the gradients of the content query
-// dqc = dL/d(q + u), the positional query dqp = dL/d(q + v) (zero unless
-// Shaw or Transformer-XL), dk and dv (dense, rotated frame), add u and v's
+// dqc = dL/d(q + u), the positional query dqp = dL/d(q + v) (zero without a
+// key embedding), dk and dv (dense, rotated frame), add the query biases'
 // gradients, undo RoPE's rotation, and add into the caller's dq, dk, dv.
 // dqc is overwritten. The caller's tensors are data's (see load_head).
 template <class T, class S>
@@ -179,12 +176,8 @@ inline void write_input_grads(const AttentionBackward<S>& data, const HeadData<T
                               Scratch<T>& dqc, const Scratch<T>& dqp, Scratch<T>& dk, const Scratch<T>& dv) {
   const Head<T>& hd = x.hd;
   const int64_t b = hd.b, h = hd.h, lq = hd.lq, lk = hd.lk, d = hd.d, dvd = hd.dv;
-  for (int64_t i = 0; i < lq; ++i)
-    for (int64_t c = 0; c < d; ++c) {
-      if (!g.xl_u.empty()) g.xl_u(h, c) += dqc[i * d + c];
-      if (!g.xl_v.empty()) g.xl_v(h, c) += dqp[i * d + c];
-      dqc[i * d + c] += dqp[i * d + c];
-    }
+  if (x.query_bias) x.query_bias->add_grad(g, h, lq, d, dqc.data(), dqp.data());
+  for (int64_t n = 0; n < lq * d; ++n) dqc[n] += dqp[n];
   if (x.rotation) {
     x.rotation->queries(dqc.data(), -1);
     x.rotation->keys(dk.data(), -1);

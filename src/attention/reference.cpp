@@ -6,9 +6,10 @@
 // All schemes are one formula here:
 //   logits(i,j) = scale * (qc_i . k_j + qp_i . rk(i,j)) + bias(i,j)
 //   out_i       = sum_j P(i,j) * (v_j + rv(i,j))
-// with qc = q + u and qp = q + v for Transformer-XL (qc = qp = q otherwise),
-// rk = Shaw A^K or Transformer-XL's W_R R(-r), rv = Shaw A^V, bias = the
-// scheme's bias per distance (T5, ALiBi, KERPLE), and q, k rotated first for RoPE.
+// with the scheme's terms (src/schemes/scheme.hpp): qc = q + u and qp = q + v
+// for query biases (qc = qp = q otherwise), rk and rv its key and value
+// embeddings per distance (Shaw's A^K, A^V; Transformer-XL's W_R R(-r)), bias
+// its bias per distance (T5, ALiBi, KERPLE), and q, k rotated first (RoPE).
 #include "reference.hpp"
 
 #include <cmath>
@@ -32,23 +33,17 @@ struct HeadTerms {
   std::unique_ptr<DistanceBias<T>> distance_bias;  // the scheme's bias per distance, if its term is one
   Scratch<uint8_t> masked;  // (Lq, Lk)
   std::unique_ptr<PositionRotation<T>> rotation;  // the scheme's rotation of q and k, if it has one
-  // The call's distances are r = rmin + m, m < Lq + Lk - 1. Transformer-XL: R
-  // and W_R R for each (each distance's embedding is computed once, then
-  // copied to its pairs).
+  std::unique_ptr<QueryBiases<T>> query_bias;     // its vectors added to the query, if any
+  // The call's distances are r = rmin + m, m < Lq + Lk - 1; each distance's
+  // embeddings are computed once, then copied to its pairs.
   int64_t rmin = 0;
-  Scratch<T> xl_r, xl_e;  // (Lq + Lk - 1, pos_dim), (Lq + Lk - 1, d)
+  std::unique_ptr<DistanceEmbedding<T>> key_embedding, value_embedding;
 };
 
 
 template <class T>
 int64_t rel(const AttentionForward<T>& p, int64_t i, int64_t j) {
   return (p.k_offset + j) - (p.q_offset + i);
-}
-
-// The Shaw table slice of head h (a shared table has one slice).
-template <class T>
-int64_t table_head(const View3<const T>& table, int64_t h) {
-  return table.shape[0] == 1 ? 0 : h;
 }
 
 template <class T>
@@ -65,7 +60,6 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
   t.lk = p.k.shape[2];
   t.d = p.q.shape[3];
   t.dv = p.v.shape[3];
-  const PositionParams<T>& pos = p.pos;
   t.qc.resize(t.lq * t.d);
   t.k.resize(t.lk * t.d);
   t.v.resize(t.lk * t.dv);
@@ -82,37 +76,25 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
     t.rotation->keys(t.k.data(), 1);
   }
   t.qp = t.qc;
-  if (pos.scheme == Scheme::xl) {
-    for (int64_t i = 0; i < t.lq; ++i)
-      for (int64_t x = 0; x < t.d; ++x) {
-        t.qc[i * t.d + x] += pos.xl.u(h, x);
-        t.qp[i * t.d + x] += pos.xl.v(h, x);
-      }
-  }
+  t.query_bias = make_query_bias(p);
+  if (t.query_bias) t.query_bias->apply(h, t.lq, t.d, t.qc.data(), t.qp.data());
 
   t.masked.assign(t.lq * t.lk, 0);
   t.bias.assign(t.lq * t.lk, T(0));
-  const bool shaw_k = pos.scheme == Scheme::shaw && !pos.shaw.wk.empty();
-  const bool shaw_v = pos.scheme == Scheme::shaw && !pos.shaw.wv.empty();
-  const bool xl = pos.scheme == Scheme::xl;
-  if (shaw_k || xl) t.rk.assign(t.lq * t.lk * t.d, T(0));
-  if (shaw_v) t.rv.assign(t.lq * t.lk * t.dv, T(0));
+  t.key_embedding = make_key_embedding(p);
+  t.value_embedding = make_value_embedding(p);
+  if (t.key_embedding) t.rk.assign(t.lq * t.lk * t.d, T(0));
+  if (t.value_embedding) t.rv.assign(t.lq * t.lk * t.dv, T(0));
   t.rmin = rel(p, t.lq - 1, 0);
+  const int64_t n = t.lq + t.lk - 1;
+  Scratch<T> key_rows(t.key_embedding ? n * t.d : 0), value_rows(t.value_embedding ? n * t.dv : 0);
+  if (t.key_embedding) t.key_embedding->rows(h, n, key_rows.data());
+  if (t.value_embedding) t.value_embedding->rows(h, n, value_rows.data());
   Scratch<T> bias_per_distance;
   t.distance_bias = make_distance_bias(p);
   if (t.distance_bias) {
     bias_per_distance.resize(t.lq + t.lk - 1);
     t.distance_bias->values(h, bias_per_distance.data());
-  }
-  if (xl) {
-    const int64_t pos_dim = pos.xl.w_r.shape[2], n = t.lq + t.lk - 1;
-    t.xl_r.resize(n * pos_dim);
-    t.xl_e.assign(n * t.d, T(0));
-    for (int64_t m = 0; m < n; ++m) {
-      sinusoid(double(xl_distance(t.rmin + m, pos.xl.clamp_len)), pos_dim, &t.xl_r[m * pos_dim]);
-      for (int64_t x = 0; x < t.d; ++x)
-        for (int64_t e = 0; e < pos_dim; ++e) t.xl_e[m * t.d + x] += pos.xl.w_r(h, x, e) * t.xl_r[m * pos_dim + e];
-    }
   }
 
   for (int64_t i = 0; i < t.lq; ++i) {
@@ -120,19 +102,10 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
       const int64_t r = rel(p, i, j);
       const int64_t ij = i * t.lk + j;
       t.masked[ij] = (p.causal && r > 0) || (!p.key_padding.empty() && p.key_padding(b, j) != 0);
-      if (shaw_k || shaw_v) {
-        const int64_t c = shaw_index(r, pos.shaw.k, pos.shaw.beyond);
-        if (c >= 0 && shaw_k) {
-          const int64_t ht = table_head(pos.shaw.wk, h);
-          for (int64_t x = 0; x < t.d; ++x) t.rk[ij * t.d + x] = pos.shaw.wk(ht, c, x);
-        }
-        if (c >= 0 && shaw_v) {
-          const int64_t ht = table_head(pos.shaw.wv, h);
-          for (int64_t x = 0; x < t.dv; ++x) t.rv[ij * t.dv + x] = pos.shaw.wv(ht, c, x);
-        }
-      }
-      if (xl)
-        for (int64_t x = 0; x < t.d; ++x) t.rk[ij * t.d + x] = t.xl_e[(r - t.rmin) * t.d + x];
+      if (t.key_embedding)
+        for (int64_t x = 0; x < t.d; ++x) t.rk[ij * t.d + x] = key_rows[(r - t.rmin) * t.d + x];
+      if (t.value_embedding)
+        for (int64_t x = 0; x < t.dv; ++x) t.rv[ij * t.dv + x] = value_rows[(r - t.rmin) * t.dv + x];
       if (t.distance_bias) t.bias[ij] = bias_per_distance[r - t.rmin];
     }
   }
@@ -191,16 +164,17 @@ template <class T>
 void backward(const AttentionBackward<T>& p) {
   const T scale = T(effective_scale(p));
   const int64_t B = p.q.shape[0], H = p.q.shape[1];
-  const PositionParams<T>& pos = p.pos;
   const PositionGrads<T>& g = p.dpos;
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const HeadTerms<T> t = build_terms(p, b, h);
       const int64_t d = t.d, dv = t.dv;
-      // Gradients with respect to the rotated q and k, un-rotated at the end.
-      Scratch<T> dq(t.lq * d, T(0)), dk(t.lk * d, T(0));
+      // Gradients with respect to the rotated q and k (through qc and qp),
+      // un-rotated at the end.
+      const int64_t n = t.lq + t.lk - 1;
+      Scratch<T> dqc(t.lq * d, T(0)), dqp(t.lq * d, T(0)), dk(t.lk * d, T(0));
       Scratch<T> P(t.lk), dS(t.lk);
-      Scratch<T> dxl_e(t.xl_e.size(), T(0));  // gradient of W_R R per distance
+      Scratch<T> dkey_rows(t.key_embedding ? n * d : 0), dvalue_rows(t.value_embedding ? n * dv : 0);
       Scratch<T> dbias(t.distance_bias ? t.lq + t.lk - 1 : 0, T(0));  // gradient of the bias per distance
       for (int64_t i = 0; i < t.lq; ++i) {
         const T lse = p.lse(b, h, i);
@@ -229,41 +203,27 @@ void backward(const AttentionBackward<T>& p) {
           const int64_t ij = i * t.lk + j, r = r0 + j;
           const T ds = scale * dS[j];
           for (int64_t x = 0; x < d; ++x) {
-            dq[i * d + x] += ds * t.k[j * d + x];
+            dqc[i * d + x] += ds * t.k[j * d + x];
             dk[j * d + x] += ds * t.qc[i * d + x];
-            if (!g.xl_u.empty()) g.xl_u(h, x) += ds * t.k[j * d + x];
           }
           if (!p.dv.empty())
             for (int64_t x = 0; x < dv; ++x) p.dv(b, h, j, x) += P[j] * p.dout(b, h, i, x);
-          if (!t.rk.empty()) {
+          if (!t.rk.empty())
             for (int64_t x = 0; x < d; ++x) {
-              dq[i * d + x] += ds * t.rk[ij * d + x];
-              if (!g.xl_v.empty()) g.xl_v(h, x) += ds * t.rk[ij * d + x];
+              dqp[i * d + x] += ds * t.rk[ij * d + x];
+              dkey_rows[(r - t.rmin) * d + x] += ds * t.qp[i * d + x];
             }
-          }
-          if (pos.scheme == Scheme::shaw) {
-            const int64_t c = shaw_index(r, pos.shaw.k, pos.shaw.beyond);
-            if (c >= 0 && !g.shaw_wk.empty()) {
-              const int64_t ht = table_head(pos.shaw.wk, h);
-              for (int64_t x = 0; x < d; ++x) g.shaw_wk(ht, c, x) += ds * t.qp[i * d + x];
-            }
-            if (c >= 0 && !g.shaw_wv.empty()) {
-              const int64_t ht = table_head(pos.shaw.wv, h);
-              for (int64_t x = 0; x < dv; ++x) g.shaw_wv(ht, c, x) += P[j] * p.dout(b, h, i, x);
-            }
-          }
-          if (pos.scheme == Scheme::xl)
-            for (int64_t x = 0; x < d; ++x) dxl_e[(r - t.rmin) * d + x] += ds * t.qp[i * d + x];
+          if (!t.rv.empty())
+            for (int64_t x = 0; x < dv; ++x) dvalue_rows[(r - t.rmin) * dv + x] += P[j] * p.dout(b, h, i, x);
           if (t.distance_bias) dbias[r - t.rmin] += dS[j];
         }
       }
       if (t.distance_bias) t.distance_bias->add_grad(g, h, dbias.data());
-      if (pos.scheme == Scheme::xl && !g.xl_w_r.empty()) {  // dW_R = sum over distances of dE_m R_m^T
-        const int64_t pos_dim = pos.xl.w_r.shape[2];
-        for (int64_t m = 0; m < t.lq + t.lk - 1; ++m)
-          for (int64_t x = 0; x < d; ++x)
-            for (int64_t e = 0; e < pos_dim; ++e) g.xl_w_r(h, x, e) += dxl_e[m * d + x] * t.xl_r[m * pos_dim + e];
-      }
+      if (t.key_embedding) t.key_embedding->add_rows_grad(g, h, n, dkey_rows.data());
+      if (t.value_embedding) t.value_embedding->add_rows_grad(g, h, n, dvalue_rows.data());
+      if (t.query_bias) t.query_bias->add_grad(g, h, t.lq, d, dqc.data(), dqp.data());
+      Scratch<T> dq(t.lq * d);
+      for (int64_t x = 0; x < t.lq * d; ++x) dq[x] = dqc[x] + dqp[x];
       if (t.rotation) {
         t.rotation->queries(dq.data(), -1);
         t.rotation->keys(dk.data(), -1);

@@ -49,7 +49,7 @@ struct RelShift {
 
 template <class T>
 std::unique_ptr<RelativeTerm<T>> make_relshift(const AttentionForward<T>& p, const PositionGrads<T>* grads) {
-  return std::make_unique<DiagonalTerm<T, RelShift>>(p.pos, grads);
+  return std::make_unique<DiagonalTerm<T, RelShift>>(p, grads);
 }
 
 template std::unique_ptr<RelativeTerm<float>> make_relshift(const AttentionForward<float>&, const PositionGrads<float>*);

@@ -16,6 +16,7 @@
 #include "fused.hpp"
 #include "half_storage.hpp"
 #include "relpos/attention.hpp"
+#include "../schemes/registry.hpp"
 
 namespace relpos {
 
@@ -26,13 +27,11 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
   const double heads = double(p.q.shape[0]) * double(p.q.shape[1]);
   const double requested = double(p.num_threads > 0 ? p.num_threads : omp_get_max_threads());
   const double threads = std::min(heads, requested);  // the unfused algorithms run heads in parallel
-  const PositionParams<T>& pos = p.pos;
-  const bool shaw = pos.scheme == Scheme::shaw, xl = pos.scheme == Scheme::xl;
-  const double shaw_rows = shaw ? 2.0 * double(pos.shaw.k) + 1.0 : 0.0;
+  const EmbeddingSizes sizes = embedding_sizes(p);
+  const double table_rows = double(sizes.table_rows);             // a clipped table's 2k+1
+  const bool band = sizes.key_width > 0 && sizes.table_rows == 0;  // a key embedding with a row per distance
   // Relative tensors (Lq, Lk, width) that reference and split materialise.
-  const double relative_terms = shaw ? double(!pos.shaw.wk.empty()) * d + double(!pos.shaw.wv.empty()) * dv
-                                : xl  ? d
-                                      : 0.0;
+  const double relative_terms = double(sizes.key_width + sizes.value_width);
   const double pairs = Lq * Lk;
   double elements = 0;  // of compute_t<T>
   switch (resolve_algorithm(p)) {
@@ -44,19 +43,19 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       break;
     case Algorithm::fused: {
       // Per thread (one per query tile of a head at most): a head's rows,
-      // tiles of 128, Shaw's per-row bucket sums and table slices; per call:
-      // Transformer-XL's positional keys per head.
+      // tiles of 128, clipped tables' per-row bucket sums and slices; per
+      // call: a key band's rows per head and what its embedding needs.
       const double tile = 128.0, workers = std::min(requested, heads * std::ceil(std::max(Lq, Lk) / tile));
-      elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * shaw_rows) * 4.0 + shaw_rows * (d + dv));
-      if (xl) elements += (double(p.q.shape[1]) * d + double(pos.xl.w_r.shape[2])) * (Lq + Lk);
+      elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * table_rows) * 4.0 + table_rows * (d + dv));
+      if (band) elements += (double(p.q.shape[1]) * d + double(sizes.per_distance)) * (Lq + Lk);
       // Backward with a head's key tiles in groups: each group's query-side
       // gradients, and every head's dk, dv until its groups are summed.
       if (const double groups = double(fused::backward_key_groups(p)); groups > 1)
-        elements += heads * (groups * (Lq * (2.0 * d + 2.0 * shaw_rows) + (xl ? (Lq + Lk) * d : 0.0)) + Lk * (d + dv));
+        elements += heads * (groups * (Lq * (2.0 * d + 2.0 * table_rows) + (band ? (Lq + Lk) * d : 0.0)) + Lk * (d + dv));
       break;
     }
     default:  // gather, skew, generalized_skew, relshift: a few (Lq, Lk) matrices and (Lq, 2k+1) buckets
-      elements = threads * (pairs * 8.0 + Lq * shaw_rows * 2.0 + (Lq + Lk) * (d + dv) * 2.0);
+      elements = threads * (pairs * 8.0 + Lq * table_rows * 2.0 + (Lq + Lk) * (d + dv) * 2.0);
       break;
   }
   // Grouped-query backward: every query head's dk, dv until summed per group.
@@ -77,7 +76,8 @@ void check_scratch_fits(const AttentionForward<T>& p) {
   std::string shape = "B=" + std::to_string(p.q.shape[0]) + ", H=" + std::to_string(p.q.shape[1]) +
                       ", Lq=" + std::to_string(p.q.shape[2]) + ", Lk=" + std::to_string(p.k.shape[2]) +
                       ", d=" + std::to_string(p.q.shape[3]);
-  if (p.pos.scheme == Scheme::shaw) shape += ", Shaw table rows 2k+1=" + std::to_string(2 * p.pos.shaw.k + 1);
+  if (const int64_t rows = embedding_sizes(p).table_rows; rows > 0)
+    shape += ", " + std::string(to_string(p.pos.scheme)) + " table rows 2k+1=" + std::to_string(rows);
   const Algorithm a = resolve_algorithm(p);
   throw std::invalid_argument(std::string("relpos: algorithm: '") + to_string(a) + "' needs " + sizes + " for " +
                               shape +

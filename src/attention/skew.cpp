@@ -79,12 +79,12 @@ struct GeneralizedSkew {
 
 template <class T>
 std::unique_ptr<RelativeTerm<T>> make_skew(const AttentionForward<T>& p, const PositionGrads<T>* grads) {
-  return std::make_unique<DiagonalTerm<T, MusicSkew>>(p.pos, grads);
+  return std::make_unique<DiagonalTerm<T, MusicSkew>>(p, grads);
 }
 
 template <class T>
 std::unique_ptr<RelativeTerm<T>> make_generalized_skew(const AttentionForward<T>& p, const PositionGrads<T>* grads) {
-  return std::make_unique<DiagonalTerm<T, GeneralizedSkew>>(p.pos, grads);
+  return std::make_unique<DiagonalTerm<T, GeneralizedSkew>>(p, grads);
 }
 
 #define RELPOS_INSTANTIATE(T)                                                                                       \

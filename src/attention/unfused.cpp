@@ -160,10 +160,9 @@ std::unique_ptr<RelativeTerm<T>> make_term(Algorithm algorithm, const AttentionF
                                            const PositionGrads<T>* grads) {
   switch (algorithm) {  // check_algorithm has established that `algorithm` serves p
     case Algorithm::gather:
-      if (p.pos.scheme == Scheme::shaw) return make_shaw_gather(p, grads);
-      return std::make_unique<RelativeTerm<T>>();  // no relative embedding; biases are gathered per distance
+      return make_table_gather(p, grads);  // biases are gathered per distance by the pipeline itself
     case Algorithm::split:
-      return make_shaw_split(p, grads);
+      return make_table_split(p, grads);
     case Algorithm::skew:
       return make_skew(p, grads);
     case Algorithm::generalized_skew:

@@ -49,9 +49,9 @@ std::unique_ptr<RelativeTerm<T>> make_term(Algorithm algorithm, const AttentionF
 
 // Constructors of the terms, one file each.
 template <class T>
-std::unique_ptr<RelativeTerm<T>> make_shaw_gather(const AttentionForward<T>& p, const PositionGrads<T>* grads);
+std::unique_ptr<RelativeTerm<T>> make_table_gather(const AttentionForward<T>& p, const PositionGrads<T>* grads);
 template <class T>
-std::unique_ptr<RelativeTerm<T>> make_shaw_split(const AttentionForward<T>& p, const PositionGrads<T>* grads);
+std::unique_ptr<RelativeTerm<T>> make_table_split(const AttentionForward<T>& p, const PositionGrads<T>* grads);
 template <class T>
 std::unique_ptr<RelativeTerm<T>> make_skew(const AttentionForward<T>& p, const PositionGrads<T>* grads);
 template <class T>

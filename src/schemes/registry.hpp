@@ -58,12 +58,18 @@ void for_each_model_tensor(const std::vector<ModelTensor>& tensors, Params& pos,
 }
 
 // The kinds of relative term a scheme's file may define as a class template
-// built from the call: Bias<T> (a DistanceBias<T>) and Rotation<T> (a
-// PositionRotation<T>).
+// built from the call (scheme.hpp): Bias<T>, Rotation<T>, KeyEmbedding<T>,
+// ValueEmbedding<T>, QueryBias<T>.
 template <class S, class T>
 using BiasOf = typename S::template Bias<T>;
 template <class S, class T>
 using RotationOf = typename S::template Rotation<T>;
+template <class S, class T>
+using KeyEmbeddingOf = typename S::template KeyEmbedding<T>;
+template <class S, class T>
+using ValueEmbeddingOf = typename S::template ValueEmbedding<T>;
+template <class S, class T>
+using QueryBiasOf = typename S::template QueryBias<T>;
 
 // Whether scheme S defines the term Of<S, T>.
 template <template <class, class> class Of, class S, class T, class = void>
@@ -77,7 +83,8 @@ std::unique_ptr<Base> make_scheme_term(const AttentionForward<T>& p) {
   std::unique_ptr<Base> term;
   AllSchemes::visit(p.pos.scheme, [&](auto scheme) {
     using S = decltype(scheme);
-    if constexpr (HasTerm<Of, S, T>::value) term = std::make_unique<Of<S, T>>(p);
+    if constexpr (HasTerm<Of, S, T>::value)
+      if (Of<S, T>::applies(p)) term = std::make_unique<Of<S, T>>(p);
   });
   return term;
 }
@@ -98,6 +105,50 @@ std::unique_ptr<DistanceBias<T>> make_distance_bias(const AttentionForward<T>& p
 template <class T>
 std::unique_ptr<PositionRotation<T>> make_rotation(const AttentionForward<T>& p) {
   return make_scheme_term<RotationOf, PositionRotation<T>>(p);
+}
+
+template <class T>
+std::unique_ptr<DistanceEmbedding<T>> make_key_embedding(const AttentionForward<T>& p) {
+  return make_scheme_term<KeyEmbeddingOf, DistanceEmbedding<T>>(p);
+}
+template <class T>
+std::unique_ptr<DistanceEmbedding<T>> make_value_embedding(const AttentionForward<T>& p) {
+  return make_scheme_term<ValueEmbeddingOf, DistanceEmbedding<T>>(p);
+}
+template <class T>
+std::unique_ptr<QueryBiases<T>> make_query_bias(const AttentionForward<T>& p) {
+  return make_scheme_term<QueryBiasOf, QueryBiases<T>>(p);
+}
+
+// The sizes of the call's embeddings (EmbeddingSizes), for any element type.
+template <class T>
+EmbeddingSizes embedding_sizes(const AttentionForward<T>& p) {
+  EmbeddingSizes sizes;
+  AllSchemes::visit(p.pos.scheme, [&](auto scheme) {
+    using S = decltype(scheme);
+    if constexpr (HasTerm<KeyEmbeddingOf, S, T>::value || HasTerm<ValueEmbeddingOf, S, T>::value)
+      sizes = S::embedding_sizes(p);
+  });
+  return sizes;
+}
+
+template <class S, class A, class B, class = void>
+struct HasOptions : std::false_type {};
+template <class S, class A, class B>
+struct HasOptions<S, A, B,
+                  std::void_t<decltype(S::copy_options(std::declval<const PositionParams<A>&>(),
+                                                       std::declval<PositionParams<B>&>()))>> : std::true_type {};
+
+// Copies the options of every scheme that are not tensors (copy_options of
+// the schemes that have some) from one element type's parameters to
+// another's; tensors are not touched.
+template <class A, class B>
+void copy_scheme_options(const PositionParams<A>& from, PositionParams<B>& to) {
+  to.scheme = from.scheme;
+  AllSchemes::for_each([&](auto scheme) {
+    using S = decltype(scheme);
+    if constexpr (HasOptions<S, A, B>::value) S::copy_options(from, to);
+  });
 }
 
 inline bool scheme_serves(Scheme id, Algorithm a) {

@@ -26,6 +26,11 @@ struct RopeScheme : NoLearnableTensors {
     return {};
   }
 
+  template <class A, class B>
+  static void copy_options(const PositionParams<A>& from, PositionParams<B>& to) {
+    to.rope = from.rope;
+  }
+
   template <class T>
   static void check(const AttentionForward<T>& p) {
     using checks::fail;

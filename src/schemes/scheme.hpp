@@ -14,6 +14,17 @@
 //                    scheme's parameters
 //   Rotation<T>      for a scheme that rotates q and k by their absolute
 //                    positions: a PositionRotation<T> (below)
+//   KeyEmbedding<T>  for a scheme with an embedding per distance read by the
+//                    query (Shaw's key table, Transformer-XL's W_R R): a
+//                    DistanceEmbedding<T> (below), often a ClippedTable<T>
+//   ValueEmbedding<T> for one with an embedding per distance added to the
+//                    values (Shaw's value table): a DistanceEmbedding<T>
+//   QueryBias<T>     for one that adds a vector per head to the query
+//                    (Transformer-XL's u and v): a QueryBiases<T> (below)
+//   embedding_sizes  with KeyEmbedding or ValueEmbedding: their sizes for
+//                    the scratch estimate, before anything is built
+//   copy_options     its options that are not tensors (Shaw's k), from one
+//                    element type's parameters to another's
 //   model(p, c)      how relpos's byte-level model (src/nn) holds the scheme:
 //                    sets the options of p from the model's configuration c
 //                    and returns the learnable tensors the model trains (a
@@ -21,11 +32,10 @@
 //                    header-only part is used by relpos::nn alone, so the
 //                    attention library links no model code)
 //
-// The other kinds of relative term are computed by the kernels themselves and
-// selected by the scheme's parameters: a per-distance key embedding read by a
-// query-side vector (Shaw's clipped table; Transformer-XL's band W_R R(-r)
-// read by q + v), a per-distance value embedding (Shaw) and a content bias
-// (Transformer-XL's u).
+// A term class has a constructor from the call and may have a static
+// applies(call): false when this call has no such term (Shaw without a value
+// table); the bases below answer true. The kernels know these kinds of term
+// only, never a scheme by name.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +51,7 @@
 
 #include "relpos/attention.hpp"
 #include "relpos/nn/model.hpp"
+#include "relpos/position.hpp"
 
 namespace relpos {
 
@@ -113,6 +124,7 @@ class DistanceBias {
   DistanceBias(const AttentionForward<T>& p)
       : rmin_(p.k_offset - (p.q_offset + p.q.shape[2] - 1)), count_(p.q.shape[2] + p.k.shape[2] - 1) {}
   virtual ~DistanceBias() = default;
+  static bool applies(const AttentionForward<T>&) { return true; }
 
   int64_t rmin() const { return rmin_; }
   int64_t count() const { return count_; }
@@ -142,8 +154,123 @@ template <class T>
 class PositionRotation {
  public:
   virtual ~PositionRotation() = default;
+  static bool applies(const AttentionForward<T>&) { return true; }
   virtual void queries(T* rows, int direction) const = 0;  // (Lq, d); row i sits at q_offset + i
   virtual void keys(T* rows, int direction) const = 0;     // (Lk, d); row j sits at k_offset + j
+};
+
+template <class T>
+class ClippedTable;
+
+// An embedding per (head, distance) for the distances of one call,
+// r = rmin + m, m < count (as DistanceBias). A key embedding e adds
+// qp_i . e(r_ij) to the logit of (i, j), qp the query of the relative term
+// (q, or q plus a QueryBiases position vector); a value embedding adds
+// P_ij e(r_ij) to out_i. Built once per call and thread.
+template <class T>
+class DistanceEmbedding {
+ public:
+  DistanceEmbedding(const AttentionForward<T>& p, int64_t width)
+      : rmin_(p.k_offset - (p.q_offset + p.q.shape[2] - 1)), count_(p.q.shape[2] + p.k.shape[2] - 1), width_(width) {}
+  virtual ~DistanceEmbedding() = default;
+  static bool applies(const AttentionForward<T>&) { return true; }
+
+  int64_t rmin() const { return rmin_; }
+  int64_t count() const { return count_; }
+  int64_t width() const { return width_; }
+
+  // E (n, width): head h's rows of the distances rmin + m, m < n (n may pass
+  // count; a distance without an embedding gets a zero row).
+  virtual void rows(int64_t h, int64_t n, T* E) const = 0;
+  // Adds into g the gradient of the scheme's parameters given dE (n, width),
+  // the gradient of the loss with respect to those rows.
+  virtual void add_rows_grad(const PositionGrads<T>& g, int64_t h, int64_t n, const T* dE) const = 0;
+  // The same embedding as a small table indexed by clipped distance, which
+  // lets a kernel multiply by the table instead of one row per distance;
+  // null when every distance has its own row.
+  virtual const ClippedTable<T>* clipped() const { return nullptr; }
+
+ private:
+  int64_t rmin_, count_, width_;
+};
+
+// The embedding as a table (1 or H, 2k+1, width) read at row
+// c(r) = clip(r, -k, k) + k (shaw_index): beyond +-k the edge rows, or no
+// embedding (Beyond::zero). `grad` names its gradient in PositionGrads.
+template <class T>
+class ClippedTable : public DistanceEmbedding<T> {
+ public:
+  ClippedTable(const AttentionForward<T>& p, const View3<const T>& table, int64_t k, Beyond beyond,
+               View3<T> PositionGrads<T>::*grad)
+      : DistanceEmbedding<T>(p, table.shape[2]), table_(table), k_(k), beyond_(beyond), grad_(grad) {}
+
+  int64_t k() const { return k_; }
+  int64_t table_rows() const { return 2 * k_ + 1; }
+  bool repeats_edges() const { return beyond_ == Beyond::clip; }
+  int64_t row(int64_t r) const { return shaw_index(r, k_, beyond_); }  // -1: no embedding
+  int64_t slice_of(int64_t h) const { return table_.shape[0] == 1 ? 0 : h; }  // heads of one slice share it
+  bool wants_grad(const PositionGrads<T>& g) const { return !(g.*grad_).empty(); }
+
+  // dense (table_rows, width) = head h's slice of the table.
+  void slice(int64_t h, T* dense) const {
+    const int64_t ht = slice_of(h), width = this->width();
+    for (int64_t c = 0; c < table_rows(); ++c)
+      for (int64_t x = 0; x < width; ++x) dense[c * width + x] = table_(ht, c, x);
+  }
+  // The gradient of head h's slice, dense (table_rows, width), into g.
+  void add_slice_grad(const PositionGrads<T>& g, int64_t h, const T* dense) const {
+    const View3<T>& grad = g.*grad_;
+    if (grad.empty()) return;
+    const int64_t ht = grad.shape[0] == 1 ? 0 : h, width = this->width();
+    for (int64_t c = 0; c < table_rows(); ++c)
+      for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dense[c * width + x];
+  }
+
+  void rows(int64_t h, int64_t n, T* E) const override {
+    const int64_t ht = slice_of(h), width = this->width();
+    for (int64_t m = 0; m < n; ++m) {
+      const int64_t c = row(this->rmin() + m);
+      for (int64_t x = 0; x < width; ++x) E[m * width + x] = c >= 0 ? table_(ht, c, x) : T(0);
+    }
+  }
+  void add_rows_grad(const PositionGrads<T>& g, int64_t h, int64_t n, const T* dE) const override {
+    const View3<T>& grad = g.*grad_;
+    if (grad.empty()) return;
+    const int64_t ht = grad.shape[0] == 1 ? 0 : h, width = this->width();
+    for (int64_t m = 0; m < n; ++m)
+      if (const int64_t c = row(this->rmin() + m); c >= 0)
+        for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dE[m * width + x];
+  }
+  const ClippedTable<T>* clipped() const override { return this; }
+
+ private:
+  View3<const T> table_;
+  int64_t k_;
+  Beyond beyond_;
+  View3<T> PositionGrads<T>::*grad_;
+};
+
+// Vectors per head added to the query: qc = q + content vector multiplies
+// the keys, qp = q + position vector the key embedding.
+template <class T>
+class QueryBiases {
+ public:
+  virtual ~QueryBiases() = default;
+  static bool applies(const AttentionForward<T>&) { return true; }
+  // Head h's rows (lq, d): qp = qc + position vector, then qc += content vector.
+  virtual void apply(int64_t h, int64_t lq, int64_t d, T* qc, T* qp) const = 0;
+  // Adds into g the vectors' gradients given dqc, dqp (lq, d), the
+  // gradients with respect to qc and qp.
+  virtual void add_grad(const PositionGrads<T>& g, int64_t h, int64_t lq, int64_t d, const T* dqc,
+                        const T* dqp) const = 0;
+};
+
+// The sizes of a scheme's embeddings, known from its arguments alone (the
+// scratch estimate reads them before validation builds anything).
+struct EmbeddingSizes {
+  int64_t key_width = 0, value_width = 0;  // 0: no such embedding
+  int64_t table_rows = 0;                  // a ClippedTable's 2k+1; 0: a row per distance
+  int64_t per_distance = 0;                // scratch per distance the key embedding needs (per call)
 };
 
 }  // namespace relpos

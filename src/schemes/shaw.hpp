@@ -29,6 +29,30 @@ struct ShawScheme {
     return {{"shaw_wk", shape}, {"shaw_wv", shape}};
   }
 
+  template <class A, class B>
+  static void copy_options(const PositionParams<A>& from, PositionParams<B>& to) {
+    to.shaw.k = from.shaw.k, to.shaw.beyond = from.shaw.beyond;
+  }
+
+  // The tables as the kernels read them: clipped tables, each present or not.
+  template <class T>
+  struct KeyEmbedding final : ClippedTable<T> {
+    static bool applies(const AttentionForward<T>& p) { return !p.pos.shaw.wk.empty(); }
+    explicit KeyEmbedding(const AttentionForward<T>& p)
+        : ClippedTable<T>(p, p.pos.shaw.wk, p.pos.shaw.k, p.pos.shaw.beyond, &PositionGrads<T>::shaw_wk) {}
+  };
+  template <class T>
+  struct ValueEmbedding final : ClippedTable<T> {
+    static bool applies(const AttentionForward<T>& p) { return !p.pos.shaw.wv.empty(); }
+    explicit ValueEmbedding(const AttentionForward<T>& p)
+        : ClippedTable<T>(p, p.pos.shaw.wv, p.pos.shaw.k, p.pos.shaw.beyond, &PositionGrads<T>::shaw_wv) {}
+  };
+  template <class T>
+  static EmbeddingSizes embedding_sizes(const AttentionForward<T>& p) {
+    const ShawParams<T>& s = p.pos.shaw;
+    return {s.wk.empty() ? 0 : p.q.shape[3], s.wv.empty() ? 0 : p.v.shape[3], 2 * s.k + 1, 0};
+  }
+
   template <class T>
   static void check(const AttentionForward<T>& p) {
     using namespace checks;

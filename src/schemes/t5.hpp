@@ -27,6 +27,11 @@ struct T5Scheme {
     return {{"t5_table", {c.heads, c.t5_buckets}, true}};
   }
 
+  template <class A, class B>
+  static void copy_options(const PositionParams<A>& from, PositionParams<B>& to) {
+    to.t5.bidirectional = from.t5.bidirectional, to.t5.max_distance = from.t5.max_distance;
+  }
+
   template <class T>
   static void check(const AttentionForward<T>& p) {
     using namespace checks;

@@ -3,7 +3,13 @@
 // read by q + v. Memory is expressed by the offsets.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../backend/parallel.hpp"
 #include "checks.hpp"
+#include "relpos/gemm.hpp"
 #include "scheme.hpp"
 
 namespace relpos {
@@ -27,6 +33,126 @@ struct XLScheme {
   static std::vector<ModelTensor> model(PositionParams<T>&, const nn::ModelConfig& c) {
     const int64_t dh = c.width / c.heads;
     return {{"xl_u", {c.heads, dh}, true}, {"xl_v", {c.heads, dh}, true}, {"xl_w_r", {c.heads, dh, c.width}}};
+  }
+
+  template <class A, class B>
+  static void copy_options(const PositionParams<A>& from, PositionParams<B>& to) {
+    to.xl.clamp_len = from.xl.clamp_len;
+  }
+
+  // The positional keys W_R[h] R(xl_distance(r)), a row per distance; the
+  // sinusoids R of the call's distances are made once, with the call.
+  template <class T>
+  class KeyEmbedding final : public DistanceEmbedding<T> {
+   public:
+    explicit KeyEmbedding(const AttentionForward<T>& p)
+        : DistanceEmbedding<T>(p, p.q.shape[3]),
+          xl_(p.pos.xl),
+          R_(sinusoids(xl_, this->rmin(), this->count(), thread_count(p.num_threads, this->count()))) {}
+
+    void rows(int64_t h, int64_t n, T* E) const override {  // E = R W_R^T
+      std::vector<T> own;
+      const std::vector<T>& R = n <= this->count() ? R_ : (own = sinusoids(xl_, this->rmin(), n, 1));
+      const std::vector<T> w = dense_w_r(h);
+      const int64_t d = this->width(), pd = pos_dim();
+      gemm<T>(Trans::no, Trans::yes, n, d, pd, T(1), R.data(), pd, w.data(), pd, T(0), E, d);
+    }
+    void add_rows_grad(const PositionGrads<T>& g, int64_t h, int64_t n, const T* dE) const override {
+      if (g.xl_w_r.empty()) return;
+      std::vector<T> own;
+      const std::vector<T>& R = n <= this->count() ? R_ : (own = sinusoids(xl_, this->rmin(), n, 1));
+      const int64_t d = this->width(), pd = pos_dim();
+      std::vector<T> dW(d * pd);  // dE^T R
+      gemm<T>(Trans::yes, Trans::no, d, pd, n, T(1), dE, d, R.data(), pd, T(0), dW.data(), pd);
+      for (int64_t x = 0; x < d; ++x)
+        for (int64_t e = 0; e < pd; ++e) g.xl_w_r(h, x, e) += dW[x * pd + e];
+    }
+
+    // (n, pos_dim) sinusoids R(xl_distance(rmin + m)), m < n, on `threads`
+    // threads. Consecutive rows differ by one position (or none, where
+    // clamped), so a row follows from the one before by the angle-addition
+    // formulas in double; every kAnchorRows-th row is computed exactly, which
+    // keeps the error within ~1e-14 and lets chunks of rows run in parallel.
+    // Exact sin and cos for every entry cost more than the attention itself
+    // at pos_dim 512.
+    static std::vector<T> sinusoids(const XLParams<T>& xl, int64_t rmin, int64_t n, int threads) {
+      constexpr int64_t kAnchorRows = 32;
+      const int64_t pd = xl.w_r.shape[2], half = pd / 2;
+      std::vector<T> R(n * pd);
+      const std::vector<double> inv_freq = sinusoid_inv_freq(pd);
+      std::vector<double> step_sin(half), step_cos(half);
+      for (int64_t i = 0; i < half; ++i) step_sin[i] = std::sin(inv_freq[i]), step_cos[i] = std::cos(inv_freq[i]);
+      const auto distance = [&](int64_t m) { return xl_distance(rmin + m, xl.clamp_len); };
+      const int64_t chunks = (n + kAnchorRows - 1) / kAnchorRows;
+      parallel_for(
+          chunks, std::max(1, std::min<int>(threads, int(chunks))), [](int) {},
+          [&](int, int64_t chunk) {
+            std::vector<double> sn(half), cs(half);
+            const int64_t first = chunk * kAnchorRows, last = std::min(n, first + kAnchorRows);
+            for (int64_t m = first; m < last; ++m) {
+              const int64_t step = m == first ? 0 : distance(m) - distance(m - 1);
+              if (m == first || (step != 0 && step != 1 && step != -1)) {
+                for (int64_t i = 0; i < half; ++i) {
+                  const double angle = double(distance(m)) * inv_freq[i];
+                  sn[i] = std::sin(angle), cs[i] = std::cos(angle);
+                }
+              } else if (step != 0) {  // sin(a +- b), cos(a +- b)
+                const double sign = double(step);
+                for (int64_t i = 0; i < half; ++i) {
+                  const double s0 = sn[i], c0 = cs[i];
+                  sn[i] = s0 * step_cos[i] + sign * c0 * step_sin[i];
+                  cs[i] = c0 * step_cos[i] - sign * s0 * step_sin[i];
+                }
+              }
+              T* row = &R[m * pd];
+              for (int64_t i = 0; i < half; ++i) row[i] = T(sn[i]), row[half + i] = T(cs[i]);
+            }
+          });
+      return R;
+    }
+
+   private:
+    int64_t pos_dim() const { return xl_.w_r.shape[2]; }
+    std::vector<T> dense_w_r(int64_t h) const {
+      const int64_t d = this->width(), pd = pos_dim();
+      std::vector<T> w(d * pd);
+      for (int64_t x = 0; x < d; ++x)
+        for (int64_t e = 0; e < pd; ++e) w[x * pd + e] = xl_.w_r(h, x, e);
+      return w;
+    }
+
+    XLParams<T> xl_;
+    std::vector<T> R_;  // (count, pos_dim)
+  };
+
+  // u and v: q + u multiplies the keys, q + v the positional keys.
+  template <class T>
+  class QueryBias final : public QueryBiases<T> {
+   public:
+    explicit QueryBias(const AttentionForward<T>& p) : xl_(p.pos.xl) {}
+    void apply(int64_t h, int64_t lq, int64_t d, T* qc, T* qp) const override {
+      for (int64_t i = 0; i < lq; ++i)
+        for (int64_t c = 0; c < d; ++c) {
+          qp[i * d + c] = qc[i * d + c] + xl_.v(h, c);
+          qc[i * d + c] += xl_.u(h, c);
+        }
+    }
+    void add_grad(const PositionGrads<T>& g, int64_t h, int64_t lq, int64_t d, const T* dqc,
+                  const T* dqp) const override {
+      for (int64_t i = 0; i < lq; ++i)
+        for (int64_t c = 0; c < d; ++c) {
+          if (!g.xl_u.empty()) g.xl_u(h, c) += dqc[i * d + c];
+          if (!g.xl_v.empty()) g.xl_v(h, c) += dqp[i * d + c];
+        }
+    }
+
+   private:
+    XLParams<T> xl_;
+  };
+
+  template <class T>
+  static EmbeddingSizes embedding_sizes(const AttentionForward<T>& p) {
+    return {p.q.shape[3], 0, 0, p.pos.xl.w_r.shape[2]};
   }
 
   template <class T>

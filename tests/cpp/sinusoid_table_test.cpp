@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../../src/attention/distance_table.hpp"
+#include "../../src/schemes/xl.hpp"
 #include "relpos/position.hpp"
 
 namespace relpos {
@@ -17,11 +17,10 @@ namespace {
 
 double largest_error(int64_t rmin, int64_t count, int64_t pos_dim, int64_t clamp_len, int threads) {
   std::vector<double> w_r(pos_dim);  // only its shape matters here
-  PositionParams<double> pos;
-  pos.scheme = Scheme::xl;
-  pos.xl.w_r = View3<const double>::contiguous(w_r.data(), {1, 1, pos_dim});
-  pos.xl.clamp_len = clamp_len;
-  const Scratch<double> table = DistanceTable<double>::make_sinusoids(pos, rmin, count, threads);
+  XLParams<double> xl;
+  xl.w_r = View3<const double>::contiguous(w_r.data(), {1, 1, pos_dim});
+  xl.clamp_len = clamp_len;
+  const std::vector<double> table = XLScheme::KeyEmbedding<double>::sinusoids(xl, rmin, count, threads);
   std::vector<double> exact(pos_dim);
   double error = 0;
   for (int64_t m = 0; m < count; ++m) {

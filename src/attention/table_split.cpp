@@ -3,6 +3,9 @@
 // by every batch entry (and every head when the tables are shared), and the
 // second product is one (1 x d)(d x Lk) product per query position. Memory
 // O(L^2 d), as in the paper; its saving is the sharing, not the size.
+#include <algorithm>
+
+#include "distance_table.hpp"
 #include "unfused.hpp"
 
 namespace relpos::unfused {
@@ -29,71 +32,80 @@ void vecmat(int64_t n, int64_t width, T alpha, const T* x, const T* A, T* y) {
 }
 
 template <class T>
-class ShawSplit final : public RelativeTerm<T> {
+class TableSplit final : public RelativeTerm<T> {
  public:
-  ShawSplit(const ShawParams<T>& shaw, const PositionGrads<T>* grads) : shaw_(shaw), grads_(grads) {}
+  TableSplit(const AttentionForward<T>& p, const PositionGrads<T>* grads)
+      : key_embedding_(make_key_embedding(p)), value_embedding_(make_value_embedding(p)), grads_(grads) {}
 
   void add_scores(const Head<T>& hd, T scale, T* S) override {
-    if (shaw_.wk.empty()) return;
-    const Scratch<T>& AK = materialised(hd, shaw_.wk, ak_, ak_head_);
+    if (!key_embedding_) return;
+    const Scratch<T>& AK = materialised(hd, keys(), ak_, ak_head_);
     for (int64_t i = 0; i < hd.lq; ++i)  // S_i += scale * A^K_i qp_i
       matvec(hd.lk, hd.d, scale, &AK[i * hd.lk * hd.d], hd.qp + i * hd.d, S + i * hd.lk);
   }
 
   void add_values(const Head<T>& hd, const T* P, T* out) override {
-    if (shaw_.wv.empty()) return;
-    const Scratch<T>& AV = materialised(hd, shaw_.wv, av_, av_head_);
+    if (!value_embedding_) return;
+    const Scratch<T>& AV = materialised(hd, values(), av_, av_head_);
     for (int64_t i = 0; i < hd.lq; ++i)  // out_i += P_i A^V_i
       vecmat(hd.lk, hd.dv, T(1), P + i * hd.lk, &AV[i * hd.lk * hd.dv], out + i * hd.dv);
   }
 
   void backward_values(const Head<T>& hd, const T* P, const T* dout, T* dP) override {
-    if (shaw_.wv.empty()) return;
-    const Scratch<T>& AV = materialised(hd, shaw_.wv, av_, av_head_);
+    if (!value_embedding_) return;
+    const Scratch<T>& AV = materialised(hd, values(), av_, av_head_);
     for (int64_t i = 0; i < hd.lq; ++i)  // dP_i += A^V_i dout_i
       matvec(hd.lk, hd.dv, T(1), &AV[i * hd.lk * hd.dv], dout + i * hd.dv, dP + i * hd.lk);
-    if (grads_ && !grads_->shaw_wv.empty())  // dA^V_ij = P_ij dout_i, summed per table row
-      scatter(hd, grads_->shaw_wv, [&](int64_t i, int64_t j) { return P[i * hd.lk + j]; }, dout, hd.dv);
+    if (grads_ && values().wants_grad(*grads_))  // dA^V_ij = P_ij dout_i, summed per table row
+      scatter(hd, values(), [&](int64_t i, int64_t j) { return P[i * hd.lk + j]; }, dout);
   }
 
   void backward_scores(const Head<T>& hd, T scale, const T* dS, T* dqp) override {
-    if (shaw_.wk.empty()) return;
-    const Scratch<T>& AK = materialised(hd, shaw_.wk, ak_, ak_head_);
+    if (!key_embedding_) return;
+    const Scratch<T>& AK = materialised(hd, keys(), ak_, ak_head_);
     for (int64_t i = 0; i < hd.lq; ++i)  // dqp_i += scale * dS_i A^K_i
       vecmat(hd.lk, hd.d, scale, dS + i * hd.lk, &AK[i * hd.lk * hd.d], dqp + i * hd.d);
-    if (grads_ && !grads_->shaw_wk.empty())  // dA^K_ij = scale dS_ij qp_i
-      scatter(hd, grads_->shaw_wk, [&](int64_t i, int64_t j) { return scale * dS[i * hd.lk + j]; }, hd.qp, hd.d);
+    if (grads_ && keys().wants_grad(*grads_))  // dA^K_ij = scale dS_ij qp_i
+      scatter(hd, keys(), [&](int64_t i, int64_t j) { return scale * dS[i * hd.lk + j]; }, hd.qp);
   }
 
  private:
+  // The algorithm serves clipped tables (the capability table says which schemes).
+  const ClippedTable<T>& keys() const { return *key_embedding_->clipped(); }
+  const ClippedTable<T>& values() const { return *value_embedding_->clipped(); }
+
   // A (Lq, Lk, width) for head h; rebuilt only when the table slice changes
   // (a shared table is built once per call).
-  const Scratch<T>& materialised(const Head<T>& hd, const View3<const T>& table, Scratch<T>& A, int64_t& built_for) {
-    const int64_t ht = table.shape[0] == 1 ? 0 : hd.h;
+  static const Scratch<T>& materialised(const Head<T>& hd, const ClippedTable<T>& table, Scratch<T>& A,
+                                        int64_t& built_for) {
+    const int64_t ht = table.slice_of(hd.h);
     if (built_for == ht) return A;
-    const int64_t width = table.shape[2];
+    const int64_t width = table.width();
+    const Scratch<T> slice = table_slice(table, hd.h);
     A.assign(hd.lq * hd.lk * width, T(0));
     for (int64_t i = 0; i < hd.lq; ++i)
       for (int64_t j = 0; j < hd.lk; ++j)
-        if (const int64_t c = shaw_index(hd.r(i, j), shaw_.k, shaw_.beyond); c >= 0)
-          for (int64_t x = 0; x < width; ++x) A[(i * hd.lk + j) * width + x] = table(ht, c, x);
+        if (const int64_t c = table.row(hd.r(i, j)); c >= 0)
+          std::copy_n(&slice[c * width], width, &A[(i * hd.lk + j) * width]);
     built_for = ht;
     return A;
   }
 
-  // grad[c(r_ij)] += weight(i, j) * rows_i for every pair.
+  // The table's gradient row c(r_ij) += weight(i, j) * rows_i for every pair.
   template <class Weight>
-  void scatter(const Head<T>& hd, const View3<T>& grad, Weight weight, const T* rows, int64_t width) {
-    const int64_t ht = grad.shape[0] == 1 ? 0 : hd.h;
+  void scatter(const Head<T>& hd, const ClippedTable<T>& table, Weight weight, const T* rows) {
+    const int64_t width = table.width();
+    Scratch<T> dslice(table.table_rows() * width);
     for (int64_t i = 0; i < hd.lq; ++i)
       for (int64_t j = 0; j < hd.lk; ++j)
-        if (const int64_t c = shaw_index(hd.r(i, j), shaw_.k, shaw_.beyond); c >= 0) {
+        if (const int64_t c = table.row(hd.r(i, j)); c >= 0) {
           const T w = weight(i, j);
-          for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += w * rows[i * width + x];
+          for (int64_t x = 0; x < width; ++x) dslice[c * width + x] += w * rows[i * width + x];
         }
+    table.add_slice_grad(*grads_, hd.h, dslice.data());
   }
 
-  const ShawParams<T>& shaw_;
+  std::unique_ptr<DistanceEmbedding<T>> key_embedding_, value_embedding_;
   const PositionGrads<T>* grads_;
   Scratch<T> ak_, av_;
   int64_t ak_head_ = -1, av_head_ = -1;
@@ -102,13 +114,13 @@ class ShawSplit final : public RelativeTerm<T> {
 }  // namespace
 
 template <class T>
-std::unique_ptr<RelativeTerm<T>> make_shaw_split(const AttentionForward<T>& p, const PositionGrads<T>* grads) {
-  return std::make_unique<ShawSplit<T>>(p.pos.shaw, grads);
+std::unique_ptr<RelativeTerm<T>> make_table_split(const AttentionForward<T>& p, const PositionGrads<T>* grads) {
+  return std::make_unique<TableSplit<T>>(p, grads);
 }
 
-template std::unique_ptr<RelativeTerm<float>> make_shaw_split(const AttentionForward<float>&,
+template std::unique_ptr<RelativeTerm<float>> make_table_split(const AttentionForward<float>&,
                                                               const PositionGrads<float>*);
-template std::unique_ptr<RelativeTerm<double>> make_shaw_split(const AttentionForward<double>&,
+template std::unique_ptr<RelativeTerm<double>> make_table_split(const AttentionForward<double>&,
                                                                const PositionGrads<double>*);
 
 }  // namespace relpos::unfused
