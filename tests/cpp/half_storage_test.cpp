@@ -53,7 +53,9 @@ void expect_decoding_matches_definition(int exponent_bits, int mantissa_bits) {
       continue;
     }
     ASSERT_EQ(double(got), expected) << "bits " << b;
-    if (expected != 0.0 || !(b >> 15)) ASSERT_EQ(H(got).bits, b) << "round trip of bits " << b;
+    if (expected != 0.0 || !(b >> 15)) {
+      ASSERT_EQ(H(got).bits, b) << "round trip of bits " << b;
+    }
   }
 }
 
