@@ -95,7 +95,7 @@ void native_gemm_bf16(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float
     const MatmulKey key{ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, omp_get_max_threads()};
     thread_local MatmulKey last_key{};
     thread_local Matmul matmul;
-    if (!(key == last_key) || last_key.m == 0) {
+    if (!(key == last_key)) {  // last_key starts all zero; a call here has m > 0
       matmul = matmul_for(key);
       last_key = key;
     }

@@ -208,7 +208,7 @@ class ClippedTable : public DistanceEmbedding<T> {
   int64_t table_rows() const { return 2 * k_ + 1; }
   bool repeats_edges() const { return beyond_ == Beyond::clip; }
   int64_t row(int64_t r) const { return shaw_index(r, k_, beyond_); }  // -1: no embedding
-  int64_t slice_of(int64_t h) const { return table_.shape[0] == 1 ? 0 : h; }  // heads of one slice share it
+  int64_t slice_of(int64_t h) const { return table_.shape[0] == 1 ? 0 : h; }  // heads of one slice share it (its gradient has its shape)
   bool wants_grad(const PositionGrads<T>& g) const { return !(g.*grad_).empty(); }
 
   // dense (table_rows, width) = head h's slice of the table.
@@ -221,7 +221,7 @@ class ClippedTable : public DistanceEmbedding<T> {
   void add_slice_grad(const PositionGrads<T>& g, int64_t h, const T* dense) const {
     const View3<T>& grad = g.*grad_;
     if (grad.empty()) return;
-    const int64_t ht = grad.shape[0] == 1 ? 0 : h, width = this->width();
+    const int64_t ht = slice_of(h), width = this->width();
     for (int64_t c = 0; c < table_rows(); ++c)
       for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dense[c * width + x];
   }
@@ -236,7 +236,7 @@ class ClippedTable : public DistanceEmbedding<T> {
   void add_rows_grad(const PositionGrads<T>& g, int64_t h, int64_t n, const T* dE) const override {
     const View3<T>& grad = g.*grad_;
     if (grad.empty()) return;
-    const int64_t ht = grad.shape[0] == 1 ? 0 : h, width = this->width();
+    const int64_t ht = slice_of(h), width = this->width();
     for (int64_t m = 0; m < n; ++m)
       if (const int64_t c = row(this->rmin() + m); c >= 0)
         for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dE[m * width + x];

@@ -52,7 +52,7 @@ struct XLScheme {
 
     void rows(int64_t h, int64_t n, T* E) const override {  // E = R W_R^T
       std::vector<T> own;
-      const std::vector<T>& R = n <= this->count() ? R_ : (own = sinusoids(xl_, this->rmin(), n, 1));
+      const std::vector<T>& R = sinusoids_of(n, own);
       const std::vector<T> w = dense_w_r(h);
       const int64_t d = this->width(), pd = pos_dim();
       gemm<T>(Trans::no, Trans::yes, n, d, pd, T(1), R.data(), pd, w.data(), pd, T(0), E, d);
@@ -60,7 +60,7 @@ struct XLScheme {
     void add_rows_grad(const PositionGrads<T>& g, int64_t h, int64_t n, const T* dE) const override {
       if (g.xl_w_r.empty()) return;
       std::vector<T> own;
-      const std::vector<T>& R = n <= this->count() ? R_ : (own = sinusoids(xl_, this->rmin(), n, 1));
+      const std::vector<T>& R = sinusoids_of(n, own);
       const int64_t d = this->width(), pd = pos_dim();
       std::vector<T> dW(d * pd);  // dE^T R
       gemm<T>(Trans::yes, Trans::no, d, pd, n, T(1), dE, d, R.data(), pd, T(0), dW.data(), pd);
@@ -113,6 +113,13 @@ struct XLScheme {
 
    private:
     int64_t pos_dim() const { return xl_.w_r.shape[2]; }
+    // The sinusoids of the first n distances: the call's (whose first rows
+    // they are) when n does not pass them, else made in `own`.
+    const std::vector<T>& sinusoids_of(int64_t n, std::vector<T>& own) const {
+      if (n <= this->count()) return R_;
+      own = sinusoids(xl_, this->rmin(), n, 1);
+      return own;
+    }
     std::vector<T> dense_w_r(int64_t h) const {
       const int64_t d = this->width(), pd = pos_dim();
       std::vector<T> w(d * pd);
