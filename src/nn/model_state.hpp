@@ -1,0 +1,85 @@
+// What every forward and backward pass of a model reads: its configuration,
+// its parameters, and those parameters as the GEMMs and the attention read
+// them (rounded to bfloat16 in mixed precision; a bounded position tensor
+// clamped to its bounds). Passes over micro-batches run on several threads at
+// once and only read it; ModelImpl prepares it once per call.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "../backend/convert.hpp"
+#include "parameter_layout.hpp"
+#include "relpos/position.hpp"
+#include "row_loop.hpp"
+
+namespace relpos::nn {
+
+template <class T>
+struct ModelState {
+  explicit ModelState(const ModelConfig& c)
+      : config((c.validate(), c)), layout(c), clamped(c.layers * layout.position_tensors.size()) {
+    params.assign(layout.total, T(0));
+    layout.initialise(c.seed, params.data());
+    position_scheme(config, scheme_options);
+  }
+
+  ModelConfig config;
+  ParameterLayout layout;
+  std::vector<T> params;
+  Precision precision = Precision::float32;
+  PositionParams<T> scheme_options;  // the position scheme's id and options; its tensors bound per layer
+
+  bool bf16() const { return precision == Precision::bfloat16; }
+  const T* param(int64_t offset) const { return params.data() + offset; }
+  // A matrix or positional table as GEMMs and the attention read it.
+  const T* operand(int64_t offset) const { return (bf16() ? operands : params).data() + offset; }
+
+  // Rounds `count` values that a GEMM or the attention reads next to the
+  // precision's storage (nothing in float32).
+  void store(T* x, int64_t count, int threads) const {
+    if (!bf16()) return;
+    constexpr int64_t kBlock = 4096;
+    for_each_row(threads, (count + kBlock - 1) / kBlock, kBlock, [&](int64_t b) {
+      convert::round_to_bf16(x + b * kBlock, std::min(kBlock, count - b * kBlock));
+    });
+  }
+
+  // Makes operand() and position_params() current for the parameters.
+  void prepare(int threads) {
+    if (bf16()) {
+      operands = params;
+      store(operands.data(), int64_t(operands.size()), threads);
+    }
+    for (std::size_t i = 0; i < layout.position_tensors.size(); ++i) {
+      const ModelTensor& t = layout.position_tensors[i];
+      if (!t.bounded()) continue;
+      for (int l = 0; l < config.layers; ++l) {
+        const T* data = operand(layout.layers[l].position[i]);
+        std::vector<T>& out = clamped[l * layout.position_tensors.size() + i];
+        out.resize(t.size());
+        for (std::size_t n = 0; n < out.size(); ++n) out[n] = std::clamp(data[n], T(t.floor), T(t.ceiling));
+      }
+    }
+  }
+
+  // The position scheme's parameters for layer l: its options, and its
+  // tensors as the attention reads them (after prepare()).
+  PositionParams<T> position_params(int l) const {
+    PositionParams<T> p = scheme_options;
+    for_each_model_tensor(layout.position_tensors, p, [&](std::size_t i, auto& view) {
+      const ModelTensor& t = layout.position_tensors[i];
+      t.bind(view, t.bounded() ? clamped[l * layout.position_tensors.size() + i].data()
+                               : operand(layout.layers[l].position[i]));
+    });
+    return p;
+  }
+
+ private:
+  std::vector<T> operands;  // bfloat16: params rounded
+  // Per (layer, bounded position tensor): the tensor clamped to its bounds.
+  std::vector<std::vector<T>> clamped;
+};
+
+}  // namespace relpos::nn
