@@ -2,6 +2,7 @@
 // torch.nn.Linear.
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 #include <type_traits>
 
@@ -10,22 +11,38 @@
 
 namespace relpos::nn {
 
-// The layers' GEMM. Operands whose values are bfloat16 numbers (mixed-precision
-// training rounds them where they are written) take bfloat16 products where
-// the CPU has them (relpos::gemm_bf16_valued); the numbers are the same
-// exact products either way, summed in another order.
+// A GEMM operand of the layers: its values, and in mixed precision on a CPU
+// with bfloat16 products the same values stored in bfloat16 (`narrow`). Where
+// `narrow` is set the GEMM reads it and not `values`, which then may hold
+// them unrounded: each tensor is narrowed once where it is written, not at
+// every GEMM that reads it.
 template <class T>
-void layer_gemm(bool bf16_values, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
-                int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
-  if constexpr (std::is_same_v<T, float>)
-    if (bf16_values) return gemm_bf16_valued(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+struct GemmOperand {
+  const T* values;
+  const bfloat16* narrow = nullptr;
+};
+
+// The layers' GEMM. Operands given in bfloat16 go to relpos::gemm_bf16 (both
+// are, or neither). Operands whose float values are bfloat16 numbers
+// (bf16_values: mixed-precision training rounded them where they were
+// written) take bfloat16 products where the CPU has them
+// (relpos::gemm_bf16_valued). The numbers are the same exact products either
+// way, summed in another order.
+template <class T>
+void layer_gemm(bool bf16_values, Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, T alpha, GemmOperand<T> a,
+                int64_t lda, GemmOperand<T> b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  assert((a.narrow == nullptr) == (b.narrow == nullptr));
+  if constexpr (std::is_same_v<T, float>) {
+    if (a.narrow) return gemm_bf16(ta, tb, m, n, k, alpha, a.narrow, lda, b.narrow, ldb, beta, c, ldc);
+    if (bf16_values) return gemm_bf16_valued(ta, tb, m, n, k, alpha, a.values, lda, b.values, ldb, beta, c, ldc);
+  }
+  gemm<T>(ta, tb, m, n, k, alpha, a.values, lda, b.values, ldb, beta, c, ldc);
 }
 
 // x (n, in), weight (out, in), bias (out) -> y (n, out), written.
 // bf16_values: x and weight hold bfloat16 numbers (see layer_gemm).
 template <class T>
-void linear_forward(const T* x, const T* weight, const T* bias, int64_t n, int64_t in, int64_t out, T* y,
+void linear_forward(GemmOperand<T> x, GemmOperand<T> weight, const T* bias, int64_t n, int64_t in, int64_t out, T* y,
                     int threads, bool bf16_values = false) {
   layer_gemm(bf16_values, Trans::no, Trans::yes, n, out, in, T(1), x, in, weight, in, T(0), y, out);
   for_each_row(threads, n, out, [&](int64_t r) {
@@ -38,13 +55,18 @@ void linear_forward(const T* x, const T* weight, const T* bias, int64_t n, int64
 // and dbias (out) += column sums of dy (parameter gradients accumulate).
 // bf16_values: dy, x and weight hold bfloat16 numbers (see layer_gemm).
 template <class T>
-void linear_backward(const T* dy, const T* x, const T* weight, int64_t n, int64_t in, int64_t out, T* dx,
-                     T* dweight, T* dbias, bool bf16_values = false) {
+void linear_backward(GemmOperand<T> dy, GemmOperand<T> x, GemmOperand<T> weight, int64_t n, int64_t in, int64_t out,
+                     T* dx, T* dweight, T* dbias, bool bf16_values = false) {
   layer_gemm(bf16_values, Trans::no, Trans::no, n, in, out, T(1), dy, out, weight, in, T(0), dx, in);
   layer_gemm(bf16_values, Trans::yes, Trans::no, out, in, n, T(1), dy, out, x, in, T(1), dweight, in);
   for (int64_t r = 0; r < n; ++r) {
-    const T* dr = dy + r * out;
-    for (int64_t c = 0; c < out; ++c) dbias[c] += dr[c];
+    if (dy.narrow) {
+      const bfloat16* dr = dy.narrow + r * out;
+      for (int64_t c = 0; c < out; ++c) dbias[c] += static_cast<T>(float(dr[c]));
+    } else {
+      const T* dr = dy.values + r * out;
+      for (int64_t c = 0; c < out; ++c) dbias[c] += dr[c];
+    }
   }
 }
 

@@ -54,37 +54,37 @@ class MicroBatchPass {
     shape_ = {batch, length, cache ? cache->length : 0, m_.config.heads, head_dim()};
     first_position_ = cache ? cache->position : 0;
     cache_row_ = cache_row;
-    act_.plan(shape_, m_.config.layers, m_.config.ffn, kVocabulary, backward, m_.bf16(), buffer_);
+    act_.plan(shape_, m_.config.layers, m_.config.ffn, kVocabulary, backward, m_.bf16(), m_.narrow_operands(), buffer_,
+              narrow_buffer_);
     const int64_t n = int64_t(batch) * length, w = m_.config.width, f = m_.config.ffn, nt = threads;
     embed(tokens, token_stride);
     for (int l = 0; l < m_.config.layers; ++l) {
       const LayerOffsets& o = m_.layout.layers[l];
       LayerActivations<T>& a = act_.layers[l];
       layer_norm_forward(a.input, m_.param(o.ln1_weight), m_.param(o.ln1_bias), n, w, a.ln1_out, a.ln1_mean, a.ln1_rstd, nt);
-      store(a.ln1_out, n * w);
-      linear_forward(a.ln1_out, m_.operand(o.qkv_weight), m_.param(o.qkv_bias), n, w, 3 * w, a.qkv, nt, m_.bf16());
+      linear_forward(gemm_input(a.ln1_out, a.ln1_narrow, n * w), m_.matrix(o.qkv_weight), m_.param(o.qkv_bias), n, w,
+                     3 * w, a.qkv, nt, m_.bf16());
       store(a.qkv, 3 * n * w);
       if (shape_.memory > 0) fill_keys(*cache, l);
       attention_layer_forward(attention_args(l));
-      store(a.attn, n * w);
-      linear_forward(a.attn, m_.operand(o.out_weight), m_.param(o.out_bias), n, w, w, a.mid, nt, m_.bf16());
+      linear_forward(gemm_input(a.attn, a.attn_narrow, n * w), m_.matrix(o.out_weight), m_.param(o.out_bias), n, w, w,
+                     a.mid, nt, m_.bf16());
       residual_forward(a.input, a.mid, n, w, nt);
       layer_norm_forward(a.mid, m_.param(o.ln2_weight), m_.param(o.ln2_bias), n, w, a.ln2_out, a.ln2_mean, a.ln2_rstd, nt);
-      store(a.ln2_out, n * w);
-      linear_forward(a.ln2_out, m_.operand(o.up_weight), m_.param(o.up_bias), n, w, f, a.hidden, nt, m_.bf16());
+      linear_forward(gemm_input(a.ln2_out, a.ln2_narrow, n * w), m_.matrix(o.up_weight), m_.param(o.up_bias), n, w, f,
+                     a.hidden, nt, m_.bf16());
       gelu_forward(a.hidden, a.activated, n, f, nt);
-      store(a.activated, n * f);
       T* out = layer_output(l);
-      linear_forward(a.activated, m_.operand(o.down_weight), m_.param(o.down_bias), n, f, w, out, nt, m_.bf16());
+      linear_forward(gemm_input(a.activated, a.activated_narrow, n * f), m_.matrix(o.down_weight),
+                     m_.param(o.down_bias), n, f, w, out, nt, m_.bf16());
       residual_forward(a.mid, out, n, w, nt);
     }
     layer_norm_forward(act_.stream_out, m_.param(m_.layout.final_weight), m_.param(m_.layout.final_bias), n, w, act_.final_out,
                        act_.final_mean, act_.final_rstd, nt);
-    store(act_.final_out, n * w);
-    layer_gemm(m_.bf16(), Trans::no, Trans::yes, n, kVocabulary, w, T(1), act_.final_out, w, m_.operand(m_.layout.embedding),
-               w, T(0), act_.logits, kVocabulary);
+    layer_gemm(m_.bf16(), Trans::no, Trans::yes, n, kVocabulary, w, T(1),
+               gemm_input(act_.final_out, act_.final_narrow, n * w), w, m_.matrix(m_.layout.embedding), w, T(0),
+               act_.logits, kVocabulary);
   }
-
 
   // sum over rows of weight * cross-entropy of the logits against tokens
   // (row stride length + 1, the target of position i at i + 1), rows
@@ -107,11 +107,11 @@ class MicroBatchPass {
     const int64_t n = shape_.batch * shape_.length, w = m_.config.width, f = m_.config.ffn, nt = threads;
     const int64_t v = kVocabulary;
     cross_entropy_backward(act_.logits, targets, act_.row_weight, n, v, act_.d_logits, nt);
-    store(act_.d_logits, n * v);
+    const GemmOperand<T> d_logits = gemm_input(act_.d_logits, act_.d_logits_narrow, n * v);
     // Tied head: logits = final_out E^T.
-    layer_gemm(m_.bf16(), Trans::yes, Trans::no, v, w, n, T(1), act_.d_logits, v, act_.final_out, w, T(1),
-               grad(m_.layout.embedding), w);
-    layer_gemm(m_.bf16(), Trans::no, Trans::no, n, w, v, T(1), act_.d_logits, v, m_.operand(m_.layout.embedding), w, T(0),
+    layer_gemm(m_.bf16(), Trans::yes, Trans::no, v, w, n, T(1), d_logits, v, {act_.final_out, act_.final_narrow}, w,
+               T(1), grad(m_.layout.embedding), w);
+    layer_gemm(m_.bf16(), Trans::no, Trans::no, n, w, v, T(1), d_logits, v, m_.matrix(m_.layout.embedding), w, T(0),
                act_.d_norm, w);
     // The gradient of the residual stream, one buffer for every depth: each
     // block's branches read it as their output's gradient, then their
@@ -124,24 +124,23 @@ class MicroBatchPass {
       const LayerOffsets& o = m_.layout.layers[l];
       const LayerActivations<T>& a = act_.layers[l];
       // Feed-forward branch; dx is d(output of block l).
-      linear_backward(stored_copy(dx, act_.d_branch, n * w), a.activated, m_.operand(o.down_weight), n, f, w,
+      linear_backward(branch_gradient(dx), {a.activated, a.activated_narrow}, m_.matrix(o.down_weight), n, f, w,
                       act_.d_activated, grad(o.down_weight), grad(o.down_bias), m_.bf16());
       gelu_backward(a.hidden, act_.d_activated, act_.d_hidden, n, f, nt);
-      store(act_.d_hidden, n * f);
-      linear_backward(act_.d_hidden, a.ln2_out, m_.operand(o.up_weight), n, w, f, act_.d_norm, grad(o.up_weight),
-                      grad(o.up_bias), m_.bf16());
+      linear_backward(gemm_input(act_.d_hidden, act_.d_hidden_narrow, n * f), {a.ln2_out, a.ln2_narrow},
+                      m_.matrix(o.up_weight), n, w, f, act_.d_norm, grad(o.up_weight), grad(o.up_bias), m_.bf16());
       layer_norm_backward(act_.d_norm, a.mid, m_.param(o.ln2_weight), a.ln2_mean, a.ln2_rstd, n, w, dx,
                           grad(o.ln2_weight), grad(o.ln2_bias), nt);
       // Attention branch; dx is now d(mid).
-      linear_backward(stored_copy(dx, act_.d_branch, n * w), a.attn, m_.operand(o.out_weight), n, w, w, act_.d_attn,
+      linear_backward(branch_gradient(dx), {a.attn, a.attn_narrow}, m_.matrix(o.out_weight), n, w, w, act_.d_attn,
                       grad(o.out_weight), grad(o.out_bias), m_.bf16());
       store(act_.d_attn, n * w);
       std::fill_n(act_.d_qkv, 3 * n * w, T(0));  // the attention adds its gradients
       attention_layer_backward(attention_args(l), act_.d_attn, act_.d_qkv, act_.d_keys, act_.d_values,
                                position_grads(l));
-      store(act_.d_qkv, 3 * n * w);
-      linear_backward(act_.d_qkv, a.ln1_out, m_.operand(o.qkv_weight), n, w, 3 * w, act_.d_norm, grad(o.qkv_weight),
-                      grad(o.qkv_bias), m_.bf16());
+      linear_backward(gemm_input(act_.d_qkv, act_.d_qkv_narrow, 3 * n * w), {a.ln1_out, a.ln1_narrow},
+                      m_.matrix(o.qkv_weight), n, w, 3 * w, act_.d_norm, grad(o.qkv_weight), grad(o.qkv_bias),
+                      m_.bf16());
       layer_norm_backward(act_.d_norm, a.input, m_.param(o.ln1_weight), a.ln1_mean, a.ln1_rstd, n, w, dx,
                           grad(o.ln1_weight), grad(o.ln1_bias), nt);
     }
@@ -180,12 +179,28 @@ class MicroBatchPass {
  private:
   int64_t head_dim() const { return m_.config.width / m_.config.heads; }
   void store(T* x, int64_t count) const { m_.store(x, count, threads); }
-  // `x` as a GEMM reads it: itself in float32, else a rounded copy in `copy`.
-  const T* stored_copy(const T* x, T* copy, int64_t count) const {
-    if (!m_.bf16()) return x;
-    std::copy_n(x, count, copy);
-    store(copy, count);
-    return copy;
+  // `count` values the GEMMs read next, as they read them: narrowed into
+  // `narrow` where it is given (narrow_operands(); x keeps its float32
+  // values), else rounded in place to the precision's storage.
+  GemmOperand<T> gemm_input(T* x, bfloat16* narrow, int64_t count) const {
+    if (narrow) return narrowed(x, narrow, count);
+    store(x, count);
+    return {x};
+  }
+  // A branch's output gradient as its GEMMs read it: the stream's gradient dx
+  // itself in float32, else narrowed or rounded in a copy (dx stays float32).
+  GemmOperand<T> branch_gradient(const T* dx) const {
+    const int64_t count = shape_.batch * shape_.length * m_.config.width;
+    if (!m_.bf16()) return {dx};
+    if (act_.d_branch_narrow) return narrowed(dx, act_.d_branch_narrow, count);
+    std::copy_n(dx, count, act_.d_branch);
+    store(act_.d_branch, count);
+    return {act_.d_branch};
+  }
+  GemmOperand<T> narrowed(const T* x, bfloat16* narrow, int64_t count) const {
+    for_each_block(threads, count, kElementBlock,
+                   [&](int64_t begin, int64_t size) { convert::row(x + begin, 1, narrow + begin, 1, size); });
+    return {x, narrow};
   }
   T* grad(int64_t offset) { return gradients + offset; }
 
@@ -267,6 +282,7 @@ class MicroBatchPass {
   const ModelState<T>& m_;
   Activations<T> act_;
   std::vector<T> buffer_;  // act_'s storage
+  std::vector<bfloat16> narrow_buffer_;  // act_'s bfloat16 fields' storage
   AttentionShape shape_;
   int64_t first_position_ = 0;
   int cache_row_ = 0;

@@ -207,13 +207,9 @@ class ModelImpl {
   // gradients() += each micro-batch's partial gradients in order, then a
   // bounded position tensor gets no gradient where it lies outside its bounds.
   void add_partial_gradients(int threads) {
-    constexpr int64_t kBlock = 4096;
-    const int64_t total = static_cast<int64_t>(grads_.size());
-    if (!partial_grads_.empty())
-      for_each_row(threads, (total + kBlock - 1) / kBlock, kBlock * int64_t(partial_grads_.size()), [&](int64_t b) {
-        const int64_t end = std::min(total, (b + 1) * kBlock);
-        for (const std::vector<T>& part : partial_grads_)
-          for (int64_t n = b * kBlock; n < end; ++n) grads_[n] += part[n];
+    for (const std::vector<T>& part : partial_grads_)
+      for_each_block(threads, static_cast<int64_t>(grads_.size()), kElementBlock, [&](int64_t begin, int64_t size) {
+        for (int64_t n = begin; n < begin + size; ++n) grads_[n] += part[n];
       });
     const ParameterLayout& layout = state_.layout;
     for (std::size_t i = 0; i < layout.position_tensors.size(); ++i) {

@@ -7,14 +7,22 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "../backend/convert.hpp"
+#include "linear.hpp"
 #include "parameter_layout.hpp"
+#include "relpos/gemm.hpp"
+#include "relpos/half.hpp"
 #include "relpos/position.hpp"
 #include "row_loop.hpp"
 
 namespace relpos::nn {
+
+// Elements per parallel work item of the model's element-wise passes
+// (rounding, narrowing, summing partial gradients).
+constexpr int64_t kElementBlock = 4096;
 
 template <class T>
 struct ModelState {
@@ -32,18 +40,27 @@ struct ModelState {
   PositionParams<T> scheme_options;  // the position scheme's id and options; its tensors bound per layer
 
   bool bf16() const { return precision == Precision::bfloat16; }
+  // Whether the GEMMs read bfloat16 operands (mixed precision where the CPU
+  // has bfloat16 products): each tensor is then narrowed once where it is
+  // written (GemmOperand), the parameters once per call.
+  bool narrow_operands() const {
+    if constexpr (std::is_same_v<T, float>) return bf16() && gemm_bf16_native();
+    return false;
+  }
   const T* param(int64_t offset) const { return params.data() + offset; }
   // A matrix or positional table as GEMMs and the attention read it.
   const T* operand(int64_t offset) const { return (bf16() ? operands : params).data() + offset; }
+  // A weight matrix as the GEMMs read it.
+  GemmOperand<T> matrix(int64_t offset) const {
+    return {operand(offset), narrow_operands() ? narrow_params.data() + offset : nullptr};
+  }
 
   // Rounds `count` values that a GEMM or the attention reads next to the
   // precision's storage (nothing in float32).
   void store(T* x, int64_t count, int threads) const {
     if (!bf16()) return;
-    constexpr int64_t kBlock = 4096;
-    for_each_row(threads, (count + kBlock - 1) / kBlock, kBlock, [&](int64_t b) {
-      convert::round_to_bf16(x + b * kBlock, std::min(kBlock, count - b * kBlock));
-    });
+    for_each_block(threads, count, kElementBlock,
+                   [&](int64_t begin, int64_t size) { convert::round_to_bf16(x + begin, size); });
   }
 
   // Makes operand() and position_params() current for the parameters.
@@ -51,6 +68,10 @@ struct ModelState {
     if (bf16()) {
       operands = params;
       store(operands.data(), int64_t(operands.size()), threads);
+    }
+    if (narrow_operands()) {
+      narrow_params.resize(params.size());
+      convert::row(params.data(), 1, narrow_params.data(), 1, int64_t(params.size()));
     }
     for (std::size_t i = 0; i < layout.position_tensors.size(); ++i) {
       const ModelTensor& t = layout.position_tensors[i];
@@ -78,6 +99,7 @@ struct ModelState {
 
  private:
   std::vector<T> operands;  // bfloat16: params rounded
+  std::vector<bfloat16> narrow_params;  // narrow_operands(): params in bfloat16
   // Per (layer, bounded position tensor): the tensor clamped to its bounds.
   std::vector<std::vector<T>> clamped;
 };

@@ -82,7 +82,7 @@ TEST(NnLayers, LinearMatchesCentralDifferencesAndDefinition) {
   const std::vector<double> g = random_values(n * out_dim, 9);
   std::vector<double> y(n * out_dim);
   auto f = [&] {
-    linear_forward(x.data(), weight.data(), bias.data(), n, in, out_dim, y.data(), 1);
+    linear_forward<double>({x.data()}, {weight.data()}, bias.data(), n, in, out_dim, y.data(), 1);
     return dot(g, y);
   };
   f();
@@ -94,7 +94,7 @@ TEST(NnLayers, LinearMatchesCentralDifferencesAndDefinition) {
       EXPECT_NEAR(y[r * out_dim + o], e, 1e-12);
     }
   std::vector<double> dx = filled(n * in), dw = filled(out_dim * in), db = filled(out_dim);
-  linear_backward(g.data(), x.data(), weight.data(), n, in, out_dim, dx.data(), dw.data(), db.data());
+  linear_backward<double>({g.data()}, {x.data()}, {weight.data()}, n, in, out_dim, dx.data(), dw.data(), db.data());
   EXPECT_TRUE(matches_central_differences("x", x.data(), all_of(x), written(dx), f));
   EXPECT_TRUE(matches_central_differences("weight", weight.data(), all_of(weight), minus_fill(dw), f));
   EXPECT_TRUE(matches_central_differences("bias", bias.data(), all_of(bias), minus_fill(db), f));
