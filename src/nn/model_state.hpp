@@ -42,11 +42,8 @@ struct ModelState {
   bool bf16() const { return precision == Precision::bfloat16; }
   // Whether the GEMMs read bfloat16 operands (mixed precision where the CPU
   // has bfloat16 products): each tensor is then narrowed once where it is
-  // written (GemmOperand), the parameters once per call.
-  bool narrow_operands() const {
-    if constexpr (std::is_same_v<T, float>) return bf16() && gemm_bf16_native();
-    return false;
-  }
+  // written (GemmOperand), the parameters once per call. Set by prepare().
+  bool narrow_operands() const { return narrow_operands_; }
   const T* param(int64_t offset) const { return params.data() + offset; }
   // A matrix or positional table as GEMMs and the attention read it.
   const T* operand(int64_t offset) const { return (bf16() ? operands : params).data() + offset; }
@@ -65,6 +62,7 @@ struct ModelState {
 
   // Makes operand() and position_params() current for the parameters.
   void prepare(int threads) {
+    if constexpr (std::is_same_v<T, float>) narrow_operands_ = bf16() && gemm_bf16_native();
     if (bf16()) {
       operands = params;
       store(operands.data(), int64_t(operands.size()), threads);
@@ -100,6 +98,7 @@ struct ModelState {
  private:
   std::vector<T> operands;  // bfloat16: params rounded
   std::vector<bfloat16> narrow_params;  // narrow_operands(): params in bfloat16
+  bool narrow_operands_ = false;
   // Per (layer, bounded position tensor): the tensor clamped to its bounds.
   std::vector<std::vector<T>> clamped;
 };
