@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <cstdlib>
-#include <mutex>
 #include <stdexcept>
 
 #include "relpos/half.hpp"
@@ -100,23 +99,18 @@ void ForEachLane(int64_t n, Body body) {
   for (; i < n; ++i) body(d1, i);
 }
 
-void GeluForward(const float* x, float* y, int64_t n) {
+void GeluForward(const float* x, float* y, float* slope, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) {
     const auto v = hn::LoadU(d, x + i);
     decltype(hn::Zero(d)) cdf, pdf;
     NormalCdfPdf(d, v, cdf, pdf);
     hn::StoreU(hn::Mul(v, cdf), d, y + i);
+    if (slope) hn::StoreU(hn::Add(cdf, hn::Mul(v, pdf)), d, slope + i);
   });
 }
 
-void GeluBackward(const float* x, const float* dy, float* dx, int64_t n) {
-  ForEachLane(n, [&](auto d, int64_t i) {
-    const auto v = hn::LoadU(d, x + i);
-    decltype(hn::Zero(d)) cdf, pdf;
-    NormalCdfPdf(d, v, cdf, pdf);
-    const auto grad = hn::Mul(hn::LoadU(d, dy + i), hn::Add(cdf, hn::Mul(v, pdf)));
-    hn::StoreU(grad, d, dx + i);
-  });
+void Multiply(const float* a, const float* b, float* out, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Mul(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, out + i); });
 }
 
 void AddScaled(float* y, const float* x, float alpha, int64_t n) {
@@ -150,6 +144,46 @@ float SumOfTerms(int64_t n, Term term) {
 
 float SumOf(const float* x, int64_t n) {
   return SumOfTerms(n, [&](auto d, int64_t i) { return hn::LoadU(d, x + i); });
+}
+
+// sums[c] += x(r, c) for r = 0, 1, ... in order, each lane a column held in
+// a register over all rows: the order of a row-by-row sum, one load per row.
+template <class Load>
+void AddColumnSumsOf(int64_t rows, int64_t cols, float* sums, Load load) {
+  ForEachLane(cols, [&](auto d, int64_t c) {
+    auto acc = hn::LoadU(d, sums + c);
+    for (int64_t r = 0; r < rows; ++r) acc = hn::Add(acc, load(d, r * cols + c));
+    hn::StoreU(acc, d, sums + c);
+  });
+}
+
+void AddColumnSums(const float* x, int64_t rows, int64_t cols, float* sums) {
+  AddColumnSumsOf(rows, cols, sums, [&](auto d, int64_t i) { return hn::LoadU(d, x + i); });
+}
+
+void AddColumnSumsBf16(const uint16_t* x, int64_t rows, int64_t cols, float* sums) {
+  AddColumnSumsOf(rows, cols, sums, [&](auto d, int64_t i) {
+    const hn::Rebind<uint16_t, decltype(d)> du16;
+    const hn::Rebind<uint32_t, decltype(d)> du32;
+    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, x + i))));
+  });
+}
+
+// The sum of x[i]^2 in double: lanes of doubles, then across lanes, then the
+// tail in order.
+double SumOfSquares(const float* x, int64_t n) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int64_t lanes = int64_t(hn::Lanes(dd));
+  auto sum = hn::Zero(dd);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::PromoteTo(dd, hn::LoadU(df, x + i));
+    sum = hn::MulAdd(v, v, sum);
+  }
+  double total = hn::GetLane(hn::SumOfLanes(dd, sum));
+  for (; i < n; ++i) total += double(x[i]) * x[i];
+  return total;
 }
 
 void SoftmaxGrad(const float* p, float* ds, float D, int64_t n) {
@@ -273,12 +307,15 @@ namespace relpos::simd {
 HWY_EXPORT(ExpShiftedSum);
 HWY_EXPORT(MaxOf);
 HWY_EXPORT(GeluForward);
-HWY_EXPORT(GeluBackward);
+HWY_EXPORT(Multiply);
 HWY_EXPORT(AddScaled);
 HWY_EXPORT(AddConstant);
 HWY_EXPORT(Scale);
 HWY_EXPORT(SumOf);
 HWY_EXPORT(SoftmaxGrad);
+HWY_EXPORT(AddColumnSums);
+HWY_EXPORT(AddColumnSumsBf16);
+HWY_EXPORT(SumOfSquares);
 HWY_EXPORT(RotatePairs);
 HWY_EXPORT(LayerNormRow);
 HWY_EXPORT(LayerNormBackwardRow);
@@ -314,12 +351,15 @@ std::vector<std::string> names(int64_t targets) {
   return out;
 }
 
-// Applies RELPOS_SIMD once, before the first dispatch.
+// Applies RELPOS_SIMD once, before the first dispatch (a throw leaves it to
+// the next call). A static's initialiser, not std::call_once: every later
+// call is one inlined check, and the row loops call through here per row.
 void apply_environment() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  static const bool applied = [] {
     if (const char* limit = std::getenv("RELPOS_SIMD"); limit && *limit) limit_targets(limit);
-  });
+    return true;
+  }();
+  (void)applied;
 }
 
 }  // namespace
@@ -332,13 +372,13 @@ float max_of(const float* x, int64_t n, float init) {
   apply_environment();
   return HWY_DYNAMIC_DISPATCH(MaxOf)(x, n, init);
 }
-void gelu_forward(const float* x, float* y, int64_t n) {
+void gelu_forward(const float* x, float* y, float* slope, int64_t n) {
   apply_environment();
-  HWY_DYNAMIC_DISPATCH(GeluForward)(x, y, n);
+  HWY_DYNAMIC_DISPATCH(GeluForward)(x, y, slope, n);
 }
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
+void multiply(const float* a, const float* b, float* out, int64_t n) {
   apply_environment();
-  HWY_DYNAMIC_DISPATCH(GeluBackward)(x, dy, dx, n);
+  HWY_DYNAMIC_DISPATCH(Multiply)(a, b, out, n);
 }
 
 void add_scaled(float* y, const float* x, float alpha, int64_t n) {
@@ -360,6 +400,18 @@ float sum_of(const float* x, int64_t n) {
 void softmax_grad(const float* p, float* ds, float D, int64_t n) {
   apply_environment();
   HWY_DYNAMIC_DISPATCH(SoftmaxGrad)(p, ds, D, n);
+}
+void add_column_sums(const float* x, int64_t rows, int64_t cols, float* sums) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(AddColumnSums)(x, rows, cols, sums);
+}
+void add_column_sums_bf16(const uint16_t* x, int64_t rows, int64_t cols, float* sums) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(AddColumnSumsBf16)(x, rows, cols, sums);
+}
+double sum_of_squares(const float* x, int64_t n) {
+  apply_environment();
+  return HWY_DYNAMIC_DISPATCH(SumOfSquares)(x, n);
 }
 void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n) {
   apply_environment();

@@ -35,9 +35,19 @@ void scale(float* y, float alpha, int64_t n);
 float sum_of(const float* x, int64_t n);
 void softmax_grad(const float* p, float* ds, float D, int64_t n);
 void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n);
-// y = gelu(x), the erf form; dx = dy * gelu'(x).
-void gelu_forward(const float* x, float* y, int64_t n);
-void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
+// y = gelu(x), the erf form, and where slope is given, slope = gelu'(x)
+// (slope may be x: each lane is read before it is written); GELU's backward is
+// then multiply(dy, slope, dx): out = a * b.
+void gelu_forward(const float* x, float* y, float* slope, int64_t n);
+void multiply(const float* a, const float* b, float* out, int64_t n);
+
+// sums[c] += x[r * cols + c] over the rows r = 0..rows-1 in that order (a
+// bias gradient); x in float32 or as bfloat16 bits. The same sums, bit for
+// bit, as adding row after row.
+void add_column_sums(const float* x, int64_t rows, int64_t cols, float* sums);
+void add_column_sums_bf16(const uint16_t* x, int64_t rows, int64_t cols, float* sums);
+// The sum of x[i]^2 in double (the gradient norm), in a fixed order per target.
+double sum_of_squares(const float* x, int64_t n);
 
 // One row of LayerNorm (nn/layer_norm.hpp): the mean and the biased variance
 // of x summed lane-wise in float32, out = (x - mean) rstd gamma + beta; and its

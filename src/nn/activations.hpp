@@ -14,8 +14,12 @@ namespace relpos::nn {
 template <class T>
 struct LayerActivations {
   T *input, *ln1_out, *ln1_mean, *ln1_rstd, *qkv, *keys, *values, *attn, *lse;
-  T *mid, *ln2_out, *ln2_mean, *ln2_rstd, *hidden, *activated;  // mid = input + attention branch
-  // The GEMMs' inputs in bfloat16 where they read bfloat16 (else null).
+  T *mid, *ln2_out, *ln2_mean, *ln2_rstd;  // mid = input + attention branch
+  // The up-projection's output, GELU's input; in a training forward GELU's
+  // epilogue replaces each row by GELU's slope there, all the backward needs.
+  T *gelu_slope, *activated;
+  // The GEMMs' inputs in bfloat16 where they read bfloat16 (else null);
+  // GELU's output then only there (activated null).
   bfloat16 *ln1_narrow, *attn_narrow, *ln2_narrow, *activated_narrow;
 };
 
@@ -51,7 +55,7 @@ struct Activations {
   T *d_stream, *d_norm, *d_attn, *d_qkv, *d_keys, *d_values, *d_hidden, *d_activated, *d_logits;
   T* d_branch;  // bfloat16 in float32 storage: a branch's output gradient rounded (the stream's stays float32)
   // The GEMMs' inputs in bfloat16 where they read bfloat16 (else null);
-  // d_branch_narrow replaces d_branch there.
+  // d_branch_narrow replaces d_branch there, d_hidden_narrow d_hidden.
   bfloat16 *final_narrow, *d_logits_narrow, *d_branch_narrow, *d_hidden_narrow, *d_qkv_narrow;
   std::vector<int32_t> tokens, positions;  // embedding rows of the inputs and of their absolute positions
 
@@ -72,7 +76,7 @@ struct Activations {
       slots.take(a.ln1_rstd, n), slots.take(a.qkv, 3 * n * w), slots.take(a.keys, key_rows);
       slots.take(a.values, key_rows), slots.take(a.attn, n * w), slots.take(a.lse, bh * s.length);
       slots.take(a.mid, n * w), slots.take(a.ln2_out, n * w), slots.take(a.ln2_mean, n);
-      slots.take(a.ln2_rstd, n), slots.take(a.hidden, n * ffn), slots.take(a.activated, n * ffn);
+      slots.take(a.ln2_rstd, n), slots.take(a.gelu_slope, n * ffn), slots.take(a.activated, narrow ? 0 : n * ffn);
       narrow_slots.take(a.ln1_narrow, nn * w), narrow_slots.take(a.attn_narrow, nn * w);
       narrow_slots.take(a.ln2_narrow, nn * w), narrow_slots.take(a.activated_narrow, nn * ffn);
     }
@@ -81,7 +85,7 @@ struct Activations {
     const int64_t d_key_rows = backward ? key_rows : 0;
     slots.take(d_stream, nb * w), slots.take(d_norm, nb * w), slots.take(d_attn, nb * w);
     slots.take(d_qkv, 3 * nb * w), slots.take(d_keys, d_key_rows), slots.take(d_values, d_key_rows);
-    slots.take(d_hidden, nb * ffn), slots.take(d_activated, nb * ffn), slots.take(d_logits, nb * vocabulary);
+    slots.take(d_hidden, narrow ? 0 : nb * ffn), slots.take(d_activated, nb * ffn), slots.take(d_logits, nb * vocabulary);
     slots.take(d_branch, rounded_branches && !narrow ? nb * w : 0);
     narrow_slots.take(final_narrow, nn * w), narrow_slots.take(d_logits_narrow, nnb * vocabulary);
     narrow_slots.take(d_branch_narrow, nnb * w), narrow_slots.take(d_hidden_narrow, nnb * ffn);

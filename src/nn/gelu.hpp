@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../backend/simd.hpp"
 #include "../backend/vexp.hpp"
-#include "row_loop.hpp"
 
 namespace relpos::nn {
 
@@ -33,38 +33,29 @@ inline void normal_cdf_pdf(float x, float& cdf, float& pdf) {
   pdf = 0.39894228f * gauss;
 }
 
-// x (rows, row) -> y (rows, row), written. float rows run the dispatched
-// vector loop of simd.hpp (the same arithmetic per element).
+// One row: y = gelu(x), and where `slope` is given, slope = gelu'(x) =
+// Phi(x) + x phi(x) (slope may be x: each element is read before it is
+// written). A training forward keeps the slope in place of GELU's input, so
+// that the backward is one product (gelu_backward_row) and not a second
+// evaluation of erf and exp. float rows run the dispatched vector loop of
+// simd.hpp (the same arithmetic per element).
 template <class T>
-void gelu_forward(const T* x, T* y, int64_t rows, int64_t row, int threads) {
-  for_each_row(threads, rows, 16 * row, [&](int64_t r) {
-    const T* xr = x + r * row;
-    T* yr = y + r * row;
-    if constexpr (std::is_same_v<T, float>) return simd::gelu_forward(xr, yr, row);
-#pragma omp simd
-    for (int64_t c = 0; c < row; ++c) {
-      T cdf, pdf;
-      normal_cdf_pdf(xr[c], cdf, pdf);
-      yr[c] = xr[c] * cdf;
-    }
-  });
+void gelu_row(const T* x, T* y, T* slope, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return simd::gelu_forward(x, y, slope, n);
+  for (int64_t c = 0; c < n; ++c) {
+    T cdf, pdf;
+    const T xc = x[c];
+    normal_cdf_pdf(xc, cdf, pdf);
+    y[c] = xc * cdf;
+    if (slope) slope[c] = cdf + xc * pdf;
+  }
 }
 
-// dy (rows, row); writes dx = dy * (Phi(x) + x * phi(x)).
+// One row of GELU's backward: dx = dy * slope (written).
 template <class T>
-void gelu_backward(const T* x, const T* dy, T* dx, int64_t rows, int64_t row, int threads) {
-  for_each_row(threads, rows, 20 * row, [&](int64_t r) {
-    const T* xr = x + r * row;
-    const T* dyr = dy + r * row;
-    T* dxr = dx + r * row;
-    if constexpr (std::is_same_v<T, float>) return simd::gelu_backward(xr, dyr, dxr, row);
-#pragma omp simd
-    for (int64_t c = 0; c < row; ++c) {
-      T cdf, pdf;
-      normal_cdf_pdf(xr[c], cdf, pdf);
-      dxr[c] = dyr[c] * (cdf + xr[c] * pdf);
-    }
-  });
+void gelu_backward_row(const T* slope, const T* dy, T* dx, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) return simd::multiply(dy, slope, dx, n);
+  for (int64_t c = 0; c < n; ++c) dx[c] = dy[c] * slope[c];
 }
 
 }  // namespace relpos::nn

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../backend/simd.hpp"
 #include "relpos/gemm.hpp"
 #include "row_loop.hpp"
 
@@ -39,16 +40,24 @@ void layer_gemm(bool bf16_values, Trans ta, Trans tb, int64_t m, int64_t n, int6
   gemm<T>(ta, tb, m, n, k, alpha, a.values, lda, b.values, ldb, beta, c, ldc);
 }
 
-// x (n, in), weight (out, in), bias (out) -> y (n, out), written.
+// x (n, in), weight (out, in), bias (out) -> y (n, out), written; then
+// then(r, y row r) on each row while it is in cache (the layer's epilogue:
+// an activation, a residual sum, rounding for the next GEMM).
 // bf16_values: x and weight hold bfloat16 numbers (see layer_gemm).
+template <class T, class RowEpilogue>
+void linear_forward(GemmOperand<T> x, GemmOperand<T> weight, const T* bias, int64_t n, int64_t in, int64_t out, T* y,
+                    int threads, bool bf16_values, RowEpilogue then) {
+  layer_gemm(bf16_values, Trans::no, Trans::yes, n, out, in, T(1), x, in, weight, in, T(0), y, out);
+  for_each_row(threads, n, out, [&](int64_t r) {
+    add_row(y + r * out, bias, out);
+    then(r, y + r * out);
+  });
+}
+
 template <class T>
 void linear_forward(GemmOperand<T> x, GemmOperand<T> weight, const T* bias, int64_t n, int64_t in, int64_t out, T* y,
                     int threads, bool bf16_values = false) {
-  layer_gemm(bf16_values, Trans::no, Trans::yes, n, out, in, T(1), x, in, weight, in, T(0), y, out);
-  for_each_row(threads, n, out, [&](int64_t r) {
-    T* yr = y + r * out;
-    for (int64_t c = 0; c < out; ++c) yr[c] += bias[c];
-  });
+  linear_forward(x, weight, bias, n, in, out, y, threads, bf16_values, [](int64_t, T*) {});
 }
 
 // dy (n, out); writes dx (n, in) = dy W, adds dweight (out, in) += dy^T x
@@ -59,15 +68,13 @@ void linear_backward(GemmOperand<T> dy, GemmOperand<T> x, GemmOperand<T> weight,
                      T* dx, T* dweight, T* dbias, bool bf16_values = false) {
   layer_gemm(bf16_values, Trans::no, Trans::no, n, in, out, T(1), dy, out, weight, in, T(0), dx, in);
   layer_gemm(bf16_values, Trans::yes, Trans::no, out, in, n, T(1), dy, out, x, in, T(1), dweight, in);
-  for (int64_t r = 0; r < n; ++r) {
-    if (dy.narrow) {
-      const bfloat16* dr = dy.narrow + r * out;
-      for (int64_t c = 0; c < out; ++c) dbias[c] += static_cast<T>(float(dr[c]));
-    } else {
-      const T* dr = dy.values + r * out;
-      for (int64_t c = 0; c < out; ++c) dbias[c] += dr[c];
-    }
+  // The bias gradient sums the values the GEMMs read (bfloat16 where they
+  // read bfloat16), row after row.
+  if constexpr (std::is_same_v<T, float>) {
+    if (dy.narrow) return simd::add_column_sums_bf16(reinterpret_cast<const uint16_t*>(dy.narrow), n, out, dbias);
+    return simd::add_column_sums(dy.values, n, out, dbias);
   }
+  for (int64_t r = 0; r < n; ++r) add_row(dbias, dy.values + r * out, out);
 }
 
 }  // namespace relpos::nn

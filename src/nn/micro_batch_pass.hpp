@@ -33,7 +33,6 @@
 #include "model_state.hpp"
 #include "relpos/attention.hpp"
 #include "relpos/position.hpp"
-#include "residual.hpp"
 
 namespace relpos::nn {
 
@@ -62,22 +61,25 @@ class MicroBatchPass {
       const LayerOffsets& o = m_.layout.layers[l];
       LayerActivations<T>& a = act_.layers[l];
       layer_norm_forward(a.input, m_.param(o.ln1_weight), m_.param(o.ln1_bias), n, w, a.ln1_out, a.ln1_mean, a.ln1_rstd, nt);
+      // Each GEMM's epilogue finishes a row while it is in cache: q, k and v
+      // rounded for the attention; the residual sums; GELU with its slope
+      // (kept for the backward) and its output made ready for the next GEMM.
       linear_forward(gemm_input(a.ln1_out, a.ln1_narrow, n * w), m_.matrix(o.qkv_weight), m_.param(o.qkv_bias), n, w,
-                     3 * w, a.qkv, nt, m_.bf16());
-      store(a.qkv, 3 * n * w);
+                     3 * w, a.qkv, nt, m_.bf16(), [&](int64_t, T* row) { ready_row(row, nullptr, 3 * w); });
       if (shape_.memory > 0) fill_keys(*cache, l);
       attention_layer_forward(attention_args(l));
       linear_forward(gemm_input(a.attn, a.attn_narrow, n * w), m_.matrix(o.out_weight), m_.param(o.out_bias), n, w, w,
-                     a.mid, nt, m_.bf16());
-      residual_forward(a.input, a.mid, n, w, nt);
+                     a.mid, nt, m_.bf16(), [&](int64_t r, T* row) { add_row(row, a.input + r * w, w); });
       layer_norm_forward(a.mid, m_.param(o.ln2_weight), m_.param(o.ln2_bias), n, w, a.ln2_out, a.ln2_mean, a.ln2_rstd, nt);
       linear_forward(gemm_input(a.ln2_out, a.ln2_narrow, n * w), m_.matrix(o.up_weight), m_.param(o.up_bias), n, w, f,
-                     a.hidden, nt, m_.bf16());
-      gelu_forward(a.hidden, a.activated, n, f, nt);
-      T* out = layer_output(l);
-      linear_forward(gemm_input(a.activated, a.activated_narrow, n * f), m_.matrix(o.down_weight),
-                     m_.param(o.down_bias), n, f, w, out, nt, m_.bf16());
-      residual_forward(a.mid, out, n, w, nt);
+                     a.gelu_slope, nt, m_.bf16(), [&](int64_t r, T* row) {
+                       bfloat16* narrow = a.activated_narrow ? a.activated_narrow + r * f : nullptr;
+                       T* activated = narrow ? scratch_row(f) : a.activated + r * f;
+                       gelu_row(row, activated, backward ? row : nullptr, f);
+                       ready_row(activated, narrow, f);
+                     });
+      linear_forward({a.activated, a.activated_narrow}, m_.matrix(o.down_weight), m_.param(o.down_bias), n, f, w,
+                     layer_output(l), nt, m_.bf16(), [&](int64_t r, T* row) { add_row(row, a.mid + r * w, w); });
     }
     layer_norm_forward(act_.stream_out, m_.param(m_.layout.final_weight), m_.param(m_.layout.final_bias), n, w, act_.final_out,
                        act_.final_mean, act_.final_rstd, nt);
@@ -126,9 +128,14 @@ class MicroBatchPass {
       // Feed-forward branch; dx is d(output of block l).
       linear_backward(branch_gradient(dx), {a.activated, a.activated_narrow}, m_.matrix(o.down_weight), n, f, w,
                       act_.d_activated, grad(o.down_weight), grad(o.down_bias), m_.bf16());
-      gelu_backward(a.hidden, act_.d_activated, act_.d_hidden, n, f, nt);
-      linear_backward(gemm_input(act_.d_hidden, act_.d_hidden_narrow, n * f), {a.ln2_out, a.ln2_narrow},
-                      m_.matrix(o.up_weight), n, w, f, act_.d_norm, grad(o.up_weight), grad(o.up_bias), m_.bf16());
+      for_each_row(nt, n, f, [&](int64_t r) {
+        bfloat16* narrow = act_.d_hidden_narrow ? act_.d_hidden_narrow + r * f : nullptr;
+        T* row = narrow ? scratch_row(f) : act_.d_hidden + r * f;
+        gelu_backward_row(a.gelu_slope + r * f, act_.d_activated + r * f, row, f);
+        ready_row(row, narrow, f);
+      });
+      linear_backward({act_.d_hidden, act_.d_hidden_narrow}, {a.ln2_out, a.ln2_narrow}, m_.matrix(o.up_weight), n, w,
+                      f, act_.d_norm, grad(o.up_weight), grad(o.up_bias), m_.bf16());
       layer_norm_backward(act_.d_norm, a.mid, m_.param(o.ln2_weight), a.ln2_mean, a.ln2_rstd, n, w, dx,
                           grad(o.ln2_weight), grad(o.ln2_bias), nt);
       // Attention branch; dx is now d(mid).
@@ -196,6 +203,20 @@ class MicroBatchPass {
     std::copy_n(dx, count, act_.d_branch);
     store(act_.d_branch, count);
     return {act_.d_branch};
+  }
+  // One row of such values, made ready where it is written.
+  void ready_row(T* x, bfloat16* narrow, int64_t count) const {
+    if (narrow)
+      convert::row(x, 1, narrow, 1, count);
+    else if (m_.bf16())
+      convert::round_to_bf16(x, count);
+  }
+  // A row of values that GEMMs read only in bfloat16 (GELU's output and its
+  // gradient): computed here, in cache, then narrowed; this thread's.
+  static T* scratch_row(int64_t count) {
+    thread_local std::vector<T> row;
+    if (static_cast<int64_t>(row.size()) < count) row.resize(count);
+    return row.data();
   }
   GemmOperand<T> narrowed(const T* x, bfloat16* narrow, int64_t count) const {
     for_each_block(threads, count, kElementBlock,

@@ -106,7 +106,7 @@ class ModelImpl {
     const std::vector<int> first_rows = micro_batch_rows(batch, length);
     const int count = static_cast<int>(first_rows.size()) - 1;
     while (static_cast<int>(passes_.size()) < count) passes_.emplace_back(state_);
-    partial_grads_.resize(backward ? count - 1 : 0);
+    if (backward && static_cast<int>(partial_grads_.size()) < count - 1) partial_grads_.resize(count - 1);
     const T weight = T(1) / static_cast<T>(int64_t(batch) * (length - first_scored));
     std::vector<double> losses(count);
     auto run = [&](int i) {
@@ -119,16 +119,21 @@ class ModelImpl {
       if (backward) pass.backward();
       if (memory) pass.write_to_cache(*memory);
     };
-    if (count >= threads) {
-      for (int i = 0; i < count; ++i) passes_[i].threads = 1;
-      parallel_for(count, threads, [](int) {}, [&](int, int64_t i) { run(static_cast<int>(i)); });
-    } else {
-      for (int i = 0; i < count; ++i) {
-        passes_[i].threads = threads;
-        run(i);
+    try {
+      if (count >= threads) {
+        for (int i = 0; i < count; ++i) passes_[i].threads = 1;
+        parallel_for(count, threads, [](int) {}, [&](int, int64_t i) { run(static_cast<int>(i)); });
+      } else {
+        for (int i = 0; i < count; ++i) {
+          passes_[i].threads = threads;
+          run(i);
+        }
       }
+    } catch (...) {
+      partial_grads_.clear();  // a failed pass may have left a partial buffer not zero
+      throw;
     }
-    if (backward) add_partial_gradients(threads);
+    if (backward) add_partial_gradients(count - 1, threads);
     if (memory) advance(*memory, length);
     double value = 0;
     for (double part : losses) value += part;
@@ -197,20 +202,26 @@ class ModelImpl {
     return first;
   }
 
-  // Micro-batch i + 1's gradients, zeroed: they are added into gradients()
-  // once every pass has run.
+  // Micro-batch i + 1's gradients, zero: they are added into gradients()
+  // once every pass has run, and the buffer zeroed in the same sweep.
   T* partial_gradients(int i) {
-    partial_grads_[i].assign(grads_.size(), T(0));
+    if (partial_grads_[i].size() != grads_.size()) partial_grads_[i].assign(grads_.size(), T(0));
     return partial_grads_[i].data();
   }
 
-  // gradients() += each micro-batch's partial gradients in order, then a
-  // bounded position tensor gets no gradient where it lies outside its bounds.
-  void add_partial_gradients(int threads) {
-    for (const std::vector<T>& part : partial_grads_)
+  // gradients() += the first `count` partial gradients in order (each left
+  // zero), then a bounded position tensor gets no gradient where it lies
+  // outside its bounds.
+  void add_partial_gradients(int count, int threads) {
+    for (int i = 0; i < count; ++i) {
+      T* part = partial_grads_[i].data();
       for_each_block(threads, static_cast<int64_t>(grads_.size()), kElementBlock, [&](int64_t begin, int64_t size) {
-        for (int64_t n = begin; n < begin + size; ++n) grads_[n] += part[n];
+        for (int64_t n = begin; n < begin + size; ++n) {
+          grads_[n] += part[n];
+          part[n] = T(0);
+        }
       });
+    }
     const ParameterLayout& layout = state_.layout;
     for (std::size_t i = 0; i < layout.position_tensors.size(); ++i) {
       const ModelTensor& t = layout.position_tensors[i];

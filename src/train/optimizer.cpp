@@ -74,9 +74,7 @@ double gradient_norm(std::span<const float> gradients, int num_threads) {
   const float* g = gradients.data();
 #pragma omp parallel for num_threads(threads_or_all(num_threads)) schedule(static) if (blocks > 8)
   for (int64_t b = 0; b < blocks; ++b) {
-    double s = 0;
-    for (int64_t i = b * kBlock; i < std::min(n, (b + 1) * kBlock); ++i) s += double(g[i]) * g[i];
-    partial[size_t(b)] = s;
+    partial[size_t(b)] = simd::sum_of_squares(g + b * kBlock, std::min(n, (b + 1) * kBlock) - b * kBlock);
   }
   double total = 0;
   for (double s : partial) total += s;

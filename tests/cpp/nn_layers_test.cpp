@@ -14,7 +14,7 @@
 #include "../../src/nn/gelu.hpp"
 #include "../../src/nn/layer_norm.hpp"
 #include "../../src/nn/linear.hpp"
-#include "../../src/nn/residual.hpp"
+#include "../../src/nn/row_loop.hpp"
 #include "nn_checks.hpp"
 
 using namespace relpos;
@@ -106,11 +106,16 @@ TEST(NnLayers, GeluMatchesCentralDifferences) {
   const std::vector<double> g = random_values(rows * row, 11);
   std::vector<double> y(rows * row);
   auto f = [&] {
-    gelu_forward(x.data(), y.data(), rows, row, 1);
+    gelu_row(x.data(), y.data(), static_cast<double*>(nullptr), rows * row);
     return dot(g, y);
   };
-  std::vector<double> dx = filled(rows * row);
-  gelu_backward(x.data(), g.data(), dx.data(), rows, row, 1);
+  // The training forward's slope, written over a copy of x (in place, as
+  // the model keeps it); the backward multiplies by it.
+  std::vector<double> slope = x, y_too(rows * row), dx = filled(rows * row);
+  gelu_row(slope.data(), y_too.data(), slope.data(), rows * row);
+  gelu_backward_row(slope.data(), g.data(), dx.data(), rows * row);
+  f();
+  EXPECT_EQ(y_too, y);
   EXPECT_TRUE(matches_central_differences("x", x.data(), all_of(x), written(dx), f));
 }
 
@@ -121,10 +126,12 @@ TEST(NnLayers, FloatGeluWithinFloatResolutionOfDouble) {
   std::vector<float> xf(n), yf(n), ones(n, 1.0f), dxf(n, 0.0f);
   std::vector<double> xd(n), yd(n), onesd(n, 1.0), dxd(n, 0.0);
   for (int64_t i = 0; i < n; ++i) xd[i] = xf[i] = -10.0f + 20.0f * i / (n - 1);
-  gelu_forward(xf.data(), yf.data(), 1, n, 1);
-  gelu_forward(xd.data(), yd.data(), 1, n, 1);
-  gelu_backward(xf.data(), ones.data(), dxf.data(), 1, n, 1);
-  gelu_backward(xd.data(), onesd.data(), dxd.data(), 1, n, 1);
+  std::vector<float> slope_f(n);
+  std::vector<double> slope_d(n);
+  gelu_row(xf.data(), yf.data(), slope_f.data(), n);
+  gelu_row(xd.data(), yd.data(), slope_d.data(), n);
+  gelu_backward_row(slope_f.data(), ones.data(), dxf.data(), n);
+  gelu_backward_row(slope_d.data(), onesd.data(), dxd.data(), n);
   for (int64_t i = 0; i < n; ++i) {
     EXPECT_NEAR(yf[i], yd[i], 4e-7 * (1 + std::abs(xd[i]))) << "x = " << xd[i];
     EXPECT_NEAR(dxf[i], dxd[i], 1e-6 * (1 + std::abs(xd[i]))) << "x = " << xd[i];
@@ -172,13 +179,14 @@ TEST(NnLayers, CrossEntropyMatchesCentralDifferencesAndHandValue) {
   EXPECT_NEAR(cross_entropy_forward(uniform.data(), targets.data(), one.data(), 1, classes), std::log(6.0), 1e-12);
 }
 
+// The residual sum (the out- and down-projections' epilogue).
 TEST(NnLayers, ResidualPassesGradientToBothPaths) {
   const int64_t n = 5;
   std::vector<double> skip = random_values(n, 16), branch = random_values(n, 17);
   const std::vector<double> g = random_values(n, 18);
   auto f = [&] {
     std::vector<double> out = branch;
-    residual_forward(skip.data(), out.data(), 1, n, 1);
+    add_row(out.data(), skip.data(), n);
     return dot(g, out);
   };
   // Both receive dout itself (the model's backward relies on it).

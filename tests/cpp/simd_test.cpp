@@ -70,6 +70,30 @@ void check_row_ops(int64_t n) {
   }
 }
 
+// Column sums (the bias gradients) bit for bit against adding row after row,
+// from float32 rows and from bfloat16 rows; the sum of squares (the gradient
+// norm) against double arithmetic.
+void check_reductions(int64_t n) {
+  const int64_t rows = 5;
+  const std::vector<float> x = random_row(rows * n, -3.0f, 3.0f, uint64_t(n) + 1500);
+  const std::vector<float> start = random_row(n, -1.0f, 1.0f, uint64_t(n) + 1600);
+  std::vector<uint16_t> narrow(static_cast<size_t>(rows * n));
+  relpos::simd::narrow_bf16(x.data(), narrow.data(), rows * n);
+  std::vector<float> sums = start, sums_bf16 = start, expected = start, expected_bf16 = start;
+  relpos::simd::add_column_sums(x.data(), rows, n, sums.data());
+  relpos::simd::add_column_sums_bf16(narrow.data(), rows, n, sums_bf16.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      expected[c] += x[r * n + c];
+      expected_bf16[c] += relpos::half_bits::float_from_bf16(narrow[r * n + c]);
+    }
+  EXPECT_EQ(sums, expected);
+  EXPECT_EQ(sums_bf16, expected_bf16);
+  double squares = 0;
+  for (float v : x) squares += double(v) * v;
+  EXPECT_NEAR(relpos::simd::sum_of_squares(x.data(), rows * n), squares, 1e-14 * squares);
+}
+
 // The AdamW update against its scalar expression, bit for bit on every target
 // (no fused multiply-add: the trainer's results must not depend on the CPU).
 void check_adamw(int64_t n) {
@@ -151,12 +175,18 @@ void check_current_target() {
     check_row_ops<kFused>(n);
     check_adamw(n);
     check_layer_norm(n);
+    check_reductions(n);
 
     const std::vector<float> g = random_row(n, -9.0f, 9.0f, uint64_t(n) + 100);
     const std::vector<float> dy = random_row(n, -1.0f, 1.0f, uint64_t(n) + 200);
-    std::vector<float> y(static_cast<size_t>(n)), dx(static_cast<size_t>(n), 0.25f);
-    relpos::simd::gelu_forward(g.data(), y.data(), n);
-    relpos::simd::gelu_backward(g.data(), dy.data(), dx.data(), n);
+    std::vector<float> y(static_cast<size_t>(n)), slope(static_cast<size_t>(n)), dx(static_cast<size_t>(n), 0.25f);
+    std::vector<float> y_alone(static_cast<size_t>(n)), slope_in_place = g;
+    relpos::simd::gelu_forward(g.data(), y.data(), slope.data(), n);
+    relpos::simd::gelu_forward(g.data(), y_alone.data(), nullptr, n);
+    relpos::simd::multiply(dy.data(), slope.data(), dx.data(), n);
+    relpos::simd::gelu_forward(slope_in_place.data(), y_alone.data(), slope_in_place.data(), n);
+    EXPECT_EQ(slope_in_place, slope);  // written over its input
+    EXPECT_EQ(y_alone, y);
     for (int64_t i = 0; i < n; ++i) {
       float cdf = 0, pdf = 0;
       relpos::nn::normal_cdf_pdf<kFused>(g[i], cdf, pdf);
