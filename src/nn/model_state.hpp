@@ -45,11 +45,13 @@ struct ModelState {
   // written (GemmOperand), the parameters once per call. Set by prepare().
   bool narrow_operands() const { return narrow_operands_; }
   const T* param(int64_t offset) const { return params.data() + offset; }
-  // A matrix or positional table as GEMMs and the attention read it.
+  // A positional table as the attention reads it; a matrix as float32 GEMMs
+  // read it (not kept where narrow_operands()).
   const T* operand(int64_t offset) const { return (bf16() ? operands : params).data() + offset; }
   // A weight matrix as the GEMMs read it.
   GemmOperand<T> matrix(int64_t offset) const {
-    return {operand(offset), narrow_operands() ? narrow_params.data() + offset : nullptr};
+    if (narrow_operands()) return {nullptr, narrow_params.data() + offset};
+    return {operand(offset)};
   }
 
   // Rounds `count` values that a GEMM or the attention reads next to the
@@ -63,13 +65,23 @@ struct ModelState {
   // Makes operand() and position_params() current for the parameters.
   void prepare(int threads) {
     if constexpr (std::is_same_v<T, float>) narrow_operands_ = bf16() && gemm_bf16_native();
-    if (bf16()) {
-      operands = params;
-      store(operands.data(), int64_t(operands.size()), threads);
-    }
     if (narrow_operands()) {
+      // The GEMMs read the matrices in bfloat16; only the attention's
+      // tables are read as rounded float32 values.
       narrow_params.resize(params.size());
       convert::row(params.data(), 1, narrow_params.data(), 1, int64_t(params.size()));
+      operands.resize(params.size());
+      for (std::size_t i = 0; i < layout.position_tensors.size(); ++i) {
+        const ModelTensor& t = layout.position_tensors[i];
+        for (int l = 0; l < (t.shared ? 1 : config.layers); ++l) {
+          const int64_t offset = layout.layers[l].position[i];
+          std::copy_n(params.data() + offset, t.size(), operands.data() + offset);
+          store(operands.data() + offset, t.size(), threads);
+        }
+      }
+    } else if (bf16()) {
+      operands = params;
+      store(operands.data(), int64_t(operands.size()), threads);
     }
     for (std::size_t i = 0; i < layout.position_tensors.size(); ++i) {
       const ModelTensor& t = layout.position_tensors[i];
@@ -96,7 +108,7 @@ struct ModelState {
   }
 
  private:
-  std::vector<T> operands;  // bfloat16: params rounded
+  std::vector<T> operands;  // bfloat16: params rounded (narrow_operands(): the position tensors only)
   std::vector<bfloat16> narrow_params;  // narrow_operands(): params in bfloat16
   bool narrow_operands_ = false;
   // Per (layer, bounded position tensor): the tensor clamped to its bounds.
