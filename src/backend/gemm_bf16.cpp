@@ -43,7 +43,6 @@ struct MatmulKey {
   int threads;
   auto tie() const { return std::tie(ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, threads); }
   bool operator<(const MatmulKey& o) const { return tie() < o.tie(); }
-  bool operator==(const MatmulKey& o) const { return tie() == o.tie(); }
 };
 
 const dnnl::engine& cpu_engine() {
@@ -57,15 +56,17 @@ struct Matmul {
   std::size_t scratchpad_bytes = 0;
 };
 
-// The primitive for `key`, built on first use and kept (at most kKept
-// shapes: a caller of ever new shapes empties the map now and then). A
-// primitive is a shared handle, returned by copy, so a caller's stays valid
-// when the map is emptied. Its scratchpad is the caller's (user mode):
-// oneDNN's own is one buffer for the whole library, which primitives running
-// on several threads at once (the fused kernel's tiles) would share, and did:
-// wrong results in 6 of 1,140 Python tests, which run on two threads.
+// At most this many shapes are kept (in the shared map and in each thread's):
+// a caller of ever new shapes empties the map now and then.
+constexpr std::size_t kKept = 256;
+
+// The primitive for `key`, built on first use and kept. A primitive is a
+// shared handle, returned by copy, so a caller's stays valid when the map is
+// emptied. Its scratchpad is the caller's (user mode): oneDNN's own is one
+// buffer for the whole library, which primitives running on several threads
+// at once (the fused kernel's tiles) would share, and did: wrong results in 6
+// of 1,140 Python tests, which run on two threads.
 Matmul matmul_for(const MatmulKey& key) {
-  constexpr std::size_t kKept = 256;
   static std::mutex guard;
   static std::map<MatmulKey, Matmul> built;
   const std::lock_guard<std::mutex> lock(guard);
@@ -87,34 +88,49 @@ Matmul matmul_for(const MatmulKey& key) {
   return built.emplace(key, Matmul{dnnl::matmul(pd), pd.scratchpad_desc().get_size()}).first->second;
 }
 
+// A primitive ready to run on this thread: memory objects for its operands,
+// whose data pointers are set at each call, and the argument map naming
+// them. Kept per thread and shape: the trainer calls a dozen shapes in turn,
+// and a step's hundreds of calls each built the map and the memory objects.
+struct PreparedMatmul {
+  Matmul matmul;
+  dnnl::memory src, weights, dst, scratchpad;
+  std::unordered_map<int, dnnl::memory> args;
+};
+
+PreparedMatmul& prepared_for(const MatmulKey& key) {
+  thread_local std::map<MatmulKey, PreparedMatmul> prepared;
+  auto found = prepared.find(key);
+  if (found != prepared.end()) return found->second;
+  if (prepared.size() >= kKept) prepared.clear();
+  const dnnl::engine& engine = cpu_engine();
+  PreparedMatmul p;
+  p.matmul = matmul_for(key);
+  // Each operand's memory spans its rows up to the last row's last element.
+  p.src = dnnl::memory(operand_desc(key.ta, key.m, key.k, key.lda, DataType::bf16), engine, DNNL_MEMORY_NONE);
+  p.weights = dnnl::memory(operand_desc(key.tb, key.k, key.n, key.ldb, DataType::bf16), engine, DNNL_MEMORY_NONE);
+  p.dst = dnnl::memory(operand_desc(Trans::no, key.m, key.n, key.ldc, DataType::f32), engine, DNNL_MEMORY_NONE);
+  p.args = {{DNNL_ARG_SRC, p.src}, {DNNL_ARG_WEIGHTS, p.weights}, {DNNL_ARG_DST, p.dst}};
+  if (p.matmul.scratchpad_bytes > 0) {
+    const dnnl::memory::desc bytes(Dims{int64_t(p.matmul.scratchpad_bytes)}, DataType::u8, Dims{1});
+    p.scratchpad = dnnl::memory(bytes, engine, DNNL_MEMORY_NONE);
+    p.args.emplace(DNNL_ARG_SCRATCHPAD, p.scratchpad);
+  }
+  return prepared.emplace(key, std::move(p)).first->second;
+}
+
 void native_gemm_bf16(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, float alpha, const bfloat16* a,
                       int64_t lda, const bfloat16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   try {
-    // The fused attention kernel calls one shape per tile over and over from
-    // each thread: its thread's last primitive and stream are at hand.
-    const MatmulKey key{ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, omp_get_max_threads()};
-    thread_local MatmulKey last_key{};
-    thread_local Matmul matmul;
-    if (!(key == last_key)) {  // last_key starts all zero; a call here has m > 0
-      matmul = matmul_for(key);
-      last_key = key;
-    }
-    const dnnl::engine& engine = cpu_engine();
-    thread_local dnnl::stream stream(engine);
+    PreparedMatmul& p = prepared_for(MatmulKey{ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, omp_get_max_threads()});
+    thread_local dnnl::stream stream(cpu_engine());
     thread_local std::vector<uint8_t> scratchpad;  // this thread's, never shared
-    if (scratchpad.size() < matmul.scratchpad_bytes) scratchpad.resize(matmul.scratchpad_bytes);
-    // Each operand's memory spans its rows up to the last row's last element.
-    auto wrap = [&](Trans t, int64_t rows, int64_t cols, int64_t ld, DataType type, const void* data) {
-      return dnnl::memory(operand_desc(t, rows, cols, ld, type), engine, const_cast<void*>(data));
-    };
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, wrap(ta, m, k, lda, DataType::bf16, a)},
-                                               {DNNL_ARG_WEIGHTS, wrap(tb, k, n, ldb, DataType::bf16, b)},
-                                               {DNNL_ARG_DST, wrap(Trans::no, m, n, ldc, DataType::f32, c)}};
-    if (matmul.scratchpad_bytes > 0) {
-      const dnnl::memory::desc bytes(Dims{int64_t(matmul.scratchpad_bytes)}, DataType::u8, Dims{1});
-      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(bytes, engine, scratchpad.data()));
-    }
-    matmul.primitive.execute(stream, args);
+    if (scratchpad.size() < p.matmul.scratchpad_bytes) scratchpad.resize(p.matmul.scratchpad_bytes);
+    p.src.set_data_handle(const_cast<bfloat16*>(a));
+    p.weights.set_data_handle(const_cast<bfloat16*>(b));
+    p.dst.set_data_handle(c);
+    if (p.matmul.scratchpad_bytes > 0) p.scratchpad.set_data_handle(scratchpad.data());
+    p.matmul.primitive.execute(stream, p.args);
     stream.wait();
   } catch (const dnnl::error& e) {
     throw std::runtime_error(std::string("relpos: oneDNN bfloat16 matmul failed: ") + e.what());

@@ -54,12 +54,6 @@ void linear_forward(GemmOperand<T> x, GemmOperand<T> weight, const T* bias, int6
   });
 }
 
-template <class T>
-void linear_forward(GemmOperand<T> x, GemmOperand<T> weight, const T* bias, int64_t n, int64_t in, int64_t out, T* y,
-                    int threads, bool bf16_values = false) {
-  linear_forward(x, weight, bias, n, in, out, y, threads, bf16_values, [](int64_t, T*) {});
-}
-
 // dy (n, out); writes dx (n, in) = dy W, adds dweight (out, in) += dy^T x
 // and dbias (out) += column sums of dy (parameter gradients accumulate).
 // bf16_values: dy, x and weight hold bfloat16 numbers (see layer_gemm).

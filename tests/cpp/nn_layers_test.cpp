@@ -5,6 +5,7 @@
 // cross-entropy written over it (the model never zeroes those buffers).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -80,19 +81,29 @@ TEST(NnLayers, LinearMatchesCentralDifferencesAndDefinition) {
   std::vector<double> x = random_values(n * in, 6), weight = random_values(out_dim * in, 7),
                       bias = random_values(out_dim, 8);
   const std::vector<double> g = random_values(n * out_dim, 9);
-  std::vector<double> y(n * out_dim);
+  std::vector<double> y(n * out_dim), seen(n * out_dim);
+  std::vector<int> epilogue_calls(n, 0);
   auto f = [&] {
-    linear_forward<double>({x.data()}, {weight.data()}, bias.data(), n, in, out_dim, y.data(), 1);
+    linear_forward<double>({x.data()}, {weight.data()}, bias.data(), n, in, out_dim, y.data(), 1, false,
+                           [&](int64_t r, double* row) {
+                             // row r, in place, the bias already added
+                             EXPECT_EQ(row, y.data() + r * out_dim);
+                             std::copy_n(row, out_dim, seen.data() + r * out_dim);
+                             ++epilogue_calls[r];
+                           });
     return dot(g, y);
   };
   f();
   // y[r, o] = sum_i x[r, i] W[o, i] + b[o], the torch.nn.Linear convention.
-  for (int64_t r = 0; r < n; ++r)
+  for (int64_t r = 0; r < n; ++r) {
+    EXPECT_EQ(epilogue_calls[r], 1) << "row " << r;
     for (int64_t o = 0; o < out_dim; ++o) {
       double e = bias[o];
       for (int64_t i = 0; i < in; ++i) e += x[r * in + i] * weight[o * in + i];
       EXPECT_NEAR(y[r * out_dim + o], e, 1e-12);
     }
+  }
+  EXPECT_EQ(seen, y);
   std::vector<double> dx = filled(n * in), dw = filled(out_dim * in), db = filled(out_dim);
   linear_backward<double>({g.data()}, {x.data()}, {weight.data()}, n, in, out_dim, dx.data(), dw.data(), db.data());
   EXPECT_TRUE(matches_central_differences("x", x.data(), all_of(x), written(dx), f));
