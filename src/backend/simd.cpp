@@ -146,6 +146,14 @@ float SumOf(const float* x, int64_t n) {
   return SumOfTerms(n, [&](auto d, int64_t i) { return hn::LoadU(d, x + i); });
 }
 
+// The lanes of d from bfloat16 bits at x: the bits shifted into the high half.
+template <class D>
+hn::Vec<D> LoadBf16(D d, const uint16_t* x) {
+  const hn::Rebind<uint16_t, D> du16;
+  const hn::Rebind<uint32_t, D> du32;
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, x))));
+}
+
 // sums[c] += x(r, c) for r = 0, 1, ... in order, each lane a column held in
 // a register over all rows: the order of a row-by-row sum, one load per row.
 template <class Load>
@@ -162,11 +170,7 @@ void AddColumnSums(const float* x, int64_t rows, int64_t cols, float* sums) {
 }
 
 void AddColumnSumsBf16(const uint16_t* x, int64_t rows, int64_t cols, float* sums) {
-  AddColumnSumsOf(rows, cols, sums, [&](auto d, int64_t i) {
-    const hn::Rebind<uint16_t, decltype(d)> du16;
-    const hn::Rebind<uint32_t, decltype(d)> du32;
-    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, x + i))));
-  });
+  AddColumnSumsOf(rows, cols, sums, [&](auto d, int64_t i) { return LoadBf16(d, x + i); });
 }
 
 // The sum of x[i]^2 in double: lanes of doubles, then across lanes, then the
@@ -248,11 +252,7 @@ void AdamwUpdate(float* p, const float* g, float* m, float* v, int64_t n, const 
 // bfloat16 / float16 bits to float32 (exact) and back, rounded to nearest
 // even as relpos/half.hpp's scalar conversions round, NaN kept NaN.
 void WidenBf16(const uint16_t* x, float* y, int64_t n) {
-  ForEachLane(n, [&](auto d, int64_t i) {
-    const hn::Rebind<uint16_t, decltype(d)> du16;
-    const hn::Rebind<uint32_t, decltype(d)> du32;
-    hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, x + i)))), d, y + i);
-  });
+  ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(LoadBf16(d, x + i), d, y + i); });
 }
 
 void NarrowBf16(const float* x, uint16_t* y, int64_t n) {
