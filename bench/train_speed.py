@@ -27,6 +27,7 @@ import math
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -182,15 +183,16 @@ def torch_tokens_per_second(a, data: torch.Tensor) -> float:
     return a.steps * a.batch * a.length / (time.perf_counter() - start)
 
 
-def relpos_tokens_per_second(a, relpos_cli: str, workdir: str) -> float:
-    out = os.path.join(workdir, f"{a.position}_{a.dtype}.json")
+def relpos_tokens_per_second(a, relpos_cli: str, workdir: str, run: int = 0) -> float:
+    name = f"{a.position}_{a.dtype}_{run}"
+    out = os.path.join(workdir, f"{name}.json")
     cmd = [relpos_cli, "train", "--position", a.position, "--length", str(a.length), "--layers", str(a.layers),
            "--width", str(a.width), "--heads", str(a.heads), "--ffn", str(a.ffn), "--shaw-k", str(a.shaw_k),
            "--t5-buckets", str(a.t5_buckets), "--t5-max-distance", str(a.t5_max_distance),
            "--steps", str(a.steps), "--batch", str(a.batch), "--lr", str(a.lr), "--warmup", str(a.warmup),
            "--min-lr-ratio", str(a.min_lr_ratio), "--weight-decay", str(a.weight_decay), "--clip", str(a.clip),
            "--seed", str(a.seed), "--threads", str(a.threads), "--eval-bytes", "4096", "--dtype", a.dtype,
-           "--checkpoint", os.path.join(workdir, f"{a.position}_{a.dtype}.ckpt"), "--json", out]
+           "--checkpoint", os.path.join(workdir, f"{name}.ckpt"), "--json", out]
     if a.data:
         cmd += ["--data", a.data]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -208,6 +210,8 @@ def main():
         ap.add_argument("--" + name, type=int, default=default)
     for name, default in [("lr", 3e-3), ("min-lr-ratio", 0.1), ("weight-decay", 0.1), ("clip", 1.0)]:
         ap.add_argument("--" + name, type=float, default=default)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each side per row, alternating relpos and PyTorch; the table gives their medians")
     ap.add_argument("--dtypes", default="float32", help="comma-separated: float32, bf16 (mixed precision)")
     ap.add_argument("--relpos", default=shutil.which("relpos") or str(ROOT / ".venv/bin/relpos"),
                     help="the relpos command (default: the one on PATH or in .venv)")
@@ -220,6 +224,8 @@ def main():
     dtypes = a.dtypes.split(",")
     if any(d not in ("float32", "bf16") for d in dtypes):
         ap.error(f"--dtypes: expected float32 and/or bf16, got {a.dtypes}")
+    if a.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {a.repeats}")
     if a.width % a.heads:
         ap.error(f"--width {a.width} must be a multiple of --heads {a.heads}")
     if not os.access(a.relpos, os.X_OK):
@@ -229,9 +235,11 @@ def main():
         ap.error(f"the corpus has {len(data)} bytes, fewer than two sequences of --length {a.length}")
 
     print(f"training tokens/s, layers={a.layers} width={a.width} heads={a.heads} ffn={a.ffn} length={a.length} "
-          f"batch={a.batch} steps={a.steps} threads={a.threads}, torch {torch.__version__}")
+          f"batch={a.batch} steps={a.steps} threads={a.threads}, torch {torch.__version__}"
+          + (f"; medians of {a.repeats} alternating runs per side, ratio range: the runs' pairs" if a.repeats > 1 else ""))
+    spread = a.repeats > 1
     print(f"{'scheme':<12}{'dtype':>8}{'relpos tok/s':>14}{'torch tok/s':>14}{'relpos/torch':>14}"
-          f"{'vs torch f32':>14}")
+          f"{'vs torch f32':>14}" + (f"{'ratio range':>16}" if spread else ""))
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
         # A short untimed run of each side first: without it the table's first
@@ -246,17 +254,23 @@ def main():
             torch_float32 = None  # PyTorch's float32 speed on this scheme, this run: what bf16 rows also face
             for dtype in dtypes:
                 a.position, a.dtype = position, dtype
-                ours = relpos_tokens_per_second(a, a.relpos, workdir)
-                theirs = torch_tokens_per_second(a, data)
+                ours_runs, theirs_runs = [], []
+                for run in range(a.repeats):
+                    ours_runs.append(relpos_tokens_per_second(a, a.relpos, workdir, run))
+                    theirs_runs.append(torch_tokens_per_second(a, data))
+                ours, theirs = statistics.median(ours_runs), statistics.median(theirs_runs)
+                pair_ratios = [o / t for o, t in zip(ours_runs, theirs_runs)]
                 if dtype == "float32":
                     torch_float32 = theirs
                 row = {"position": position, "dtype": dtype, "relpos_tokens_per_s": ours,
-                       "torch_tokens_per_s": theirs, "ratio": ours / theirs}
+                       "torch_tokens_per_s": theirs, "ratio": ours / theirs,
+                       "relpos_runs": ours_runs, "torch_runs": theirs_runs}
                 if torch_float32:
                     row["ratio_vs_torch_float32"] = ours / torch_float32
                 rows.append(row)
                 versus = f"{ours / torch_float32:>13.2f}x" if torch_float32 else f"{'-':>14}"
-                print(f"{position:<12}{dtype:>8}{ours:>14.0f}{theirs:>14.0f}{ours / theirs:>13.2f}x{versus}",
+                ranged = f"{min(pair_ratios):>9.2f}-{max(pair_ratios):.2f}x" if spread else ""
+                print(f"{position:<12}{dtype:>8}{ours:>14.0f}{theirs:>14.0f}{ours / theirs:>13.2f}x{versus}{ranged}",
                       flush=True)
     settings = {k: v for k, v in vars(a).items() if k not in ("position", "dtype", "json", "relpos")}
     path = pathlib.Path(a.json)

@@ -37,6 +37,7 @@
 #include "distance_table.hpp"
 #include "grad_partials.hpp"
 #include "head.hpp"
+#include "tile_products.hpp"
 
 namespace relpos::fused {
 namespace {
@@ -204,16 +205,16 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
 
 // c (bq, bk) = alpha a b^T for the rows [ia, ia + bq) of a and [jb, jb + bk)
 // of b (both with `width` features): on the stored bfloat16 rows a16, b16
-// where given, else on the compute-type rows a, b.
+// where given, else on the compute-type rows a, b, cut where the mask cuts.
 template <class T>
 void product_of_rows(const bfloat16* a16, int64_t lda16, const bfloat16* b16, int64_t ldb16, const T* a, int64_t lda,
                      const T* b, int64_t ldb, int64_t ia, int64_t jb, int64_t bq, int64_t bk, int64_t width, T alpha,
-                     T* c) {
+                     T* c, const TileCut& cut, Scratch<T>& transposed) {
   if constexpr (std::is_same_v<T, float>)
     if (a16 && b16)
       return gemm_bf16(Trans::no, Trans::yes, bq, bk, width, alpha, a16 + ia * lda16, lda16, b16 + jb * ldb16, ldb16,
                        0.f, c, bk);
-  gemm<T>(Trans::no, Trans::yes, bq, bk, width, alpha, a + ia * lda, lda, b + jb * ldb, ldb, T(0), c, bk);
+  rows_by_rows(cut, bq, bk, width, alpha, a + ia * lda, lda, b + jb * ldb, ldb, c, transposed);
 }
 
 // A clipped table's row of the keys of one row of a tile, whose distances are
@@ -267,6 +268,12 @@ bool above_diagonal(const AttentionForward<T>& p, const Head<T>& hd, const Tile&
   return p.causal && hd.r(t.i0 + t.bq - 1, t.j0) > 0;
 }
 
+// How the causal mask cuts tile t (tile_products.hpp).
+template <class T>
+TileCut cut_of(const AttentionForward<T>& p, const Head<T>& hd, const Tile& t) {
+  return tile_cut(p.causal, -hd.r(t.i0, t.j0), t.bq, t.bk, std::max(hd.d, hd.dv));
+}
+
 // End of the keys a query tile visits: its key tiles up to the last one not
 // wholly in the future (causal).
 template <class T>
@@ -309,11 +316,11 @@ void key_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t start, in
 // scores of the tile's queries, (bq, nb). band: the query tile's key band scores.
 template <class F, class T>
 void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const T* Rq,
-                 const KeyBand<T>& band, T* S) {
+                 const KeyBand<T>& band, T* S, Scratch<T>& transposed) {
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d, bq = t.bq, bk = t.bk;
   product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
-                  bq, bk, d, scale, S);
+                  bq, bk, d, scale, S, cut_of(p, hd, t), transposed);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
   if constexpr (F::band)
     for (int64_t ii = 0; ii < bq; ++ii) {
@@ -340,7 +347,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
 template <class T>
 struct ForwardScratch {
   HeadContext<T> head;
-  Scratch<T> S, O, Rq, Pb, m, l;
+  Scratch<T> S, O, Rq, Pb, m, l, transposed;
   KeyBand<T> band;
 };
 
@@ -367,16 +374,19 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
   for (int64_t j0 = 0; j0 < keys; j0 += block) {
     const Tile t{i0, bq, j0, std::min(block, keys - j0)};
     T* S = w.S.data();
-    tile_logits<F>(p, c, scale, t, w.Rq.data(), w.band, S);
+    const TileCut cut = cut_of(p, hd, t);
+    tile_logits<F>(p, c, scale, t, w.Rq.data(), w.band, S, w.transposed);
     for (int64_t ii = 0; ii < bq; ++ii) {  // online softmax: S becomes P, O and Pb rescaled
       T* row = S + ii * t.bk;
-      const T m_new = max_of(row, t.bk, w.m[ii]);
+      const int64_t seen = visible_keys(cut, ii, t.bk);
+      std::fill(row + seen, row + t.bk, T(0));
+      const T m_new = max_of(row, seen, w.m[ii]);
       if (m_new == kNegInf<T>) {  // nothing visible yet in this row
-        for (int64_t jj = 0; jj < t.bk; ++jj) row[jj] = T(0);
+        std::fill(row, row + seen, T(0));
         continue;
       }
       const T alpha = std::exp(w.m[ii] - m_new);
-      w.l[ii] = w.l[ii] * alpha + exp_shifted_sum(row, m_new, row, t.bk);
+      w.l[ii] = w.l[ii] * alpha + exp_shifted_sum(row, m_new, row, seen);
       w.m[ii] = m_new;
       if (alpha != T(1)) {
         rows::scale(&w.O[ii * dv], alpha, dv);
@@ -385,8 +395,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
       }
       if (F::table && c.value_table()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), c.k, c.clip, row, T(1));
     }
-    gemm<T>(Trans::no, Trans::no, bq, dv, t.bk, T(1), S, t.bk, c.x.vp + j0 * c.x.ldv, c.x.ldv, T(1), w.O.data(),
-            dv);
+    tile_times(cut, bq, dv, t.bk, T(1), S, c.x.vp + j0 * c.x.ldv, c.x.ldv, T(1), w.O.data(), dv);
   }
   if (F::table && c.value_table())
     gemm<T>(Trans::no, Trans::no, bq, dv, c.nb, T(1), w.Pb.data(), c.nb, c.wv.data(), dv, T(1), w.O.data(), dv);
@@ -447,7 +456,7 @@ struct QueryGrads {
 template <class T>
 struct BackwardScratch {
   HeadContext<T> head;
-  Scratch<T> dout, out_row, D, P, dP, Rq, G, dband;
+  Scratch<T> dout, out_row, D, P, dP, Rq, G, dband, transposed;
   KeyBand<T> band;
   QueryGrads<T> query;  // one head's, when a head is one group
   Scratch<T> dk, dv;
@@ -512,19 +521,18 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       const Tile t{i0, bq, j0, std::min(kBlockK, keys - j0)};
       const int64_t bk = t.bk;
       T *P = w.P.data(), *dS = w.dP.data();
-      tile_logits<F>(p, c, scale, t, w.Rq.data(), w.band, P);
+      const TileCut cut = cut_of(p, hd, t);
+      tile_logits<F>(p, c, scale, t, w.Rq.data(), w.band, P, w.transposed);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const T lse = data.lse(b, h, i0 + ii);
         T* row = P + ii * bk;
-        if (lse == kNegInf<T>)
-          std::fill(row, row + bk, T(0));
-        else
-          exp_shifted_sum(row, lse, row, bk);
+        const int64_t seen = lse == kNegInf<T> ? 0 : visible_keys(cut, ii, bk);
+        exp_shifted_sum(row, lse, row, seen);
+        std::fill(row + seen, row + bk, T(0));
       }
-      gemm<T>(Trans::yes, Trans::no, bk, dvd, bq, T(1), P, bk, w.dout.data() + i0 * dvd, dvd, T(1),
-              dv.data() + j0 * dvd, dvd);
+      tile_transposed_times(cut, bq, dvd, bk, T(1), P, w.dout.data() + i0 * dvd, dvd, T(1), dv.data() + j0 * dvd, dvd);
       product_of_rows(c.stored.dout, c.stored.lddout, c.stored.v, c.stored.ldv, w.dout.data(), dvd, c.x.vp, c.x.ldv,
-                      i0, j0, bq, bk, dvd, T(1), dS);
+                      i0, j0, bq, bk, dvd, T(1), dS, cut, w.transposed);
       const int64_t m0 = hd.diagonal(i0 + bq - 1, j0);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const int64_t i = i0 + ii, mrow = m0 + (bq - 1 - ii);
@@ -535,15 +543,15 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
           add_by_row(srow, bk, r0, k, c.clip, &w.G[ii * nb], T(1));
           sum_by_row(&q.Pb[i * nb], bk, r0, k, c.clip, prow, T(1));
         }
-        rows::softmax_grad(prow, srow, w.D[i], bk);
+        const int64_t seen = visible_keys(cut, ii, bk);
+        rows::softmax_grad(prow, srow, w.D[i], seen);
+        std::fill(srow + seen, srow + bk, T(0));
         if (F::bias && !q.dbias.empty())
           rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
         if (F::table && c.key_table()) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
       }
-      gemm<T>(Trans::no, Trans::no, bq, d, bk, scale, dS, bk, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1),
-              q.dqc.data() + i0 * d, d);
-      gemm<T>(Trans::yes, Trans::no, bk, d, bq, scale, dS, bk, c.x.qc.data() + i0 * d, d, T(1), dk.data() + j0 * d,
-              d);
+      tile_times(cut, bq, d, bk, scale, dS, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1), q.dqc.data() + i0 * d, d);
+      tile_transposed_times(cut, bq, d, bk, scale, dS, c.x.qc.data() + i0 * d, d, T(1), dk.data() + j0 * d, d);
       if constexpr (F::band)  // un-skew scale * dS onto the band (each (ii, j) owns one column of row ii)
         for (int64_t ii = 0; ii < bq; ++ii) {
           T* diagonal = w.dband.data() + w.band.at(ii, bq, j0);

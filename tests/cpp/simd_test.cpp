@@ -148,6 +148,76 @@ void check_layer_norm(int64_t n) {
   }
 }
 
+// The staircase product against a double-precision product of the same
+// operands: A with zeros where a depth cut lets the kernel skip, a column cut
+// checked on the entries it promises (the others: the product or zero), and
+// c's padding past n untouched. The bound is recursive summation's,
+// k * eps * (sum |alpha a b| + |beta c|), twice over.
+void check_staircase_product(int64_t m, int64_t n, int64_t k, relpos::simd::Staircase cut, int64_t delta,
+                             bool transposed_a, float beta) {
+  using relpos::simd::Staircase;
+  SCOPED_TRACE("m n k = " + std::to_string(m) + " " + std::to_string(n) + " " + std::to_string(k) + ", cut " +
+               std::to_string(int(cut)) + ", delta " + std::to_string(delta) + (transposed_a ? ", A^T" : "") +
+               ", beta " + std::to_string(beta));
+  const uint64_t seed = uint64_t(m * 1000003 + n * 1009 + k * 17 + delta + 64);
+  std::vector<float> a = random_row(m * k, -1.0f, 1.0f, seed), b = random_row(k * (n + 2), -1.0f, 1.0f, seed + 1);
+  const int64_t ldb = n + 2, ldc = n + 3, a_row = transposed_a ? 1 : k, a_col = transposed_a ? m : 1;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t p = 0; p < k; ++p)
+      if ((cut == Staircase::leading_depth && p > r + delta) || (cut == Staircase::trailing_depth && p < r - delta))
+        a[r * a_row + p * a_col] = 0.0f;
+  const std::vector<float> c0 = random_row(m * ldc, -1.0f, 1.0f, seed + 2);
+  std::vector<float> c = c0;
+  const float alpha = 0.75f;
+  relpos::simd::staircase_product(
+      {m, n, k, alpha, beta, a.data(), a_row, a_col, b.data(), ldb, c.data(), ldc, cut, delta});
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t x = 0; x < n; ++x) {
+      double exact = beta * double(c0[r * ldc + x]), size = std::abs(exact);
+      for (int64_t p = 0; p < k; ++p) {
+        const double term = double(alpha) * a[r * a_row + p * a_col] * b[p * ldb + x];
+        exact += term, size += std::abs(term);
+      }
+      const float got = c[r * ldc + x];
+      const double bound = 2.0 * double(k + 1) * std::numeric_limits<float>::epsilon() * size;
+      if (cut == Staircase::columns && x > r + delta) {
+        EXPECT_TRUE(got == 0.0f || std::abs(got - exact) <= bound) << r << ", " << x << ": " << got;
+        continue;
+      }
+      EXPECT_LE(std::abs(got - exact), bound) << r << ", " << x << ": " << got << " vs " << exact;
+    }
+    for (int64_t x = n; x < ldc; ++x) EXPECT_EQ(c[r * ldc + x], c0[r * ldc + x]) << "padding " << r << ", " << x;
+  }
+}
+
+void check_transposes() {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {4, 4}, {64, 32}, {13, 97}, {33, 8}}) {
+    const int64_t ldx = cols + 5;
+    const std::vector<float> x = random_row(rows * ldx, -1.0f, 1.0f, uint64_t(rows * 131 + cols));
+    std::vector<float> out(rows * cols, -7.0f);
+    relpos::simd::transpose(x.data(), rows, cols, ldx, out.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(out[c * rows + r], x[r * ldx + c]) << rows << "x" << cols;
+  }
+}
+
+void check_staircase_products() {
+  using relpos::simd::Staircase;
+  check_transposes();
+  const int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {6, 16, 9}, {13, 97, 128}, {64, 64, 32}, {64, 32, 64},
+                               {33, 17, 40}, {128, 128, 128}, {7, 70, 5}};
+  for (const auto& s : shapes)
+    for (Staircase cut : {Staircase::none, Staircase::columns, Staircase::leading_depth, Staircase::trailing_depth})
+      for (int64_t delta : {int64_t(-5), int64_t(0), int64_t(3), int64_t(200)}) {
+        check_staircase_product(s[0], s[1], s[2], cut, delta, false, 0.0f);
+        check_staircase_product(s[0], s[1], s[2], cut, delta, true, cut == Staircase::columns ? 0.0f : 1.0f);
+      }
+  EXPECT_THROW(relpos::simd::staircase_product({1, 1, relpos::simd::kStaircaseMaxSize + 1}), std::logic_error);
+  EXPECT_THROW(relpos::simd::staircase_product({1, 1, 1, 1.0f, 1.0f, nullptr, 0, 0, nullptr, 0, nullptr, 0,
+                                                Staircase::columns, 0}),
+               std::logic_error);
+}
+
 template <bool kFused>
 void check_current_target() {
   // Lengths around the vector widths (4, 8, 16 lanes) and a softmax row.
@@ -251,6 +321,7 @@ TEST(Simd, EveryTargetThisMachineRunsAgreesWithTheFormulas) {
     SCOPED_TRACE(name + " runs as " + active_target());
     check_conversions<relpos::bfloat16>(relpos::simd::widen_bf16, relpos::simd::narrow_bf16);
     check_conversions<relpos::float16>(relpos::simd::widen_f16, relpos::simd::narrow_f16);
+    check_staircase_products();
     if (name == "avx512" || name == "avx2")
       check_current_target<true>();
     else
