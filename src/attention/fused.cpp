@@ -20,7 +20,8 @@
 //
 // Backward recomputes P from the saved logsumexp, query tiles outer and key
 // tiles inner; positional gradients go to per-thread partials summed in
-// thread order, so results do not depend on thread timing.
+// thread order, so results do not depend on thread timing. Small tiles on the
+// causal diagonal skip what the mask hides (tile_products.hpp).
 #include "fused.hpp"
 
 #include <algorithm>

@@ -43,10 +43,12 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       break;
     case Algorithm::fused: {
       // Per thread (one per query tile of a head at most): a head's rows,
-      // tiles of 128, clipped tables' per-row bucket sums and slices; per
-      // call: a key band's rows per head and what its embedding needs.
+      // tiles of 128 and a transposed key or value tile, clipped tables'
+      // per-row bucket sums and slices; per call: a key band's rows per head
+      // and what its embedding needs.
       const double tile = 128.0, workers = std::min(requested, heads * std::ceil(std::max(Lq, Lk) / tile));
-      elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * table_rows) * 4.0 + table_rows * (d + dv));
+      elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * table_rows) * 4.0 + tile * tile +
+                            table_rows * (d + dv));
       if (band) elements += (double(p.q.shape[1]) * d + double(sizes.per_distance)) * (Lq + Lk);
       // Backward with a head's key tiles in groups: each group's query-side
       // gradients, and every head's dk, dv until its groups are summed.
