@@ -301,7 +301,7 @@ void NarrowF16(const float* x, uint16_t* y, int64_t n) {
 // The staircase product (simd.hpp): blocks of kRows rows of c by V vectors of
 // columns in registers, A's entries broadcast, B's rows loaded. Targets with
 // 32 vector registers (AVX-512) hold 6 x 4 accumulators, the others 6 x 2
-// (6 x 4 spilled on AVX2: 1.5x slower than sgemm at 64 x 64 x 32, measured).
+// (6 x 4 spilled on AVX2: 1.6x slower than sgemm at 64 x 64 x 32, measured).
 constexpr int kRows = 6;
 constexpr int kMaxVectors = HWY_TARGET <= HWY_AVX3 ? 4 : 2;
 
@@ -376,7 +376,7 @@ void StaircaseProduct(const StaircaseProductArgs& x) {
       j += V * lanes;
     };
     while (j + kMaxVectors * lanes <= columns) block(std::integral_constant<int, kMaxVectors>());
-    switch ((columns - j) / lanes) {  // what is left of whole vectors, in one block
+    switch ((columns - j) / lanes) {  // whole vectors left, fewer than kMaxVectors: one block
       case 3: block(std::integral_constant<int, 3>()); break;
       case 2: block(std::integral_constant<int, 2>()); break;
       case 1: block(std::integral_constant<int, 1>()); break;
