@@ -313,15 +313,15 @@ void key_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t start, in
           hd.d, T(0), band.scores.data(), band.width);
 }
 
-// S (bq, bk) = the tile's logits, masked pairs -inf. Rq: the key table's
+// S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile). Rq: the key table's
 // scores of the tile's queries, (bq, nb). band: the query tile's key band scores.
 template <class F, class T>
-void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const T* Rq,
-                 const KeyBand<T>& band, T* S, Scratch<T>& transposed) {
+void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const TileCut& cut,
+                 const T* Rq, const KeyBand<T>& band, T* S, Scratch<T>& transposed) {
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d, bq = t.bq, bk = t.bk;
   product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
-                  bq, bk, d, scale, S, cut_of(p, hd, t), transposed);
+                  bq, bk, d, scale, S, cut, transposed);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
   if constexpr (F::band)
     for (int64_t ii = 0; ii < bq; ++ii) {
@@ -376,7 +376,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
     const Tile t{i0, bq, j0, std::min(block, keys - j0)};
     T* S = w.S.data();
     const TileCut cut = cut_of(p, hd, t);
-    tile_logits<F>(p, c, scale, t, w.Rq.data(), w.band, S, w.transposed);
+    tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, S, w.transposed);
     for (int64_t ii = 0; ii < bq; ++ii) {  // online softmax: S becomes P, O and Pb rescaled
       T* row = S + ii * t.bk;
       const int64_t seen = visible_keys(cut, ii, t.bk);
@@ -523,7 +523,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       const int64_t bk = t.bk;
       T *P = w.P.data(), *dS = w.dP.data();
       const TileCut cut = cut_of(p, hd, t);
-      tile_logits<F>(p, c, scale, t, w.Rq.data(), w.band, P, w.transposed);
+      tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, P, w.transposed);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const T lse = data.lse(b, h, i0 + ii);
         T* row = P + ii * bk;
