@@ -6,8 +6,12 @@ shapes, AdamW settings, warmup + cosine schedule and gradient clipping, on the
 same corpus, with the same number of threads, one after the other in this run.
 The PyTorch model is written here the way PyTorch users write it: SDPA with
 is_causal for none / sinusoidal / learned / RoPE, SDPA with a materialised
-float bias for ALiBi and T5, and materialised relative embeddings for Shaw
-(as OpenNMT-py does). Reported: training tokens per second of each and their
+float bias for ALiBi, T5 and both KERPLEs (learnable r1, r2 clamped at 0.01,
+as the KERPLE paper's code does), materialised relative embeddings for Shaw (as
+OpenNMT-py does), and Transformer-XL as its original code computes it: u and v
+biases, positional keys W_R R from a sinusoid of every distance, the
+zero-pad "rel_shift", and a memory of the previous segment's keys and values
+(detached) over contiguous segments per batch row, as relpos's trainer keeps it. Reported: training tokens per second of each and their
 ratio (relpos over PyTorch, > 1: relpos faster). With --dtypes bf16 both train
 in bfloat16 mixed precision: relpos with --dtype bf16, PyTorch under
 torch.autocast("cpu", torch.bfloat16), the way PyTorch users ask for it; with
@@ -37,7 +41,8 @@ import torch
 import torch.nn.functional as F
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-SCHEMES = ["none", "sinusoidal", "learned", "alibi", "t5", "rope", "shaw"]
+SCHEMES = ["none", "sinusoidal", "learned", "alibi", "t5", "rope", "shaw", "kerple", "kerple_power", "xl"]
+KERPLE_FLOOR = 0.01  # the lower clamp of KERPLE's r1 and r2, in relpos's model and the paper's code
 FORTUNES = pathlib.Path("/usr/share/games/fortunes")
 
 
@@ -70,6 +75,15 @@ def t5_causal_bucket(relative: torch.Tensor, num_buckets: int, max_distance: int
     return torch.where(n < max_exact, n, large)
 
 
+def rel_shift(x: torch.Tensor) -> torch.Tensor:
+    """Transformer-XL's zero-pad shift: (..., L, K) scores against distances K-1 .. 0
+    become scores against keys, query i at key position K - L + i (the upper
+    triangle, future keys, holds leftovers that the mask hides)."""
+    *batch, L, K = x.shape
+    padded = F.pad(x, (1, 0)).view(*batch, K + 1, L)
+    return padded[..., 1:, :].reshape(*batch, L, K)
+
+
 class Block(torch.nn.Module):
     def __init__(self, a):
         super().__init__()
@@ -81,8 +95,37 @@ class Block(torch.nn.Module):
             dh = w // a.heads
             self.wk = torch.nn.Parameter(0.02 * torch.randn(2 * a.shaw_k + 1, dh))
             self.wv = torch.nn.Parameter(0.02 * torch.randn(2 * a.shaw_k + 1, dh))
+        if a.position in ("kerple", "kerple_power"):  # per layer, initialised to 1 as relpos's model does
+            self.kerple_r1 = torch.nn.Parameter(torch.ones(a.heads))
+            self.kerple_r2 = torch.nn.Parameter(torch.ones(a.heads))
+        if a.position == "xl":  # W_R per layer: (heads, head_dim, width)
+            self.xl_w_r = torch.nn.Parameter(0.02 * torch.randn(a.heads, w // a.heads, w))
 
-    def attention(self, x, bias, rope, shaw_index):
+    def kerple_bias(self, distance, future):
+        """KERPLE's bias from |key - query|, future keys -inf."""
+        r1 = self.kerple_r1.clamp(min=KERPLE_FLOOR)[:, None, None]
+        if self.position == "kerple":
+            bias = -r1 * torch.log1p(self.kerple_r2.clamp(min=KERPLE_FLOOR)[:, None, None] * distance)
+        else:
+            bias = -r1 * distance.pow(self.kerple_r2.clamp(min=KERPLE_FLOOR, max=2.0)[:, None, None])
+        return bias.masked_fill(future, float("-inf"))
+
+    def xl_attention(self, q, k, v, xl):
+        """Transformer-XL's attention in its original form; xl = (u, v, sinusoid of distances klen-1..0, memory)."""
+        u, v_bias, sinusoid, memory = xl
+        L, dh = q.shape[2], q.shape[3]
+        if memory is not None:
+            k, v = torch.cat([memory[0], k], 2), torch.cat([memory[1], v], 2)
+        self.new_memory = (k[:, :, -L:].detach(), v[:, :, -L:].detach())
+        klen = k.shape[2]
+        r_k = torch.einsum("pw,hdw->hpd", sinusoid[-klen:], self.xl_w_r)  # positional keys, distance klen-1-p
+        ac = (q + u[:, None]) @ k.transpose(-1, -2)
+        bd = rel_shift((q + v_bias[:, None]) @ r_k.transpose(-1, -2))
+        future = torch.ones(L, klen, dtype=torch.bool).triu(klen - L + 1)
+        p = ((ac + bd) / math.sqrt(dh)).masked_fill(future, float("-inf")).softmax(-1)
+        return p @ v
+
+    def attention(self, x, bias, rope, shaw_index, xl):
         B, L, w = x.shape
         q, k, v = self.qkv(x).view(B, L, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
         if rope is not None:
@@ -96,14 +139,18 @@ class Block(torch.nn.Module):
             logits = logits.masked_fill(shaw_index.new_ones(L, L, dtype=torch.bool).triu(1), float("-inf"))
             p = logits.softmax(-1)
             y = p @ v + torch.einsum("bhij,ijd->bhid", p, av)
+        elif self.position == "xl":
+            y = self.xl_attention(q, k, v, xl)
+        elif self.position in ("kerple", "kerple_power"):
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=self.kerple_bias(*bias))
         elif bias is not None:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(B, L, w))
 
-    def forward(self, x, bias, rope, shaw_index):
-        x = x + self.attention(self.ln1(x), bias, rope, shaw_index)
+    def forward(self, x, bias, rope, shaw_index, xl):
+        x = x + self.attention(self.ln1(x), bias, rope, shaw_index, xl)
         return x + self.down(F.gelu(self.up(self.ln2(x))))
 
 
@@ -119,12 +166,17 @@ class TorchModel(torch.nn.Module):
             self.positions = torch.nn.Parameter(0.02 * torch.randn(a.length, a.width))
         if a.position == "t5":
             self.t5_table = torch.nn.Parameter(0.02 * torch.randn(a.heads, a.t5_buckets))
+        if a.position == "xl":  # u and v shared by the layers, as in relpos's model and the original code
+            dh = a.width // a.heads
+            self.xl_u = torch.nn.Parameter(0.02 * torch.randn(a.heads, dh))
+            self.xl_v = torch.nn.Parameter(0.02 * torch.randn(a.heads, dh))
+            self.memory = [None] * a.layers
 
     def forward(self, tokens):
         a, L = self.a, tokens.shape[1]
         x = self.embedding(tokens)
         pos = torch.arange(L)
-        bias = rope = shaw_index = None
+        bias = rope = shaw_index = xl = None
         relative = pos[None, :] - pos[:, None]  # key minus query
         future = relative > 0
         if a.position == "sinusoidal":
@@ -145,8 +197,18 @@ class TorchModel(torch.nn.Module):
             rope = (angle.cos(), angle.sin())
         elif a.position == "shaw":
             shaw_index = relative.clamp(-a.shaw_k, a.shaw_k) + a.shaw_k
-        for block in self.blocks:
-            x = block(x, bias, rope, shaw_index)
+        elif a.position in ("kerple", "kerple_power"):
+            bias = (relative.abs().float(), future)
+        elif a.position == "xl":  # the sinusoid of distances 2L-1 .. 0 (memory of L keys), sliced per call
+            inv = 1.0 / 10000 ** (torch.arange(0, a.width, 2) / a.width)
+            angle = torch.arange(2 * L - 1, -1, -1.0)[:, None] * inv[None, :]
+            sinusoid = torch.cat([angle.sin(), angle.cos()], -1)
+        for i, block in enumerate(self.blocks):
+            if a.position == "xl":
+                xl = (self.xl_u, self.xl_v, sinusoid, self.memory[i])
+            x = block(x, bias, rope, shaw_index, xl)
+            if a.position == "xl":
+                self.memory[i] = block.new_memory
         return self.final_ln(x) @ self.embedding.weight.T  # tied head
 
 
@@ -155,7 +217,7 @@ def torch_tokens_per_second(a, data: torch.Tensor) -> float:
     torch.set_num_threads(a.threads)
     model = TorchModel(a)
     decay = [p for n, p in model.named_parameters() if p.dim() == 2 and "positions" not in n
-             and "table" not in n and not n.endswith(("wk", "wv"))]
+             and "table" not in n and not n.endswith(("wk", "wv")) and "xl_" not in n]
     rest = [p for p in model.parameters() if all(p is not d for d in decay)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.99), eps=1e-8)
@@ -166,11 +228,18 @@ def torch_tokens_per_second(a, data: torch.Tensor) -> float:
         return a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     gen = torch.Generator().manual_seed(a.seed)
+    # Transformer-XL reads each batch row's text in consecutive segments (its memory
+    # holds the previous one), like relpos's trainer; the others sample at random.
+    stride = (len(data) - a.length - 1) // a.batch
+    first = torch.arange(a.batch) * stride
     start = None
     for step in range(a.steps + 1):  # step 0 warms up and is not timed
         if step == 1:
             start = time.perf_counter()
-        offsets = torch.randint(0, len(data) - a.length - 1, (a.batch,), generator=gen)
+        if a.position == "xl":
+            offsets = (first + step * a.length) % (len(data) - a.length - 1)
+        else:
+            offsets = torch.randint(0, len(data) - a.length - 1, (a.batch,), generator=gen)
         rows = torch.stack([data[o:o + a.length + 1] for o in offsets.tolist()]).long()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
             logits = model(rows[:, :-1])
