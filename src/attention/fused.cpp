@@ -16,7 +16,8 @@
 //   key band            a key embedding with a row per distance (XL's W_R R):
 //                       qp times those rows, once per query tile for the band
 //                       of distances its key tiles reach (Bq + keys - 1), read
-//                       skewed by each tile
+//                       skewed by each tile; under a causal mask the band is a
+//                       cut tile of its own (KeyBand)
 //
 // Backward recomputes P from the saved logsumexp, query tiles outer and key
 // tiles inner; positional gradients go to per-thread partials summed in
@@ -97,7 +98,7 @@ struct HeadContext {
   int64_t k = 0, nb = 0;    // clipped tables: window k, rows 2k+1
   bool clip = true;         // clipped tables: distances beyond +-k use the edge rows (else a zero embedding)
   Scratch<T> wk, wv;        // the clipped tables' slices of this head (nb, d), (nb, dv)
-  const T* E = nullptr;     // a key band's rows per distance (distances, d), from CallEmbeddings
+  const T* E = nullptr;     // a key band's rows per distance (distances, d), falling, from CallEmbeddings
   StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
 
   bool key_table() const { return !wk.empty(); }
@@ -131,12 +132,13 @@ void bool_switch(bool value, F&& f) {
 // ValueEmbedding), made once per call. Clipped tables are read through their
 // per-head slices; a key embedding with a row per distance is read as a band,
 // its rows for every head over the call's distances computed here once (they
-// depend on the head, not on the batch row). Value embeddings must be clipped
-// tables (the schemes' capability table offers fused for no other).
+// depend on the head, not on the batch row), in falling distance order (see
+// KeyBand). Value embeddings must be clipped tables (the schemes' capability
+// table offers fused for no other).
 template <class T>
 struct CallEmbeddings {
   std::unique_ptr<DistanceEmbedding<T>> keys, values;
-  std::vector<Scratch<T>> E;  // a key band: per head (distances, d)
+  std::vector<Scratch<T>> E;  // a key band: per head (distances, d), row r the distance index distances - 1 - r
 
   explicit CallEmbeddings(const AttentionForward<T>& p) : keys(make_key_embedding(p)), values(make_value_embedding(p)) {
     if (values && !values->clipped()) throw std::logic_error("relpos: fused reads value embeddings as clipped tables");
@@ -145,13 +147,19 @@ struct CallEmbeddings {
       throw std::logic_error("relpos: fused reads a key and a value table of one window k and edge rule");
     if (!band()) return;
     const int64_t heads = p.q.shape[1], count = keys->count();
+    // Under a causal mask no pair has a distance past 0: only the rows up to
+    // distance 0 are made (half of them in self-attention); the rest stay zero, unread.
+    const int64_t made = p.causal ? std::clamp<int64_t>(1 - keys->rmin(), 0, count) : count;
     E.resize(heads);
     // In a parallel region like every GEMM of the kernel: one thread per GEMM, not OpenMP's default team.
     parallel_for(
         heads, thread_count(p.num_threads, heads), [](int) {},
         [&](int, int64_t h) {
-          E[h].resize(count * keys->width());
-          keys->rows(h, count, E[h].data());
+          const int64_t width = keys->width();
+          E[h].assign(count * width, T(0));
+          keys->rows(h, made, E[h].data());
+          for (int64_t r = 0; r < count / 2; ++r)
+            std::swap_ranges(&E[h][r * width], &E[h][(r + 1) * width], &E[h][(count - 1 - r) * width]);
         });
   }
 
@@ -288,29 +296,57 @@ int64_t visited_keys(const AttentionForward<T>& p, const Head<T>& hd, int64_t i0
   return end;
 }
 
-// A key band's scores of the query tile [i0, i0 + bq) against
-// every distance its keys [start, end) reach, by one product: scores
-// (bq, width), column c = distance index first + c; the pair (ii, j) is column
-// j - start - ii + bq - 1. The forward takes all keys a query tile visits at
-// once (a per-key-tile band would compute Bq + Bk - 1 columns for Bk keys).
+// Keys jj < this of a tile's row whose first key has distance index mrow lie
+// outside the row's future: all bk of them without a causal mask.
+template <class F, class T>
+int64_t present_keys(const Head<T>& hd, int64_t mrow, int64_t bk) {
+  if constexpr (F::causal)
+    return std::clamp<int64_t>(-(hd.rmin + mrow) + 1, 0, bk);
+  else
+    return bk;
+}
+
+// A key band's scores of the query tile [i0, i0 + bq) against every
+// distance its keys [start, end) reach, by one product: scores (bq, width),
+// distance index first .. first + width - 1 in falling order (column x is
+// first + width - 1 - x), so that the pair (ii, j) is column
+// width - 1 - (j - start + bq - 1 - ii) and a row's keys run leftwards. The
+// forward takes all keys a query tile visits at once (a per-key-tile band
+// would compute Bq + Bk - 1 columns for Bk keys). Under a causal mask the
+// distances past 0 are future pairs of every row and are left out (at the
+// trainer's L = 64 without memory: half the band), and row ii needs the
+// columns x <= ii + width - bq only: the staircase of a cut tile, which the
+// band's products (forward one, backward three) skip through
+// tile_products.hpp where they are small, as the tiles' own products do.
 template <class T>
 struct KeyBand {
   Scratch<T> scores;
   int64_t width = 0, first = 0, start = 0, end = 0;
+  TileCut cut;
 
-  // Offset of the pair (ii, j0) in scores, and in any (bq, width) buffer like it.
-  int64_t at(int64_t ii, int64_t bq, int64_t j0) const { return ii * width + (bq - 1 - ii) + (j0 - start); }
+  // Offset of the pairs (ii, j0 + n - 1) .. (ii, j0), consecutive, in scores
+  // and in any (bq, width) buffer like it.
+  int64_t at(int64_t ii, int64_t bq, int64_t j0, int64_t n) const {
+    return ii * width + width - (j0 - start + bq - ii + n - 1);
+  }
+  // Offset of the band's first row in the falling per-distance rows of a head
+  // (CallEmbeddings' E, QueryGrads' dE).
+  int64_t row_offset(const Head<T>& hd) const { return (hd.distances() - first - width) * hd.d; }
 };
 
-template <class T>
-void key_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t start, int64_t end, KeyBand<T>& band) {
+template <class F, class T>
+void key_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t start, int64_t end, KeyBand<T>& band,
+              Scratch<T>& transposed) {
   const Head<T>& hd = c.x.hd;
   band.start = start, band.end = end;
-  band.width = end - start + bq - 1;
   band.first = hd.diagonal(i0 + bq - 1, start);
+  band.width = end - start + bq - 1;
+  if constexpr (F::causal)  // the tile sees a key, so distance 0 lies in the band
+    band.width = std::min(band.width, -hd.rmin - band.first + 1);
+  band.cut = tile_cut(F::causal, band.width - bq, bq, band.width, hd.d);
   band.scores.resize(bq * band.width);
-  gemm<T>(Trans::no, Trans::yes, bq, band.width, hd.d, T(1), hd.qp + i0 * hd.d, hd.d, c.E + band.first * hd.d,
-          hd.d, T(0), band.scores.data(), band.width);
+  rows_by_rows(band.cut, bq, band.width, hd.d, T(1), hd.qp + i0 * hd.d, hd.d, c.E + band.row_offset(hd), hd.d,
+               band.scores.data(), transposed);
 }
 
 // S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile). Rq: the key table's
@@ -323,22 +359,18 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
   product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
                   bq, bk, d, scale, S, cut, transposed);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
-  if constexpr (F::band)
-    for (int64_t ii = 0; ii < bq; ++ii) {
-      const T* diagonal = band.scores.data() + band.at(ii, bq, t.j0);
-      rows::add_scaled(S + ii * bk, diagonal, scale, bk);
-    }
   const Scratch<T>& bias = c.x.bias;
   for (int64_t ii = 0; ii < bq; ++ii) {
     T* row = S + ii * bk;
     const int64_t mrow = m0 + (bq - 1 - ii);  // distance index of (ii, jj = 0)
+    const int64_t present = present_keys<F>(hd, mrow, bk);
+    if constexpr (F::band)  // the band holds the present keys' columns only, right to left
+      rows::add_scaled_reversed(row, band.scores.data() + band.at(ii, bq, t.j0, present), scale, present);
     if (F::table && c.key_table()) add_by_row(row, bk, hd.rmin + mrow, c.k, c.clip, Rq + ii * c.nb, scale);
     if constexpr (F::bias)
       rows::add_scaled(row, &bias[mrow], T(1), bk);
-    if constexpr (F::causal) {  // keys with r > 0: jj > ii + (the distance index of r = 0) - mrow
-      const int64_t first_future = std::max<int64_t>(0, -(hd.rmin + mrow) + 1);
-      for (int64_t jj = first_future; jj < bk; ++jj) row[jj] = kNegInf<T>;
-    }
+    if constexpr (F::causal)
+      for (int64_t jj = present; jj < bk; ++jj) row[jj] = kNegInf<T>;
     if constexpr (F::padding)
       for (int64_t jj = 0; jj < bk; ++jj)
         if (p.key_padding(hd.b, t.j0 + jj)) row[jj] = kNegInf<T>;
@@ -371,7 +403,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
   if (F::table && c.value_table()) w.Pb.assign(bq * c.nb, T(0));
   const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(bq), keys);
   w.S.resize(bq * block);
-  if (F::band && keys) key_band(c, i0, bq, 0, keys, w.band);
+  if (F::band && keys) key_band<F>(c, i0, bq, 0, keys, w.band, w.transposed);
   for (int64_t j0 = 0; j0 < keys; j0 += block) {
     const Tile t{i0, bq, j0, std::min(block, keys - j0)};
     T* S = w.S.data();
@@ -515,7 +547,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
               w.G.data(), nb);
     }
     if constexpr (F::band) {  // one band for all the keys of the group this query tile sees
-      key_band(c, i0, bq, begin, keys, w.band);
+      key_band<F>(c, i0, bq, begin, keys, w.band, w.transposed);
       w.dband.assign(bq * w.band.width, T(0));
     }
     for (int64_t j0 = begin; j0 < keys; j0 += kBlockK) {
@@ -550,30 +582,62 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         if (F::bias && !q.dbias.empty())
           rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
         if (F::table && c.key_table()) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
+        if constexpr (F::band) {  // un-skew scale * dS onto the band: each present (ii, j) owns one column of row ii
+          const int64_t present = present_keys<F>(hd, mrow, bk);
+          rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, bq, j0, present), srow, scale, present);
+        }
       }
       tile_times(cut, bq, d, bk, scale, dS, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1), q.dqc.data() + i0 * d, d);
       tile_transposed_times(cut, bq, d, bk, scale, dS, c.x.qc.data() + i0 * d, d, T(1), dk.data() + j0 * d, d);
-      if constexpr (F::band)  // un-skew scale * dS onto the band (each (ii, j) owns one column of row ii)
-        for (int64_t ii = 0; ii < bq; ++ii) {
-          T* diagonal = w.dband.data() + w.band.at(ii, bq, j0);
-          rows::add_scaled(diagonal, dS + ii * bk, scale, bk);  // onto zeros: scale * dS
-        }
     }
     if constexpr (F::band) {  // the band's products backwards, once per query tile
-      const int64_t width = w.band.width;
-      const T* E = c.E + w.band.first * d;
-      gemm<T>(Trans::no, Trans::no, bq, d, width, T(1), w.dband.data(), width, E, d, T(1), q.dqp.data() + i0 * d, d);
-      gemm<T>(Trans::yes, Trans::no, width, d, bq, T(1), w.dband.data(), width, hd.qp + i0 * d, d, T(1),
-              q.dE.data() + w.band.first * d, d);
+      const KeyBand<T>& band = w.band;
+      const int64_t rows = band.row_offset(hd);
+      tile_times(band.cut, bq, d, band.width, T(1), w.dband.data(), c.E + rows, d, T(1), q.dqp.data() + i0 * d, d);
+      tile_transposed_times(band.cut, bq, d, band.width, T(1), w.dband.data(), hd.qp + i0 * d, d, T(1),
+                            q.dE.data() + rows, d);
     }
   }
 }
 
+// A key band's row gradients, summed over the batch entries of one head that
+// a thread finishes in a row before they become the embedding's parameter
+// gradient (W_R's: a (rows, d)^T (rows, pos_dim) product per head and thread,
+// not per batch entry; at the trainer's L = 64 that product cost twice the
+// band's own). The backward's items run head-major for it. Under a causal
+// mask only the rows of distances <= 0 can be non-zero, and only they are read.
+// dE's rows fall in distance (KeyBand); the sum's rise, as the embedding reads them.
+template <class T>
+class BandRowSum {
+ public:
+  template <class F>
+  void add(F, const CallEmbeddings<T>& e, const PositionGrads<T>& g, const Head<T>& hd, const Scratch<T>& dE) {
+    if (hd.h != head_) flush(e, g);
+    const int64_t count = hd.distances(), d = hd.d;
+    const int64_t rows = F::causal ? std::clamp<int64_t>(1 - hd.rmin, 0, count) : count;
+    if (head_ < 0) head_ = hd.h, rows_ = rows, sum_.assign(rows * d, T(0));
+    for (int64_t m = 0; m < rows; ++m) rows::add_scaled(&sum_[m * d], &dE[(count - 1 - m) * d], T(1), d);
+  }
+  void flush(const CallEmbeddings<T>& e, const PositionGrads<T>& g) {
+    if (head_ >= 0) e.keys->add_rows_grad(g, head_, rows_, sum_.data());
+    head_ = -1;
+  }
+
+ private:
+  int64_t head_ = -1, rows_ = 0;
+  Scratch<T> sum_;
+};
+
+// The backward's items in head-major order: item -> (batch entry, head).
+inline std::pair<int64_t, int64_t> head_major(int64_t item, int64_t batch) { return {item % batch, item / batch}; }
+
 // The end of one head's backward, from its query-side sums (all groups
-// added) and its dk, dv: the positional parameters' gradients into g, then
-// dq, dk, dv into the caller's tensors. w holds the head and its dout.
-template <class T, class Stored>
-void finish_head(const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e, const PositionGrads<T>& g, QueryGrads<T>& q, Scratch<T>& dk, const Scratch<T>& dv,
+// added) and its dk, dv: the positional parameters' gradients into g (a key
+// band's through band_rows), then dq, dk, dv into the caller's tensors. w
+// holds the head and its dout.
+template <class F, class T, class Stored>
+void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e, const PositionGrads<T>& g,
+                 QueryGrads<T>& q, Scratch<T>& dk, const Scratch<T>& dv, BandRowSum<T>& band_rows,
                  BackwardScratch<T>& w) {
   const HeadContext<T>& c = w.head;
   const Head<T>& hd = c.x.hd;
@@ -591,7 +655,7 @@ void finish_head(const AttentionBackward<Stored>& data, const CallEmbeddings<T>&
     gemm<T>(Trans::yes, Trans::no, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout.data(), dvd, T(0), dwv.data(), dvd);
     e.value_table()->add_slice_grad(g, hd.h, dwv.data());
   }
-  if (c.band()) e.keys->add_rows_grad(g, hd.h, hd.distances(), q.dE.data());
+  if constexpr (F::band) band_rows.add(F{}, e, g, hd, q.dE);
   if (!q.dbias.empty()) add_bias_grad(g, c.x, q.dbias);
   write_input_grads(data, c.x, g, q.dqc, q.dqp, dk, dv);
 }
@@ -630,18 +694,20 @@ void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& d
 // go to per-thread partials added in thread order.
 template <class F, class T, class Stored>
 void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e) {
-  const int64_t heads = p.q.shape[1], count = p.q.shape[0] * heads, groups = backward_key_groups(p);
+  const int64_t batch = p.q.shape[0], heads = p.q.shape[1], count = batch * heads, groups = backward_key_groups(p);
   const int64_t lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
   const int threads = thread_count(p.num_threads, count * groups);
   std::vector<BackwardScratch<T>> scratch(threads);
   std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
+  std::vector<BandRowSum<T>> band_rows(threads);
   const auto make_partials = [&](int t) { partials[t] = std::make_unique<GradPartials<T>>(p.dpos); };
   if (groups == 1) {
-    parallel_for(count, threads, make_partials, [&](int t, int64_t bh) {
+    parallel_for(count, threads, make_partials, [&](int t, int64_t item) {
+      const auto [b, h] = head_major(item, batch);
       BackwardScratch<T>& w = scratch[t];
       w.dk.assign(lk * d, T(0)), w.dv.assign(lk * dv, T(0));
-      backward_key_group<F>(p, data, e, bh / heads, bh % heads, 0, 1, w.query, w.dk, w.dv, w);
-      finish_head(data, e, partials[t]->grads(), w.query, w.dk, w.dv, w);
+      backward_key_group<F>(p, data, e, b, h, 0, 1, w.query, w.dk, w.dv, w);
+      finish_head(F{}, data, e, partials[t]->grads(), w.query, w.dk, w.dv, band_rows[t], w);
     });
   } else {
     std::vector<QueryGrads<T>> query(count * groups);
@@ -652,15 +718,21 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
       backward_key_group<F>(p, data, e, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh],
                             dvs[bh], scratch[t]);
     });
-    parallel_for(count, thread_count(p.num_threads, count), make_partials, [&](int t, int64_t bh) {
+    parallel_for(count, thread_count(p.num_threads, count), make_partials, [&](int t, int64_t item) {
+      const auto [b, h] = head_major(item, batch);
+      const int64_t bh = b * heads + h;
       QueryGrads<T>& sum = query[bh * groups];
       for (int64_t g = 1; g < groups; ++g) sum.add(query[bh * groups + g]);
       BackwardScratch<T>& w = scratch[t];
-      prepare(p, data, e, bh / heads, bh % heads, w.head);
+      prepare(p, data, e, b, h, w.head);
       load_dout(data, w);
-      finish_head(data, e, partials[t]->grads(), sum, dk[bh], dvs[bh], w);
+      finish_head(F{}, data, e, partials[t]->grads(), sum, dk[bh], dvs[bh], band_rows[t], w);
     });
   }
+  if constexpr (F::band)  // each thread's last head; item t of a static split of `threads` items runs on thread t
+    parallel_for(threads, threads, [](int) {}, [&](int t, int64_t) {
+      if (partials[t]) band_rows[t].flush(e, partials[t]->grads());
+    });
   for (const auto& part : partials)  // fixed order: deterministic sums
     if (part) part->add_into(p.dpos);
 }

@@ -21,6 +21,16 @@ void add_scaled(T* y, const T* x, T alpha, int64_t n) {
   }
 }
 
+// y[i] += alpha * x[n - 1 - i]
+template <class T>
+void add_scaled_reversed(T* y, const T* x, T alpha, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return simd::add_scaled_reversed(y, x, alpha, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[n - 1 - i];
+  }
+}
+
 // y[i] += c
 template <class T>
 void add_constant(T* y, T c, int64_t n) {

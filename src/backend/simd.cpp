@@ -121,6 +121,14 @@ void AddScaled(float* y, const float* x, float alpha, int64_t n) {
   });
 }
 
+// y[i] += alpha x[n - 1 - i]: the block of y at i takes x's mirrored block, reversed.
+void AddScaledReversed(float* y, const float* x, float alpha, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const auto mirrored = hn::Reverse(d, hn::LoadU(d, x + n - i - int64_t(hn::Lanes(d))));
+    hn::StoreU(hn::MulAdd(hn::Set(d, alpha), mirrored, hn::LoadU(d, y + i)), d, y + i);
+  });
+}
+
 void AddConstant(float* y, float c, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::Set(d, c)), d, y + i); });
 }
@@ -428,6 +436,7 @@ HWY_EXPORT(MaxOf);
 HWY_EXPORT(GeluForward);
 HWY_EXPORT(Multiply);
 HWY_EXPORT(AddScaled);
+HWY_EXPORT(AddScaledReversed);
 HWY_EXPORT(AddConstant);
 HWY_EXPORT(Scale);
 HWY_EXPORT(SumOf);
@@ -505,6 +514,10 @@ void multiply(const float* a, const float* b, float* out, int64_t n) {
 void add_scaled(float* y, const float* x, float alpha, int64_t n) {
   apply_environment();
   HWY_DYNAMIC_DISPATCH(AddScaled)(y, x, alpha, n);
+}
+void add_scaled_reversed(float* y, const float* x, float alpha, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(AddScaledReversed)(y, x, alpha, n);
 }
 void add_constant(float* y, float c, int64_t n) {
   apply_environment();

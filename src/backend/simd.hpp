@@ -31,6 +31,7 @@ float max_of(const float* x, int64_t n, float init);
 // and the rotation of the pairs (a[i], b[i]) by the angles whose cosines and
 // sines are c[i], sign * s[i]: a' = a c - b s', b' = b c + a s'.
 void add_scaled(float* y, const float* x, float alpha, int64_t n);
+void add_scaled_reversed(float* y, const float* x, float alpha, int64_t n);  // y[i] += alpha x[n - 1 - i]
 void add_constant(float* y, float c, int64_t n);
 void scale(float* y, float alpha, int64_t n);
 float sum_of(const float* x, int64_t n);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../backend/row_ops.hpp"
 #include "relpos/attention.hpp"
 
 namespace relpos::nn {
@@ -115,7 +116,7 @@ void attention_layer_backward(const AttentionLayerArgs<T>& a, const T* dout, T* 
     for (int64_t b = 0; b < s.batch; ++b)
       for (int64_t h = 0; h < s.heads; ++h)
         for (int64_t i = 0; i < s.length; ++i)
-          for (int64_t c = 0; c < s.head_dim; ++c) to(b, h, i, c) += from(b, h, s.memory + i, c);
+          rows::add_scaled(&to(b, h, i, 0), &from(b, h, s.memory + i, 0), T(1), s.head_dim);
   }
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../backend/parallel.hpp"
+#include "../backend/row_ops.hpp"
 #include "checks.hpp"
 #include "relpos/gemm.hpp"
 #include "scheme.hpp"
@@ -146,11 +147,15 @@ struct XLScheme {
     }
     void add_grad(const PositionGrads<T>& g, int64_t h, int64_t lq, int64_t d, const T* dqc,
                   const T* dqp) const override {
-      for (int64_t i = 0; i < lq; ++i)
-        for (int64_t c = 0; c < d; ++c) {
-          if (!g.xl_u.empty()) g.xl_u(h, c) += dqc[i * d + c];
-          if (!g.xl_v.empty()) g.xl_v(h, c) += dqp[i * d + c];
-        }
+      // Column sums of the (lq, d) gradient, a vector pass per row, then one add per parameter entry.
+      const auto add_column_sums = [&](const View2<T>& grad, const T* rows) {
+        if (grad.empty()) return;
+        std::vector<T> sum(d, T(0));
+        for (int64_t i = 0; i < lq; ++i) rows::add_scaled(sum.data(), rows + i * d, T(1), d);
+        for (int64_t c = 0; c < d; ++c) grad(h, c) += sum[c];
+      };
+      add_column_sums(g.xl_u, dqc);
+      add_column_sums(g.xl_v, dqp);
     }
 
    private:

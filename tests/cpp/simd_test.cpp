@@ -48,13 +48,15 @@ void check_row_ops(int64_t n) {
   const std::vector<float> y0 = random_row(n, -3.0f, 3.0f, uint64_t(n) + 400);
   const std::vector<float> c = random_row(n, -1.0f, 1.0f, uint64_t(n) + 500);
   const std::vector<float> sn = random_row(n, -1.0f, 1.0f, uint64_t(n) + 600);
-  std::vector<float> y = y0, z = y0, a = x, b = y0;
+  std::vector<float> y = y0, z = y0, a = x, b = y0, mirrored = y0;
   relpos::simd::add_scaled(y.data(), x.data(), 0.7f, n);
+  relpos::simd::add_scaled_reversed(mirrored.data(), x.data(), -0.3f, n);
   relpos::simd::add_constant(z.data(), -1.25f, n);
   relpos::simd::rotate_pairs(a.data(), b.data(), c.data(), sn.data(), -1.0f, n);
   double exact_sum = 0;
   for (int64_t i = 0; i < n; ++i) {
     EXPECT_EQ(y[i], relpos::multiply_add<kFused>(0.7f, x[i], y0[i])) << i;
+    EXPECT_EQ(mirrored[i], relpos::multiply_add<kFused>(-0.3f, x[n - 1 - i], y0[i])) << i;
     EXPECT_EQ(z[i], y0[i] + -1.25f) << i;
     const float s = -1.0f * sn[i];
     EXPECT_EQ(a[i], x[i] * c[i] - y0[i] * s) << i;
