@@ -150,6 +150,11 @@ template <class T>
 struct AttentionBackward : AttentionForward<T> {
   View4<const T> dout;  // (B, H, Lq, dv)
   View4<T> dq, dk, dv;  // shaped like q, k, v; added into; an empty view means "not wanted"
+  // dk and dv hold the gradients of keys key_grads_from .. Lk - 1 only, shaped
+  // (B, Hkv, Lk - key_grads_from, .): the keys before them (a Transformer-XL
+  // memory, which training never differentiates) get none, and the fused
+  // kernel skips their products.
+  int64_t key_grads_from = 0;
   PositionGrads<T> dpos;
 };
 

@@ -1,4 +1,5 @@
 // The one place where a call is validated and routed to an algorithm.
+#include <array>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -138,13 +139,43 @@ void attention_forward(const AttentionForward<T>& p) {
 }
 
 namespace {
+// A backward whose dk, dv cover keys key_grads_from .. Lk - 1: the fused
+// kernel skips the other keys itself; the other algorithms compute every
+// key's gradient into full-length buffers, whose rows from there on are added
+// into the caller's.
+template <class T>
+void run_backward(const AttentionBackward<T>& p) {
+  const int64_t from = p.key_grads_from;
+  if (from == 0 || resolve_algorithm(p) == Algorithm::fused)
+    return run(p, reference::backward<T>, fused::backward<T>, unfused::backward<T>);
+  AttentionBackward<T> every_key = p;
+  every_key.key_grads_from = 0;
+  Scratch<T> dk, dv;
+  const auto full_length = [&](const View4<T>& given, Scratch<T>& storage) {  // given's shape with Lk rows
+    if (given.empty()) return given;
+    std::array<int64_t, 4> shape = given.shape;
+    shape[2] = p.k.shape[2];
+    storage.resize(shape[0] * shape[1] * shape[2] * shape[3]);
+    return View4<T>::contiguous(storage.data(), shape);
+  };
+  every_key.dk = full_length(p.dk, dk);
+  every_key.dv = full_length(p.dv, dv);
+  run(every_key, reference::backward<T>, fused::backward<T>, unfused::backward<T>);
+  for (const auto& [into, all] : {std::pair{p.dk, every_key.dk}, {p.dv, every_key.dv}})
+    for (int64_t b = 0; b < into.shape[0]; ++b)
+      for (int64_t h = 0; h < into.shape[1]; ++h)
+        for (int64_t j = 0; j < into.shape[2]; ++j)
+          for (int64_t c = 0; c < into.shape[3]; ++c) into(b, h, j, c) += all(b, h, from + j, c);
+}
+
 // Grouped-query attention: the query heads of a group run in parallel and
 // would add into one key head's dk, dv at once. Each query head's gradients
 // go to its own slice of a (B, H, Lk, .) buffer instead, summed per group in
 // head order afterwards: the same bits on every run.
 template <class T>
 void backward_grouped(const AttentionBackward<T>& p) {
-  const int64_t B = p.q.shape[0], H = p.q.shape[1], Hkv = p.k.shape[1], group = H / Hkv, Lk = p.k.shape[2];
+  const int64_t B = p.q.shape[0], H = p.q.shape[1], Hkv = p.k.shape[1], group = H / Hkv;
+  const int64_t Lk = p.k.shape[2] - p.key_grads_from;  // rows of dk, dv
   AttentionBackward<T> per_head = p;
   Scratch<T> dk, dv;
   if (!p.dk.empty()) {
@@ -155,7 +186,7 @@ void backward_grouped(const AttentionBackward<T>& p) {
     dv.resize(B * H * Lk * p.v.shape[3]);
     per_head.dv = View4<T>::contiguous(dv.data(), {B, H, Lk, p.v.shape[3]});
   }
-  run(per_head, reference::backward<T>, fused::backward<T>, unfused::backward<T>);
+  run_backward(per_head);
   const auto sum_groups = [&](const View4<T>& into, const View4<T>& heads) {
     if (into.empty()) return;
     for (int64_t b = 0; b < B; ++b)
@@ -178,7 +209,7 @@ void attention_backward(const AttentionBackward<T>& p) {
   else if (p.k.shape[1] != p.q.shape[1])
     backward_grouped(p);
   else
-    run(p, reference::backward<T>, fused::backward<T>, unfused::backward<T>);
+    run_backward(p);
 }
 
 #define RELPOS_INSTANTIATE(T)                                                        \

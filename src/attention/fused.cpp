@@ -563,7 +563,12 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         exp_shifted_sum(row, lse, row, seen);
         std::fill(row + seen, row + bk, T(0));
       }
-      tile_transposed_times(cut, bq, dvd, bk, T(1), P, w.dout.data() + i0 * dvd, dvd, T(1), dv.data() + j0 * dvd, dvd);
+      // Keys before p.key_grads_from get no gradient: dv and dk of the tile's later keys only.
+      const int64_t skip = std::clamp<int64_t>(p.key_grads_from - j0, 0, bk), graded = bk - skip;
+      const TileCut graded_cut = cut_of(p, hd, Tile{i0, bq, j0 + skip, graded});
+      if (graded > 0)
+        tile_transposed_times(graded_cut, bq, dvd, graded, T(1), P + skip, bk, w.dout.data() + i0 * dvd, dvd, T(1),
+                              dv.data() + (j0 + skip) * dvd, dvd);
       product_of_rows(c.stored.dout, c.stored.lddout, c.stored.v, c.stored.ldv, w.dout.data(), dvd, c.x.vp, c.x.ldv,
                       i0, j0, bq, bk, dvd, T(1), dS, cut, w.transposed);
       const int64_t m0 = hd.diagonal(i0 + bq - 1, j0);
@@ -588,13 +593,15 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         }
       }
       tile_times(cut, bq, d, bk, scale, dS, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1), q.dqc.data() + i0 * d, d);
-      tile_transposed_times(cut, bq, d, bk, scale, dS, c.x.qc.data() + i0 * d, d, T(1), dk.data() + j0 * d, d);
+      if (graded > 0)
+        tile_transposed_times(graded_cut, bq, d, graded, scale, dS + skip, bk, c.x.qc.data() + i0 * d, d, T(1),
+                              dk.data() + (j0 + skip) * d, d);
     }
     if constexpr (F::band) {  // the band's products backwards, once per query tile
       const KeyBand<T>& band = w.band;
       const int64_t rows = band.row_offset(hd);
       tile_times(band.cut, bq, d, band.width, T(1), w.dband.data(), c.E + rows, d, T(1), q.dqp.data() + i0 * d, d);
-      tile_transposed_times(band.cut, bq, d, band.width, T(1), w.dband.data(), hd.qp + i0 * d, d, T(1),
+      tile_transposed_times(band.cut, bq, d, band.width, T(1), w.dband.data(), band.width, hd.qp + i0 * d, d, T(1),
                             q.dE.data() + rows, d);
     }
   }

@@ -149,6 +149,7 @@ AttentionBackward<float> twin(const AttentionBackward<S>& p, const PositionParam
   AttentionBackward<float> f;
   static_cast<AttentionForward<float>&>(f) = twin(static_cast<const AttentionForward<S>&>(p), pos);
   f.dout = {nullptr, p.dout.shape, p.dout.stride};
+  f.key_grads_from = p.key_grads_from;
   f.dpos = dpos;
   return f;
 }
@@ -221,6 +222,7 @@ void backward(const AttentionBackward<S>& p, double budget) {
     f.dq = widen(rows(View4<const S>(p.dq), b0, count), buffers[5]);
     f.dk = widen(rows(View4<const S>(p.dk), b0, count), buffers[6]);
     f.dv = widen(rows(View4<const S>(p.dv), b0, count), buffers[7]);
+    f.key_grads_from = p.key_grads_from;
     f.dpos = grads.grads;
     attention_backward(f);
     narrow(f.dq, rows(p.dq, b0, count));

@@ -184,10 +184,11 @@ inline void write_input_grads(const AttentionBackward<S>& data, const HeadData<T
   }
   if (!data.dq.empty())
     for (int64_t i = 0; i < lq; ++i) add_row(data.dq, b, h, i, &dqc[i * d]);
+  const int64_t from = data.key_grads_from;  // dk, dv rows are keys from .. lk - 1
   if (!data.dk.empty())
-    for (int64_t j = 0; j < lk; ++j) add_row(data.dk, b, h, j, &dk[j * d]);
+    for (int64_t j = from; j < lk; ++j) add_row(data.dk, b, h, j - from, &dk[j * d]);
   if (!data.dv.empty())
-    for (int64_t j = 0; j < lk; ++j) add_row(data.dv, b, h, j, &dv[j * dvd]);
+    for (int64_t j = from; j < lk; ++j) add_row(data.dv, b, h, j - from, &dv[j * dvd]);
 }
 
 }  // namespace relpos

@@ -78,15 +78,16 @@ void tile_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk, T alpha, 
   gemm<T>(Trans::no, Trans::no, bq, n, bk, alpha, P, bk, b, ldb, beta, c, ldc);
 }
 
-// c (bk x n) = alpha P^T b + beta c for the tile's P (bq x bk) and b (bq x n).
+// c (bk x n) = alpha P^T b + beta c for the tile's P (bq x bk, row stride
+// ldp: a tile's later keys are a tile of their own) and b (bq x n).
 template <class T>
-void tile_transposed_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk, T alpha, const T* P, const T* b,
-                           int64_t ldb, T beta, T* c, int64_t ldc) {
+void tile_transposed_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk, T alpha, const T* P, int64_t ldp,
+                           const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>)
     if (cut.staircase)
-      return simd::staircase_product({bk, n, bq, alpha, beta, P, 1, bk, b, ldb, c, ldc,
+      return simd::staircase_product({bk, n, bq, alpha, beta, P, 1, ldp, b, ldb, c, ldc,
                                       simd::Staircase::trailing_depth, cut.delta});
-  gemm<T>(Trans::yes, Trans::no, bk, n, bq, alpha, P, bk, b, ldb, beta, c, ldc);
+  gemm<T>(Trans::yes, Trans::no, bk, n, bq, alpha, P, ldp, b, ldb, beta, c, ldc);
 }
 
 }  // namespace relpos

@@ -195,8 +195,15 @@ void validate_backward(const AttentionBackward<T>& p) {
   const auto& q = p.q.shape;
   check_shape("dout", p.dout, p.out.shape, "equal to out's " + shape_str<4>(p.out.shape));
   check_optional_grad("dq", p.dq, q);
-  check_optional_grad("dk", p.dk, p.k.shape);
-  check_optional_grad("dv", p.dv, p.v.shape);
+  const int64_t Lk = p.k.shape[2], from = p.key_grads_from;
+  if (from < 0 || from > Lk)
+    fail("key_grads_from: must be in [0, Lk = " + std::to_string(Lk) + "], got " + std::to_string(from));
+  const auto graded_keys = [&](std::array<int64_t, 4> shape) {  // the rows of dk, dv: keys from .. Lk - 1
+    shape[2] -= from;
+    return shape;
+  };
+  check_optional_grad("dk", p.dk, graded_keys(p.k.shape));
+  check_optional_grad("dv", p.dv, graded_keys(p.v.shape));
   std::vector<Region> inputs = input_regions(p);  // backward reads out, lse and dout too
   for (Region r : {region("out", p.out), region("lse", p.lse), region("dout", p.dout)}) inputs.push_back(r);
   std::vector<Region> outputs = {region("dq", p.dq), region("dk", p.dk), region("dv", p.dv)};

@@ -52,7 +52,7 @@ struct Activations {
   std::vector<LayerActivations<T>> layers;
   T *stream_out, *final_out, *final_mean, *final_rstd, *logits, *row_weight;
   // Backward scratch.
-  T *d_stream, *d_norm, *d_attn, *d_qkv, *d_keys, *d_values, *d_hidden, *d_activated, *d_logits;
+  T *d_stream, *d_norm, *d_attn, *d_qkv, *d_hidden, *d_activated, *d_logits;
   T* d_branch;  // bfloat16 in float32 storage: a branch's output gradient rounded (the stream's stays float32)
   // The GEMMs' inputs in bfloat16 where they read bfloat16 (else null);
   // d_branch_narrow replaces d_branch there, d_hidden_narrow d_hidden.
@@ -82,9 +82,8 @@ struct Activations {
     }
     slots.take(stream_out, n * w), slots.take(final_out, n * w), slots.take(final_mean, n);
     slots.take(final_rstd, n), slots.take(logits, n * vocabulary), slots.take(row_weight, n);
-    const int64_t d_key_rows = backward ? key_rows : 0;
     slots.take(d_stream, nb * w), slots.take(d_norm, nb * w), slots.take(d_attn, nb * w);
-    slots.take(d_qkv, 3 * nb * w), slots.take(d_keys, d_key_rows), slots.take(d_values, d_key_rows);
+    slots.take(d_qkv, 3 * nb * w);
     slots.take(d_hidden, narrow ? 0 : nb * ffn), slots.take(d_activated, nb * ffn), slots.take(d_logits, nb * vocabulary);
     slots.take(d_branch, rounded_branches && !narrow ? nb * w : 0);
     narrow_slots.take(final_narrow, nn * w), narrow_slots.take(d_logits_narrow, nnb * vocabulary);

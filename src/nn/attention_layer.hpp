@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "../backend/row_ops.hpp"
 #include "relpos/attention.hpp"
 
 namespace relpos::nn {
@@ -87,37 +86,20 @@ void attention_layer_forward(const AttentionLayerArgs<T>& a) {
 }
 
 // dout (batch, length, width); adds dqkv (batch, length, 3 * width) and the
-// positional gradients in dpos. With memory, key/value gradients go to
-// dkeys/dvalues (batch, heads, keys, head_dim), zeroed here, and only their
-// current rows reach dqkv: the memory gets no gradient.
+// positional gradients in dpos. The memory gets no gradient: the call asks
+// for the current keys' only (key_grads_from), straight into dqkv.
 template <class T>
-void attention_layer_backward(const AttentionLayerArgs<T>& a, const T* dout, T* dqkv, T* dkeys, T* dvalues,
-                              const PositionGrads<T>& dpos) {
+void attention_layer_backward(const AttentionLayerArgs<T>& a, const T* dout, T* dqkv, const PositionGrads<T>& dpos) {
   const AttentionShape& s = a.shape;
   AttentionBackward<T> p;
   static_cast<AttentionForward<T>&>(p) = a.forward_params();
   p.dout = {dout, {s.batch, s.heads, s.length, s.head_dim}, {s.length * s.width(), s.head_dim, s.width(), 1}};
   p.dq = qkv_part(dqkv, s, 0);
-  if (s.memory > 0) {
-    std::fill_n(dkeys, s.batch * s.heads * s.keys() * s.head_dim, T(0));
-    std::fill_n(dvalues, s.batch * s.heads * s.keys() * s.head_dim, T(0));
-    p.dk = key_buffer(dkeys, s);
-    p.dv = key_buffer(dvalues, s);
-  } else {
-    p.dk = qkv_part(dqkv, s, 1);
-    p.dv = qkv_part(dqkv, s, 2);
-  }
+  p.dk = qkv_part(dqkv, s, 1);
+  p.dv = qkv_part(dqkv, s, 2);
+  p.key_grads_from = s.memory;
   p.dpos = dpos;
   attention_backward(p);
-  if (s.memory == 0) return;
-  for (int part = 1; part <= 2; ++part) {
-    const View4<T> from = key_buffer(part == 1 ? dkeys : dvalues, s);
-    const View4<T> to = qkv_part(dqkv, s, part);
-    for (int64_t b = 0; b < s.batch; ++b)
-      for (int64_t h = 0; h < s.heads; ++h)
-        for (int64_t i = 0; i < s.length; ++i)
-          rows::add_scaled(&to(b, h, i, 0), &from(b, h, s.memory + i, 0), T(1), s.head_dim);
-  }
 }
 
 }  // namespace relpos::nn

@@ -143,8 +143,7 @@ class MicroBatchPass {
                       grad(o.out_weight), grad(o.out_bias), m_.bf16());
       store(act_.d_attn, n * w);
       std::fill_n(act_.d_qkv, 3 * n * w, T(0));  // the attention adds its gradients
-      attention_layer_backward(attention_args(l), act_.d_attn, act_.d_qkv, act_.d_keys, act_.d_values,
-                               position_grads(l));
+      attention_layer_backward(attention_args(l), act_.d_attn, act_.d_qkv, position_grads(l));
       linear_backward(gemm_input(act_.d_qkv, act_.d_qkv_narrow, 3 * n * w), {a.ln1_out, a.ln1_narrow},
                       m_.matrix(o.qkv_weight), n, w, 3 * w, act_.d_norm, grad(o.qkv_weight), grad(o.qkv_bias),
                       m_.bf16());
