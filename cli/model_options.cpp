@@ -1,6 +1,9 @@
 #include "model_options.hpp"
 
+#include <algorithm>
 #include <stdexcept>
+
+#include "../src/schemes/registry.hpp"
 
 namespace relpos::cli {
 
@@ -12,11 +15,14 @@ void ModelOptions::add_to(Options& o, bool with_position) {
   o.add_int("--width", &width, "model width (heads x head dimension)", 1);
   o.add_int("--heads", &heads, "attention heads", 1);
   o.add_int("--ffn", &ffn, "hidden width of the feed-forward block", 1);
-  o.add_int("--shaw-k", &shaw_k, "Shaw clipping distance k", 1);
-  o.add_int("--t5-buckets", &t5_buckets, "T5 relative-position buckets", 2);
-  o.add_int("--t5-max-distance", &t5_max_distance, "T5 distance of the last bucket", 1);
-  o.add_double("--rope-base", &rope_base, "RoPE frequency base", 1.0);
-  o.add_int("--xl-memory", &xl_memory, "Transformer-XL memory in training (0 = the training length)", 0);
+  for_each_model_option([&](const ModelOption& option) {  // "shaw_k" -> --shaw-k
+    std::string flag = std::string("--") + option.key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (option.integer)
+      o.add_int(flag, &(scheme_options.*option.integer), option.help, int(option.low), int(option.high));
+    else
+      o.add_double(flag, &(scheme_options.*option.real), option.help, option.low, option.high);
+  });
 }
 
 nn::PositionKind ModelOptions::parsed_position() const {
@@ -28,18 +34,13 @@ nn::PositionKind ModelOptions::parsed_position() const {
 }
 
 nn::ModelConfig ModelOptions::config(nn::PositionKind kind, uint64_t seed) const {
-  nn::ModelConfig c;
+  nn::ModelConfig c = scheme_options;
   c.layers = layers;
   c.width = width;
   c.heads = heads;
   c.ffn = ffn;
   c.context = length;
   c.position = kind;
-  c.shaw_k = shaw_k;
-  c.t5_buckets = t5_buckets;
-  c.t5_max_distance = t5_max_distance;
-  c.rope_base = rope_base;
-  c.xl_memory = xl_memory;
   c.seed = seed;
   try {
     c.validate();
@@ -53,8 +54,7 @@ ModelOptions ModelOptions::from_config(const nn::ModelConfig& c) {
   ModelOptions o;
   o.layers = c.layers, o.width = c.width, o.heads = c.heads, o.ffn = c.ffn, o.length = c.context;
   o.position = c.position;
-  o.shaw_k = c.shaw_k, o.t5_buckets = c.t5_buckets, o.t5_max_distance = c.t5_max_distance;
-  o.rope_base = c.rope_base, o.xl_memory = c.xl_memory;
+  o.scheme_options = c;
   return o;
 }
 

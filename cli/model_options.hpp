@@ -14,8 +14,7 @@ struct ModelOptions {
   // int, as ModelConfig holds them: a value beyond int is refused, not narrowed.
   int layers = 2, width = 128, heads = 4, ffn = 512, length = 64;
   std::string position = "alibi";
-  int shaw_k = 16, t5_buckets = 32, t5_max_distance = 128, xl_memory = 0;
-  double rope_base = 10000;
+  nn::ModelConfig scheme_options;  // the schemes' model options: their flags write here
 
   // with_position: also --position (the demo trains every scheme instead).
   void add_to(Options& options, bool with_position);

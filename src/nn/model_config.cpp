@@ -17,9 +17,7 @@ namespace relpos::nn {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& field, const std::string& why) {
-  throw std::invalid_argument("ModelConfig." + field + ": " + why);
-}
+[[noreturn]] void fail(const std::string& field, const std::string& why) { model_config_error(field, why); }
 
 void check_range(const std::string& field, int64_t value, int64_t low, int64_t high) {
   if (value < low || value > high)
@@ -34,12 +32,28 @@ Int parse_integer(const std::string& key, const std::string& text) {
   return value;
 }
 
+// The shortest text that reads back as x.
+std::string shortest(double x) {
+  char text[64];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, x);
+  (void)error;  // 64 characters hold any double
+  return std::string(text, end);
+}
+
 double parse_real(const std::string& key, const std::string& text) {
   double value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (error != std::errc() || end != text.data() + text.size() || !std::isfinite(value))
     fail(key, "not a finite number: '" + text + "'");
   return value;
+}
+
+// A scheme's option of c in its range (ModelOption).
+void check_option(const ModelConfig& c, const ModelOption& o) {
+  if (o.integer) return check_range(o.key, c.*o.integer, int64_t(o.low), int64_t(o.high));
+  const double value = c.*o.real;
+  if (!(std::isfinite(value) && value > o.low && value <= o.high))
+    fail(o.key, "must be a finite number > " + shortest(o.low) + (o.high < std::numeric_limits<double>::max() ? " and <= " + shortest(o.high) : "") + ", got " + shortest(value));
 }
 
 }  // namespace
@@ -85,41 +99,26 @@ void ModelConfig::validate() const {
   } catch (const std::invalid_argument& e) {
     fail("position", e.what());
   }
-  // The options of the kinds that have them.
-  const int head_dim = width / heads;
   if (position == "sinusoidal" && width % 2 != 0)
     fail("width", "sinusoidal embeddings need an even width, got " + std::to_string(width));
-  if (position == "shaw") check_range("shaw_k", shaw_k, 0, 1 << 20);
-  if (position == "t5") {
-    check_range("t5_buckets", t5_buckets, 1, 1 << 16);
-    check_range("t5_max_distance", t5_max_distance, 1, 1 << 30);
-    try {
-      check_t5_config(false, t5_buckets, t5_max_distance);
-    } catch (const std::invalid_argument& e) {
-      fail(std::string(e.what()).find("max_distance") != std::string::npos ? "t5_max_distance" : "t5_buckets",
-           e.what());
-    }
-  }
-  if (position == "alibi") check_range("heads", heads, 1, 65536);
-  if (position == "rope") {
-    if (head_dim % 2 != 0) fail("heads", "RoPE needs an even head dimension width / heads, got " + std::to_string(head_dim));
-    if (!(rope_base > 1.0) || !std::isfinite(rope_base)) fail("rope_base", "must be a finite number > 1");
-  }
-  if (position == "xl") {
-    if (width % 2 != 0) fail("width", "Transformer-XL's sinusoid needs an even width, got " + std::to_string(width));
-    check_range("xl_memory", xl_memory, 0, 1 << 24);
-  }
+  // A relative scheme checks its own options (src/schemes/).
+  AllSchemes::for_each([&](auto scheme) {
+    using S = decltype(scheme);
+    if (position != S::name) return;
+    if constexpr (requires { S::model_options; })
+      for (const ModelOption& option : S::model_options) check_option(*this, option);
+    if constexpr (requires { S::check_model(*this); }) S::check_model(*this);
+  });
 }
 
 std::string ModelConfig::to_text() const {
   std::ostringstream out;
-  char base[64];
-  const auto [end, error] = std::to_chars(base, base + sizeof base, rope_base);  // shortest round-trip form
-  (void)error;
   out << "layers=" << layers << "\nwidth=" << width << "\nheads=" << heads << "\nffn=" << ffn
-      << "\ncontext=" << context << "\nposition=" << position << "\nshaw_k=" << shaw_k
-      << "\nt5_buckets=" << t5_buckets << "\nt5_max_distance=" << t5_max_distance
-      << "\nrope_base=" << std::string(base, end) << "\nxl_memory=" << xl_memory << "\nseed=" << seed << "\n";
+      << "\ncontext=" << context << "\nposition=" << position << "\n";
+  for_each_model_option([&](const ModelOption& o) {  // every scheme's, whichever position is chosen
+    out << o.key << "=" << (o.integer ? std::to_string(this->*o.integer) : shortest(this->*o.real)) << "\n";
+  });
+  out << "seed=" << seed << "\n";
   return out.str();
 }
 
@@ -146,13 +145,20 @@ ModelConfig ModelConfig::from_text(const std::string& text) {
       } catch (const std::invalid_argument& e) {
         fail(key, e.what());
       }
-    } else if (key == "shaw_k") c.shaw_k = parse_integer<int>(key, value);
-    else if (key == "t5_buckets") c.t5_buckets = parse_integer<int>(key, value);
-    else if (key == "t5_max_distance") c.t5_max_distance = parse_integer<int>(key, value);
-    else if (key == "rope_base") c.rope_base = parse_real(key, value);
-    else if (key == "xl_memory") c.xl_memory = parse_integer<int>(key, value);
-    else if (key == "seed") c.seed = parse_integer<uint64_t>(key, value);
-    else throw std::invalid_argument("ModelConfig: unknown key '" + key + "'");
+    } else if (key == "seed") {
+      c.seed = parse_integer<uint64_t>(key, value);
+    } else {
+      bool known = false;
+      for_each_model_option([&](const ModelOption& o) {
+        if (key != o.key) return;
+        known = true;
+        if (o.integer)
+          c.*o.integer = parse_integer<int>(key, value);
+        else
+          c.*o.real = parse_real(key, value);
+      });
+      if (!known) throw std::invalid_argument("ModelConfig: unknown key '" + key + "'");
+    }
   }
   c.validate();
   return c;

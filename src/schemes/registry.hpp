@@ -37,6 +37,16 @@ using AllSchemes =
     SchemeList<NoPositionScheme, ShawScheme, T5Scheme, AlibiScheme, RopeScheme, XLScheme, KerpleScheme,
                KerplePowerScheme>;
 
+// Calls f(option) for the model options of every scheme, in list order.
+template <class F>
+void for_each_model_option(F&& f) {
+  AllSchemes::for_each([&](auto scheme) {
+    using S = decltype(scheme);
+    if constexpr (requires { S::model_options; })
+      for (const ModelOption& option : S::model_options) f(option);
+  });
+}
+
 // Calls f(name, parameter, gradient...) for the learnable tensors of every
 // scheme, with the matching member of each PositionGrads given.
 template <class Params, class F, class... Grads>

@@ -19,6 +19,14 @@ struct RopeScheme : NoLearnableTensors {
   static constexpr const char* name = "rope";
   static constexpr AlgorithmSet algorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
 
+  static constexpr std::array<ModelOption, 1> model_options = {
+      {{"rope_base", nullptr, &nn::ModelConfig::rope_base, 1, std::numeric_limits<double>::max(), "RoPE frequency base"}}};
+
+  static void check_model(const nn::ModelConfig& c) {
+    if ((c.width / c.heads) % 2 != 0)
+      model_config_error("heads", "RoPE needs an even head dimension width / heads, got " + std::to_string(c.width / c.heads));
+  }
+
   // The model: base rope_base, half-split, over the whole head dimension.
   template <class T>
   static std::vector<ModelTensor> model(PositionParams<T>& p, const nn::ModelConfig& c) {

@@ -104,6 +104,26 @@ struct ModelTensor {
   }
 };
 
+// One of a scheme's options in relpos's byte-level model: a ModelConfig
+// member (an int or a double), its key in the config's text form (its
+// command-line flag is the key with '-' for '_': "--shaw-k"), what it means,
+// and the range ModelConfig::validate holds it to: an int in [low, high], a
+// double finite and in (low, high]. A scheme lists its options as
+// `static constexpr std::array<ModelOption, N> model_options` and may add
+// checks across fields as `static void check_model(const nn::ModelConfig&)`.
+struct ModelOption {
+  const char* key;
+  int nn::ModelConfig::*integer = nullptr;  // exactly one of the two
+  double nn::ModelConfig::*real = nullptr;
+  double low = 0, high = 0;
+  const char* help = "";
+};
+
+// ModelConfig's error for a field: "ModelConfig.<field>: <why>".
+[[noreturn]] inline void model_config_error(const std::string& field, const std::string& why) {
+  throw std::invalid_argument("ModelConfig." + field + ": " + why);
+}
+
 // The for_each_param and model of a scheme without learnable tensors (none).
 struct NoLearnableTensors {
   template <class Params, class F, class... Grads>

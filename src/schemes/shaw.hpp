@@ -21,6 +21,9 @@ struct ShawScheme {
     f("shaw_wv", pos.shaw.wv, g.shaw_wv...);
   }
 
+  static constexpr std::array<ModelOption, 1> model_options = {
+      {{"shaw_k", &nn::ModelConfig::shaw_k, nullptr, 0, 1 << 20, "Shaw clipping distance k"}}};
+
   // The model: per layer, K and V tables shared by heads, clipped at shaw_k.
   template <class T>
   static std::vector<ModelTensor> model(PositionParams<T>& p, const nn::ModelConfig& c) {

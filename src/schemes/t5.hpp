@@ -19,6 +19,20 @@ struct T5Scheme {
     f("t5_table", pos.t5.table, g.t5_table...);
   }
 
+  static constexpr std::array<ModelOption, 2> model_options = {
+      {{"t5_buckets", &nn::ModelConfig::t5_buckets, nullptr, 1, 1 << 16, "T5 relative-position buckets"},
+       {"t5_max_distance", &nn::ModelConfig::t5_max_distance, nullptr, 1, 1 << 30, "T5 distance of the last bucket"}}};
+
+  static void check_model(const nn::ModelConfig& c) {
+    try {
+      check_t5_config(false, c.t5_buckets, c.t5_max_distance);
+    } catch (const std::invalid_argument& e) {
+      model_config_error(std::string(e.what()).find("max_distance") != std::string::npos ? "t5_max_distance"
+                                                                                         : "t5_buckets",
+                         e.what());
+    }
+  }
+
   // The model: one table for all layers (as T5), causal buckets.
   template <class T>
   static std::vector<ModelTensor> model(PositionParams<T>& p, const nn::ModelConfig& c) {
