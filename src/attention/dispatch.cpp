@@ -8,6 +8,7 @@
 #include "../backend/signals.hpp"
 #include "../schemes/registry.hpp"
 #include "fused.hpp"
+#include "grad_partials.hpp"
 #include "half_storage.hpp"
 #include "reference.hpp"
 #include "unfused.hpp"
@@ -162,10 +163,7 @@ void run_backward(const AttentionBackward<T>& p) {
   every_key.dv = full_length(p.dv, dv);
   run(every_key, reference::backward<T>, fused::backward<T>, unfused::backward<T>);
   for (const auto& [into, all] : {std::pair{p.dk, every_key.dk}, {p.dv, every_key.dv}})
-    for (int64_t b = 0; b < into.shape[0]; ++b)
-      for (int64_t h = 0; h < into.shape[1]; ++h)
-        for (int64_t j = 0; j < into.shape[2]; ++j)
-          for (int64_t c = 0; c < into.shape[3]; ++c) into(b, h, j, c) += all(b, h, from + j, c);
+    if (!into.empty()) add_view(into, View4<T>{all.data + from * all.stride[2], into.shape, all.stride});
 }
 
 // Grouped-query attention: the query heads of a group run in parallel and

@@ -52,8 +52,10 @@ double parse_real(const std::string& key, const std::string& text) {
 void check_option(const ModelConfig& c, const ModelOption& o) {
   if (o.integer) return check_range(o.key, c.*o.integer, int64_t(o.low), int64_t(o.high));
   const double value = c.*o.real;
-  if (!(std::isfinite(value) && value > o.low && value <= o.high))
-    fail(o.key, "must be a finite number > " + shortest(o.low) + (o.high < std::numeric_limits<double>::max() ? " and <= " + shortest(o.high) : "") + ", got " + shortest(value));
+  if (std::isfinite(value) && value > o.low && value <= o.high) return;
+  const bool bounded = o.high < std::numeric_limits<double>::max();
+  fail(o.key, "must be a finite number > " + shortest(o.low) + (bounded ? " and <= " + shortest(o.high) : "") +
+                  ", got " + shortest(value));
 }
 
 }  // namespace
