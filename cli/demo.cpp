@@ -32,13 +32,22 @@ namespace {
 // measurement); --full trains larger models for longer.
 void set_preset(bool full, ModelOptions& m, TrainOptions& t, EvalSettings& e) {
   m.layers = 2, m.width = 128, m.heads = 4, m.ffn = 512, m.length = 32;
-  t.steps = 1500, t.batch = 16, t.lr = 3e-3, t.warmup = 100;
+  t.steps = 1500, t.batch = 16, t.lr = 3e-3, t.warmup = 100, t.dtype = "auto";
   e.max_bytes = 32768;
   if (full) {
     m.layers = 4, m.width = 128, m.ffn = 512, m.length = 64;
     t.steps = 3000, t.batch = 32, t.warmup = 200;
     e.max_bytes = 0;
   }
+}
+
+// The header's precision, and why where --dtype auto chose it.
+std::string precision_text(const std::string& dtype, nn::Precision chosen) {
+  std::string text = nn::to_string(chosen);
+  if (dtype != "auto") return text;
+  return text + (chosen == nn::Precision::bfloat16
+                     ? " mixed precision (--dtype auto: this CPU multiplies bfloat16; --dtype float32 for float32)"
+                     : " (--dtype auto: this CPU has no bfloat16 products)");
 }
 
 struct SchemeResult {
@@ -143,8 +152,8 @@ int run_demo(int argc, char** argv, int first) {
               "of batch %lld; %s\ndata: %s (%zu training, %zu validation bytes)\n",
               (long long)model.length, multiples_text.c_str(), (long long)model.layers, (long long)model.width,
               (long long)model.heads, (long long)train_config.steps, (long long)train_config.batch,
-              nn::to_string(train_config.precision),
-              corpus.source.c_str(), split.train.size(), split.validation.size());
+              precision_text(training.dtype, train_config.precision).c_str(), corpus.source.c_str(),
+              split.train.size(), split.validation.size());
   std::printf("%zu models, %d at a time with %d thread%s each\n", kinds.size(), workers, threads_each,
               threads_each == 1 ? "" : "s");
   std::fflush(stdout);

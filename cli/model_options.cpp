@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "../src/schemes/registry.hpp"
+#include "relpos/gemm.hpp"
 
 namespace relpos::cli {
 
@@ -77,8 +78,9 @@ void TrainOptions::add_to(Options& o) {
   o.add_int("--seed", &seed, "seed of the initialisation and the batch sampling", 0);
   o.add_int("--threads", &threads, "threads (0 = all cores)", 0, kMaxThreads);
   o.add_string("--dtype", &dtype,
-               "float32, or bf16: mixed precision (GEMM and attention operands rounded to bfloat16, float32 "
-               "accumulation, weights, optimizer state and checkpoints)");
+               "float32; bf16: mixed precision (GEMM and attention operands rounded to bfloat16, float32 "
+               "accumulation, weights, optimizer state and checkpoints); auto: bf16 where the CPU multiplies "
+               "bfloat16 (AVX512-BF16 or AMX; relpos info), float32 elsewhere");
 }
 
 train::TrainConfig TrainOptions::config() const {
@@ -92,9 +94,12 @@ train::TrainConfig TrainOptions::config() const {
   c.clip = clip;
   c.seed = uint64_t(seed);
   try {
-    c.precision = nn::parse_precision(dtype);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError{std::string("--dtype: ") + e.what()};
+    // auto: bfloat16 only where it is faster; elsewhere its operands are
+    // rounded in float32 buffers and the GEMMs are float32's (docs/trainer.md).
+    c.precision = dtype == "auto" ? (gemm_bf16_native() ? nn::Precision::bfloat16 : nn::Precision::float32)
+                                  : nn::parse_precision(dtype);
+  } catch (const std::invalid_argument&) {
+    throw UsageError{"--dtype: expected float32, bf16 (bfloat16) or auto, got '" + dtype + "'"};
   }
   try {
     c.validate();

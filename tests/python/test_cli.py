@@ -127,6 +127,18 @@ def test_bf16_training_is_recorded_and_its_checkpoint_evaluates_in_bf16(data, tm
     assert r.returncode == 1 and "precision: bfloat16 in the checkpoint, float32 requested" in r.stderr
 
 
+def test_dtype_auto_trains_in_bf16_exactly_where_the_cpu_multiplies_bfloat16(data, tmp_path):
+    out = tmp_path / "auto.json"
+    r = run("train", "--data", data, *TINY, "--steps", "2", "--dtype", "auto", "--checkpoint", tmp_path / "a.ckpt",
+            "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert run("info", "--json", tmp_path / "info.json").returncode == 0
+    native = json.loads((tmp_path / "info.json").read_text())["gemm_bf16"].startswith("bfloat16 products")
+    assert json.loads(out.read_text())["dtype"] == ("bfloat16" if native else "float32")
+    r = run("train", "--data", data, *TINY, "--dtype", "bf32", "--checkpoint", tmp_path / "b.ckpt")
+    assert r.returncode == 2 and "--dtype: expected float32, bf16 (bfloat16) or auto, got 'bf32'" in r.stderr
+
+
 def test_sigint_writes_the_checkpoint_and_json_and_a_resume_finishes(data, tmp_path):
     ckpt, report = tmp_path / "s.ckpt", tmp_path / "s.json"
     proc = subprocess.Popen([RELPOS, "train", "--data", str(data), *TINY, "--steps", "10000000", "--checkpoint",
