@@ -213,6 +213,37 @@ TEST_P(NnMixedPrecisionKinds, LossAndGradientsStayNearFloat64) {
               exact_loss, 100 * worst_ratio);
 }
 
+// Transformer-XL as the trainer runs it: a second segment with the first one's
+// keys and values in memory (rounded to bfloat16 there; their gradients are
+// not taken). Loss and gradients of both calls against float64, as above.
+TEST(NnMixedPrecision, TransformerXlWithMemoryStaysNearFloat64) {
+  ModelConfig config = small_config("xl");
+  config.xl_memory = 8;
+  ModelImpl<float> mixed(config);
+  ModelImpl<double> exact(config);
+  mixed.num_threads = exact.num_threads = 1;
+  perturb(mixed.parameters(), 23);
+  std::copy(mixed.parameters().begin(), mixed.parameters().end(), exact.parameters().begin());
+  mixed.precision = Precision::bfloat16;
+  const int batch = 2, length = 8;
+  auto mixed_cache = mixed.make_cache<KVCacheOf<float>>(batch, config.xl_memory);
+  auto exact_cache = exact.make_cache<KVCacheOf<double>>(batch, config.xl_memory);
+  for (int call = 0; call < 2; ++call) {
+    const std::vector<uint8_t> tokens = random_tokens(batch * (length + 1), 40 + call);
+    const double m = mixed.loss(tokens.data(), batch, length, &mixed_cache, 0, true);
+    const double e = exact.loss(tokens.data(), batch, length, &exact_cache, 0, true);
+    EXPECT_NEAR(m, e, 2e-3 * e) << "call " << call;
+  }
+  for (const ParameterInfo& p : mixed.layout().table) {
+    double largest = 0, worst = 0;
+    for (int64_t i = p.offset; i < p.offset + p.size; ++i) {
+      largest = std::max(largest, std::abs(exact.gradients()[i]));
+      worst = std::max(worst, std::abs(double(mixed.gradients()[i]) - exact.gradients()[i]));
+    }
+    EXPECT_LE(worst, 6e-2 * largest) << p.name << ": largest gradient " << largest;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AllPositionKinds, NnMixedPrecisionKinds, ::testing::ValuesIn(all_position_kinds()),
                          [](const auto& info) { return info.param; });
 
