@@ -178,37 +178,55 @@ TEST(NnMixedPrecision, LogitsAgreeWithAnOracleRoundingAtTheDocumentedPoints) {
   EXPECT_LT(mixed_vs_rounded, 0.05 * mixed_vs_exact);
 }
 
+namespace {
+
+// A bfloat16 model and a float64 model at the same (perturbed) parameters.
+struct MixedAndExact {
+  ModelImpl<float> mixed;
+  ModelImpl<double> exact;
+  MixedAndExact(const ModelConfig& config, uint32_t seed) : mixed(config), exact(config) {
+    mixed.num_threads = exact.num_threads = 1;
+    perturb(mixed.parameters(), seed);
+    std::copy(mixed.parameters().begin(), mixed.parameters().end(), exact.parameters().begin());
+    mixed.precision = Precision::bfloat16;
+  }
+
+  // Every gradient tensor within 6% of its largest float64 entry: 2^-8 per
+  // rounding, through two layers and the loss; the smallest tensors (XL's W_R,
+  // KERPLE's r2) reach 3.4%, a lost term would be 100%. Returns the worst ratio.
+  double expect_gradients_near() {
+    double worst_ratio = 0;
+    for (const ParameterInfo& p : mixed.layout().table) {
+      double largest = 0, worst = 0;
+      for (int64_t i = p.offset; i < p.offset + p.size; ++i) {
+        largest = std::max(largest, std::abs(exact.gradients()[i]));
+        worst = std::max(worst, std::abs(double(mixed.gradients()[i]) - exact.gradients()[i]));
+      }
+      EXPECT_LE(worst, 6e-2 * largest) << p.name << ": largest gradient " << largest;
+      EXPECT_GT(largest, 0) << p.name;
+      worst_ratio = std::max(worst_ratio, worst / largest);
+    }
+    return worst_ratio;
+  }
+};
+
+}  // namespace
+
 class NnMixedPrecisionKinds : public ::testing::TestWithParam<PositionKind> {};
 
 // Loss and every gradient tensor of the bfloat16 model against the float64
 // model at the same parameters: within what 8 significant bits allow, per
 // tensor (relative to the tensor's largest entry), for every position kind.
 TEST_P(NnMixedPrecisionKinds, LossAndGradientsStayNearFloat64) {
-  const ModelConfig config = small_config(GetParam());
-  ModelImpl<float> mixed(config);
-  ModelImpl<double> exact(config);
-  mixed.num_threads = exact.num_threads = 1;
-  perturb(mixed.parameters(), 22);
-  std::copy(mixed.parameters().begin(), mixed.parameters().end(), exact.parameters().begin());
-  mixed.precision = Precision::bfloat16;
+  MixedAndExact models(small_config(GetParam()), 22);
   const int batch = 2, length = 12;
   const std::vector<uint8_t> tokens = random_tokens(batch * (length + 1), 6);
-  const double mixed_loss = mixed.loss(tokens.data(), batch, length, static_cast<KVCacheOf<float>*>(nullptr), 0, true);
-  const double exact_loss = exact.loss(tokens.data(), batch, length, static_cast<KVCacheOf<double>*>(nullptr), 0, true);
+  const double mixed_loss =
+      models.mixed.loss(tokens.data(), batch, length, static_cast<KVCacheOf<float>*>(nullptr), 0, true);
+  const double exact_loss =
+      models.exact.loss(tokens.data(), batch, length, static_cast<KVCacheOf<double>*>(nullptr), 0, true);
   EXPECT_NEAR(mixed_loss, exact_loss, 2e-3 * exact_loss);
-  double worst_ratio = 0;
-  for (const ParameterInfo& p : mixed.layout().table) {
-    double largest = 0, worst = 0;
-    for (int64_t i = p.offset; i < p.offset + p.size; ++i) {
-      largest = std::max(largest, std::abs(exact.gradients()[i]));
-      worst = std::max(worst, std::abs(double(mixed.gradients()[i]) - exact.gradients()[i]));
-    }
-    // 2^-8 per rounding, through two layers and the loss: the smallest
-    // tensors (XL's W_R, KERPLE's r2) reach 3.4% here; a lost term would be 100%.
-    EXPECT_LE(worst, 6e-2 * largest) << p.name << ": largest gradient " << largest;
-    worst_ratio = std::max(worst_ratio, worst / largest);
-    EXPECT_GT(largest, 0) << p.name;
-  }
+  const double worst_ratio = models.expect_gradients_near();
   std::printf("loss %.6f (float64 %.6f); worst gradient error %.2f%% of its tensor's largest entry\n", mixed_loss,
               exact_loss, 100 * worst_ratio);
 }
@@ -219,29 +237,18 @@ TEST_P(NnMixedPrecisionKinds, LossAndGradientsStayNearFloat64) {
 TEST(NnMixedPrecision, TransformerXlWithMemoryStaysNearFloat64) {
   ModelConfig config = small_config("xl");
   config.xl_memory = 8;
-  ModelImpl<float> mixed(config);
-  ModelImpl<double> exact(config);
-  mixed.num_threads = exact.num_threads = 1;
-  perturb(mixed.parameters(), 23);
-  std::copy(mixed.parameters().begin(), mixed.parameters().end(), exact.parameters().begin());
-  mixed.precision = Precision::bfloat16;
+  MixedAndExact models(config, 23);
   const int batch = 2, length = 8;
-  auto mixed_cache = mixed.make_cache<KVCacheOf<float>>(batch, config.xl_memory);
-  auto exact_cache = exact.make_cache<KVCacheOf<double>>(batch, config.xl_memory);
+  auto mixed_cache = models.mixed.make_cache<KVCacheOf<float>>(batch, config.xl_memory);
+  auto exact_cache = models.exact.make_cache<KVCacheOf<double>>(batch, config.xl_memory);
   for (int call = 0; call < 2; ++call) {
     const std::vector<uint8_t> tokens = random_tokens(batch * (length + 1), 40 + call);
-    const double m = mixed.loss(tokens.data(), batch, length, &mixed_cache, 0, true);
-    const double e = exact.loss(tokens.data(), batch, length, &exact_cache, 0, true);
+    const double m = models.mixed.loss(tokens.data(), batch, length, &mixed_cache, 0, true);
+    const double e = models.exact.loss(tokens.data(), batch, length, &exact_cache, 0, true);
     EXPECT_NEAR(m, e, 2e-3 * e) << "call " << call;
   }
-  for (const ParameterInfo& p : mixed.layout().table) {
-    double largest = 0, worst = 0;
-    for (int64_t i = p.offset; i < p.offset + p.size; ++i) {
-      largest = std::max(largest, std::abs(exact.gradients()[i]));
-      worst = std::max(worst, std::abs(double(mixed.gradients()[i]) - exact.gradients()[i]));
-    }
-    EXPECT_LE(worst, 6e-2 * largest) << p.name << ": largest gradient " << largest;
-  }
+  EXPECT_EQ(mixed_cache.length, config.xl_memory);  // the second call read a full memory
+  models.expect_gradients_near();
 }
 
 INSTANTIATE_TEST_SUITE_P(AllPositionKinds, NnMixedPrecisionKinds, ::testing::ValuesIn(all_position_kinds()),
