@@ -11,7 +11,7 @@ dtypes and reports, per scheme and evaluation length (non-overlapping windows):
     f32 spread   the standard deviation of float32 over seeds (the run-to-run noise);
     bf16 spread  the same of bfloat16
 
-    .venv/bin/python bench/demo_seeds.py --seeds 1,2,3,4          # about 18 minutes on 2 cores
+    .venv/bin/python bench/demo_seeds.py --seeds 1,2,3,4          # 18 minutes on a 2-core Zen 4
     .venv/bin/python bench/demo_seeds.py --seeds 1,2 --positions learned,alibi --out /tmp/ds
 
 A seed's run that already exists in --out (its demo.json with that seed, dtype and schemes) is reused,
