@@ -47,8 +47,10 @@ def data(tmp_path):
     (["train", "--lr", "inf"], "--lr"),
     (["demo", "--steps", "0"], "--steps"),
 ])
-def test_out_of_range_options_are_refused_naming_them(args, option):
-    r = run(*args, timeout=20)
+def test_out_of_range_options_are_refused_naming_them(args, option, tmp_path):
+    # In an empty directory: a results/ left in the working directory by an
+    # earlier run (an existing checkpoint is refused first) changes no answer.
+    r = run(*args, timeout=20, cwd=tmp_path)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert option in r.stderr
 
