@@ -71,10 +71,21 @@ inline int64_t forward_key_block(int64_t bq) {
 // summed in another order. Null elsewhere: float32 / float16 storage, a CPU
 // without bfloat16 products, a scheme that changes q or k before the
 // product (a rotation, a query bias), rows not dense in their
-// features. The other products read P or dS, which are float32 numbers.
+// features. The other products read P or dS, which are float32 numbers:
+// where the bfloat16 products run on matrix units and the values have at
+// least kSplitMinValueWidth features (`split`), the forward's P v multiplies
+// P split into three bfloat16 tiles by the stored values (SplitTile). The
+// split costs the same per entry of P at any width and saves sgemm work in
+// proportion to it: on one Intel AMX core at L = 4096 the plain forward in
+// bfloat16 went from 1.34-1.36x float32's speed to 1.48-1.60x at d = 128
+// and from 1.37-1.44x to 1.11-1.27x at d = 64. The backward's products of P
+// and dS stay float32 (split, they ran 5-10% slower at d = 128: a cut
+// causal tile costs sgemm half a product and the split three whole ones).
+constexpr int64_t kSplitMinValueWidth = 128;
 struct StoredBf16Rows {
   const bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
   int64_t ldq = 0, ldk = 0, ldv = 0, lddout = 0;
+  bool split = false;
 
   explicit operator bool() const { return q != nullptr; }
 };
@@ -208,8 +219,25 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
     if (multiplies_stored_bf16(p, data)) {
       const int64_t hk = kv_head(p, h);
       c.stored = {&data.q(b, h, 0, 0), &data.k(b, hk, 0, 0), &data.v(b, hk, 0, 0), nullptr,
-                  data.q.stride[2], data.k.stride[2], data.v.stride[2], 0};
+                  data.q.stride[2], data.k.stride[2], data.v.stride[2], 0,
+                  gemm_bf16_matrix_units() && data.v.shape[3] >= kSplitMinValueWidth};
     }
+}
+
+// O (bq, dv) += P v for a tile's P (bq, bk) and the values from key j0, by
+// P split (SplitTile) against the stored bfloat16 values where the head
+// multiplies its stored rows split; false, with nothing done, elsewhere (the
+// caller multiplies the float32 tile).
+template <class T>
+bool split_times_values(const HeadContext<T>& c, const T* P, int64_t bq, int64_t bk, int64_t j0, int64_t dv,
+                        SplitTile& split, T* O) {
+  if constexpr (std::is_same_v<T, float>)
+    if (c.stored.split) {
+      split.assign(P, bq, bk);
+      split.accumulate_times(bq, dv, c.stored.v + j0 * c.stored.ldv, c.stored.ldv, O, dv);
+      return true;
+    }
+  return false;
 }
 
 // c (bq, bk) = alpha a b^T for the rows [ia, ia + bq) of a and [jb, jb + bk)
@@ -382,6 +410,7 @@ struct ForwardScratch {
   HeadContext<T> head;
   Scratch<T> S, O, Rq, Pb, m, l, transposed;
   KeyBand<T> band;
+  SplitTile split;  // P, where split_times_values splits it
 };
 
 // One query tile of one head: all key tiles, online softmax, out and lse.
@@ -428,7 +457,8 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
       }
       if (F::table && c.value_table()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), c.k, c.clip, row, T(1));
     }
-    tile_times(cut, bq, dv, t.bk, T(1), S, c.x.vp + j0 * c.x.ldv, c.x.ldv, T(1), w.O.data(), dv);
+    if (!split_times_values(c, S, bq, t.bk, j0, dv, w.split, w.O.data()))
+      tile_times(cut, bq, dv, t.bk, T(1), S, c.x.vp + j0 * c.x.ldv, c.x.ldv, T(1), w.O.data(), dv);
   }
   if (F::table && c.value_table())
     gemm<T>(Trans::no, Trans::no, bq, dv, c.nb, T(1), w.Pb.data(), c.nb, c.wv.data(), dv, T(1), w.O.data(), dv);

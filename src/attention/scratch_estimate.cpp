@@ -50,6 +50,9 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * table_rows) * 4.0 + tile * tile +
                             table_rows * (d + dv));
       if (band) elements += (double(p.q.shape[1]) * d + double(sizes.per_distance)) * (Lq + Lk);
+      // bfloat16 products on matrix units: the forward's P (a tile of up to
+      // 512 keys) split into three bfloat16 tiles (SplitTile).
+      if (is_half_v<T>) elements += workers * tile * 512.0 * 1.5;
       // Backward with a head's key tiles in groups: each group's query-side
       // gradients, and every head's dk, dv until its groups are summed.
       if (const double groups = double(fused::backward_key_groups(p)); groups > 1)

@@ -90,4 +90,36 @@ void tile_transposed_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk
   gemm<T>(Trans::yes, Trans::no, bk, n, bq, alpha, P, ldp, b, ldb, beta, c, ldc);
 }
 
+// A float32 tile (the forward's P) as the sum of three bfloat16 tiles
+// (simd::split_bf16), for its product with a head's values stored in
+// bfloat16 on CPUs whose bfloat16 products run on matrix units
+// (gemm_bf16_matrix_units): there three bfloat16 products cost less than one
+// float32 product (one core, 128 x 128 x 128: 3 x 5.9 us against 22 us),
+// and together they multiply every bit of the float32 tile, so the result
+// has float32's accuracy. Fewer parts do not: P rounded once to bfloat16
+// (as FlashAttention does) broke the error rule of bfloat16 storage in
+// dozens of test cases, two parts (16 bits) where a gradient cancels.
+class SplitTile {
+ public:
+  void assign(const float* x, int64_t rows, int64_t cols) {
+    const std::size_t n = static_cast<std::size_t>(rows * cols);
+    for (Scratch<bfloat16>& part : parts_)
+      if (part.size() < n) part.resize(n);
+    simd::split_bf16(x, bits(parts_[0]), bits(parts_[1]), bits(parts_[2]), rows * cols);
+    ld_ = cols;
+  }
+
+  // c (m x n) += x b for the assigned tile x (m x k) and b (k x n),
+  // bfloat16 rows of row stride ldb.
+  void accumulate_times(int64_t m, int64_t n, const bfloat16* b, int64_t ldb, float* c, int64_t ldc) const {
+    for (const Scratch<bfloat16>& part : parts_)
+      gemm_bf16(Trans::no, Trans::no, m, n, ld_, 1.0f, part.data(), ld_, b, ldb, 1.0f, c, ldc);
+  }
+
+ private:
+  static uint16_t* bits(Scratch<bfloat16>& x) { return reinterpret_cast<uint16_t*>(x.data()); }
+  Scratch<bfloat16> parts_[3];
+  int64_t ld_ = 0;
+};
+
 }  // namespace relpos

@@ -265,18 +265,40 @@ void WidenBf16(const uint16_t* x, float* y, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(LoadBf16(d, x + i), d, y + i); });
 }
 
+// The bfloat16 bits of v's lanes, rounded to nearest even (a NaN stays a
+// NaN), in the low halves of 32-bit lanes.
+template <class D>
+hn::Vec<hn::Rebind<uint32_t, D>> RoundedBf16Bits(D, hn::Vec<D> v) {
+  const hn::Rebind<uint32_t, D> du32;
+  const auto u = hn::BitCast(du32, v);
+  const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du32, 1u));
+  const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du32, 0x7fffu), odd)));
+  const auto quiet_nan = hn::ShiftRight<16>(hn::Or(u, hn::Set(du32, 0x400000u)));
+  return hn::IfThenElse(hn::RebindMask(du32, hn::Ne(v, v)), quiet_nan, rounded);
+}
+
+template <class D>
+void StoreBf16Bits(D, hn::Vec<hn::Rebind<uint32_t, D>> bits, uint16_t* y) {
+  const hn::Rebind<uint16_t, D> du16;
+  const hn::Rebind<int32_t, D> di32;
+  hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di32, bits)), du16, y);
+}
+
 void NarrowBf16(const float* x, uint16_t* y, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) { StoreBf16Bits(d, RoundedBf16Bits(d, hn::LoadU(d, x + i)), y + i); });
+}
+
+// x as the sum of three bfloat16 numbers, each the rounded rest of the
+// ones before it: every rest is exact in float32, and the three carry x's
+// 24 significant bits (up to the last rounding of the third).
+void SplitBf16(const float* x, uint16_t* hi, uint16_t* mid, uint16_t* lo, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) {
-    const hn::Rebind<uint16_t, decltype(d)> du16;
-    const hn::Rebind<uint32_t, decltype(d)> du32;
-    const hn::Rebind<int32_t, decltype(d)> di32;
-    const auto v = hn::LoadU(d, x + i);
-    const auto u = hn::BitCast(du32, v);
-    const auto odd = hn::And(hn::ShiftRight<16>(u), hn::Set(du32, 1u));
-    const auto rounded = hn::ShiftRight<16>(hn::Add(u, hn::Add(hn::Set(du32, 0x7fffu), odd)));
-    const auto quiet_nan = hn::ShiftRight<16>(hn::Or(u, hn::Set(du32, 0x400000u)));
-    const auto bits = hn::IfThenElse(hn::RebindMask(du32, hn::Ne(v, v)), quiet_nan, rounded);
-    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di32, bits)), du16, y + i);
+    auto rest = hn::LoadU(d, x + i);
+    for (uint16_t* part : {hi, mid, lo}) {
+      const auto bits = RoundedBf16Bits(d, rest);
+      StoreBf16Bits(d, bits, part + i);
+      rest = hn::Sub(rest, hn::BitCast(d, hn::ShiftLeft<16>(bits)));
+    }
   });
 }
 
@@ -450,6 +472,7 @@ HWY_EXPORT(LayerNormBackwardRow);
 HWY_EXPORT(AdamwUpdate);
 HWY_EXPORT(WidenBf16);
 HWY_EXPORT(NarrowBf16);
+HWY_EXPORT(SplitBf16);
 HWY_EXPORT(WidenF16);
 HWY_EXPORT(NarrowF16);
 HWY_EXPORT(StaircaseProduct);
@@ -586,6 +609,10 @@ void widen_bf16(const uint16_t* x, float* y, int64_t n) {
 void narrow_bf16(const float* x, uint16_t* y, int64_t n) {
   apply_environment();
   HWY_DYNAMIC_DISPATCH(NarrowBf16)(x, y, n);
+}
+void split_bf16(const float* x, uint16_t* hi, uint16_t* mid, uint16_t* lo, int64_t n) {
+  apply_environment();
+  HWY_DYNAMIC_DISPATCH(SplitBf16)(x, hi, mid, lo, n);
 }
 void widen_f16(const uint16_t* x, float* y, int64_t n) {
   apply_environment();

@@ -311,6 +311,38 @@ void check_conversions(void (*widen)(const uint16_t*, float*, int64_t),
   }
 }
 
+// split_bf16 against relpos/half.hpp's scalar rounding, each part the
+// rounded rest of x after the parts before it (the rests computed in
+// double, where they are exact), bit for bit; and the three parts summed in
+// double give x back to within the last part's rounding (2^-24 of |x| for
+// x at least 2^-100, where no part is subnormal).
+void check_split_bf16() {
+  std::mt19937_64 rng(17);
+  std::uniform_real_distribution<double> exponent(-100, 100), mantissa(1, 2);
+  std::vector<float> x;
+  for (int n = 0; n < 20001; ++n) x.push_back(float((n % 2 ? -1 : 1) * mantissa(rng) * std::exp2(exponent(rng))));
+  for (float v : {0.0f, -0.0f, 1.0f, 1.00390625f, 1.0f + 0x1p-9f + 0x1p-17f, 3.4e38f}) x.push_back(v);
+  const int64_t n = int64_t(x.size());  // odd: the tail runs lane by lane
+  std::vector<uint16_t> hi(x.size()), mid(x.size()), lo(x.size());
+  relpos::simd::split_bf16(x.data(), hi.data(), mid.data(), lo.data(), n);
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    double rest = x[i];
+    double sum = 0;
+    for (const std::vector<uint16_t>* part : {&hi, &mid, &lo}) {
+      const relpos::bfloat16 expected{static_cast<float>(rest)};
+      relpos::bfloat16 got;
+      got.bits = (*part)[i];
+      if (got.bits != expected.bits && bad++ < 6)
+        ADD_FAILURE() << "split " << x[i] << ": bits " << got.bits << ", expected " << expected.bits;
+      rest -= double(float(got));
+      sum += double(float(got));
+    }
+    if (std::abs(x[i]) < 3e38f && std::abs(sum - x[i]) > std::ldexp(std::abs(double(x[i])), -24) && bad++ < 6)
+      ADD_FAILURE() << "split " << x[i] << " sums to " << sum;
+  }
+}
+
 TEST(Simd, EveryTargetThisMachineRunsAgreesWithTheFormulas) {
   int exercised = 0;
   for (const std::string name : {"avx512", "avx2", "sse4", "scalar"}) {
@@ -323,6 +355,7 @@ TEST(Simd, EveryTargetThisMachineRunsAgreesWithTheFormulas) {
     SCOPED_TRACE(name + " runs as " + active_target());
     check_conversions<relpos::bfloat16>(relpos::simd::widen_bf16, relpos::simd::narrow_bf16);
     check_conversions<relpos::float16>(relpos::simd::widen_f16, relpos::simd::narrow_f16);
+    check_split_bf16();
     check_staircase_products();
     if (name == "avx512" || name == "avx2")
       check_current_target<true>();
