@@ -44,7 +44,11 @@ BuildInfo build_info() {
   // Half-storage attention calls run the float32 kernels on widened rows
   // (src/attention/half_storage.cpp); the fused kernel multiplies stored
   // bfloat16 rows in place where their products are exact (src/attention/fused.cpp).
-  info.half_storage = gemm_bf16_native()
+  info.half_storage = gemm_bf16_matrix_units()
+                          ? "fused: q k^T and dout v^T as bfloat16 products of the stored rows, the forward's P v as "
+                            "three bfloat16 products of P split (values of 128+ features), the rest widened to "
+                            "float32; other algorithms widened to float32 per batch chunk"
+                      : gemm_bf16_native()
                           ? "fused: q k^T and dout v^T as bfloat16 products of the stored rows, the rest widened to "
                             "float32; other algorithms widened to float32 per batch chunk"
                           : "bfloat16/float16 widened to float32 per batch chunk, float32 GEMMs";
