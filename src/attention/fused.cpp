@@ -447,7 +447,9 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
         std::fill(row, row + seen, T(0));
         continue;
       }
-      const T alpha = std::exp(w.m[ii] - m_new);
+      // Rescaled by less than e^-44, the old terms drop, as exp_shifted_sum's
+      // do (simd::kSoftmaxCutoff): kept, they would be subnormal numbers.
+      const T alpha = w.m[ii] - m_new < T(simd::kSoftmaxCutoff) ? T(0) : std::exp(w.m[ii] - m_new);
       w.l[ii] = w.l[ii] * alpha + exp_shifted_sum(row, m_new, row, seen);
       w.m[ii] = m_new;
       if (alpha != T(1)) {

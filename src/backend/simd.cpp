@@ -65,15 +65,18 @@ float ExpShiftedSum(const float* x, float shift, float* out, int64_t n) {
   const auto s = hn::Set(d, shift);
   auto sum = hn::Zero(d);
   int64_t i = 0;
+  const auto softmax_exp = [](auto d, auto t) {
+    return hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, kSoftmaxCutoff)), Exp(d, t));
+  };
   for (; i + lanes <= n; i += lanes) {
-    const auto e = Exp(d, hn::Sub(hn::LoadU(d, x + i), s));
+    const auto e = softmax_exp(d, hn::Sub(hn::LoadU(d, x + i), s));
     hn::StoreU(e, d, out + i);
     sum = hn::Add(sum, e);
   }
   float total = hn::GetLane(hn::SumOfLanes(d, sum));
   const hn::CappedTag<float, 1> d1;  // the tail, one lane at a time: the same arithmetic
   for (; i < n; ++i) {
-    const float e = hn::GetLane(Exp(d1, hn::Set(d1, x[i] - shift)));
+    const float e = hn::GetLane(softmax_exp(d1, hn::Set(d1, x[i] - shift)));
     out[i] = e;
     total += e;
   }

@@ -36,7 +36,8 @@ inline float exp_approx(float x) {
 }
 
 // out[i] = exp(x[i] - shift); returns the sum of out. float: the run-time
-// dispatched vector loop of simd.hpp, exp_approx in every lane.
+// dispatched vector loop of simd.hpp, exp_approx in every lane, 0 where
+// x[i] - shift < simd::kSoftmaxCutoff (see there); double: std::exp.
 inline float exp_shifted_sum(const float* x, float shift, float* out, int64_t n) {
   return simd::exp_shifted_sum(x, shift, out, n);
 }
