@@ -3,8 +3,9 @@
 
     .venv/bin/python bench/targets.py                 # every row, 2 threads (a few minutes)
     .venv/bin/python bench/targets.py --quick         # small sizes, one rep: checks that every row runs
-    RELPOS_SIMD=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 .venv/bin/python bench/targets.py
-                                                      # the AVX2 dispatch of relpos, oneDNN and torch
+    RELPOS_SIMD=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        .venv/bin/python bench/targets.py             # the AVX2 dispatch of relpos, oneDNN and torch (and
+                                                      # torch's MKL, which runs AVX-512 on Intel CPUs without it)
 
 Rows (float32; "speed" = peer time / relpos time, so > 1 means relpos is faster):
 
