@@ -98,7 +98,8 @@ void tile_transposed_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk
 // and together they multiply every bit of the float32 tile, so the result
 // has float32's accuracy. Fewer parts do not: P rounded once to bfloat16
 // (as FlashAttention does) broke the error rule of bfloat16 storage in
-// dozens of test cases, two parts (16 bits) where a gradient cancels.
+// dozens of test cases, two parts (16 bits) still in one of the 34
+// two-thread cases.
 class SplitTile {
  public:
   void assign(const float* x, int64_t rows, int64_t cols) {
