@@ -66,6 +66,9 @@ env "${avx2[@]}" ctest --test-dir build/avx2 -j "$jobs" --output-on-failure
 pkg="$PWD/build/avx2/python-package"  # the Python package with the x86-64-v3 extension
 rm -rf "$pkg" && mkdir -p "$pkg/relpos" && cp python/relpos/*.py build/avx2/_relpos*.so "$pkg/relpos/"
 test "$(PYTHONPATH="$pkg" .venv/bin/python -c 'import relpos; print(relpos.__file__)')" = "$pkg/relpos/__init__.py"
-env "${avx2[@]}" PYTHONPATH="$pkg" RELPOS_CLI="$PWD/build/avx2/relpos" .venv/bin/python -m pytest -q tests/python
+# Each stage its own inductor cache: a kernel cached under ATEN_CPU_CAPABILITY=avx2
+# (8-lane vectors) and reused by an AVX-512 process writes past its buffers (README, Limitations).
+env "${avx2[@]}" PYTHONPATH="$pkg" RELPOS_CLI="$PWD/build/avx2/relpos" TORCHINDUCTOR_CACHE_DIR="$PWD/build/avx2/torchinductor" \
+  .venv/bin/python -m pytest -q tests/python
 echo "== Python tests"
-.venv/bin/python -m pytest -q tests/python
+TORCHINDUCTOR_CACHE_DIR="$PWD/build/release/torchinductor" .venv/bin/python -m pytest -q tests/python
