@@ -44,6 +44,10 @@ def worker(rank: int, world: int, port: int, path: str):
         # DDP averages gradients over ranks: the mean loss of each half averages to the whole batch's.
         train(DistributedDataParallel(model), x[:, shard], target[:, shard], pad[:, shard])
         torch.save(model.state_dict(), f"{path}.{rank}")
+        # Both ranks done before either tears the group down: without it, one
+        # rank in about a dozen runs aborted in teardown ("terminate called
+        # without an active exception") on a 2-core machine.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
