@@ -25,8 +25,8 @@ Rows (float32; "speed" = peer time / relpos time, so > 1 means relpos is faster)
               forward+backward: against SDPA in bfloat16 (target >= 1.0x) and against relpos in
               float32 (target >= 1.5x where the CPU has AVX512-BF16, >= 0.9x elsewhere)
 
-Each timing is the median of --reps calls after one warm-up call; relpos and its peer run
-alternately in this process. Writes bench/results/targets_<simd>.md and .json (or --out PREFIX).
+Each timing is the median of --reps calls after one warm-up call; the calls of relpos and its
+peer alternate, one of each in turn, in this process. Writes bench/results/targets_<simd>.md and .json (or --out PREFIX).
 """
 from __future__ import annotations
 
@@ -50,18 +50,10 @@ from peers import hf_relative_position_bucket  # noqa: E402  (HF's bucket functi
 T5_BUCKETS, T5_MAX_DISTANCE, SHAW_K, XL_POS_DIM = 32, 128, 64, 64
 
 
-def median_ms(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def interleaved_median_ms(fns, reps: int) -> list[float]:
-    """median_ms of each fn, their calls alternating so that all see the same spells of a noisy machine."""
+    """The median time in ms of each fn over reps calls after one warm-up call, the calls of all fns
+    alternating so that each sees the same spells of a noisy machine (a whole series of one side, then
+    of the other, put a drift of the machine into the ratio)."""
     for fn in fns:
         fn()  # warm-up
     times = [[] for _ in fns]
@@ -71,6 +63,17 @@ def interleaved_median_ms(fns, reps: int) -> list[float]:
             fn()
             t.append(time.perf_counter() - start)
     return [statistics.median(t) * 1e3 for t in times]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux), or what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def leaves(*shapes, grad: bool):
@@ -107,10 +110,10 @@ def plain_rows(args, threads: int) -> list[dict]:
             for L in args.lengths:
                 for grad in (False, True):
                     q, k, v = leaves(*[(1, 8, L, d)] * 3, grad=grad)
-                    ours = median_ms(step(lambda q, k, v: rt.attention(q, k, v, causal=causal, threads=threads),
-                                          grad, q, k, v), args.reps)
-                    peer = median_ms(step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                                          grad, q, k, v), args.reps)
+                    ours, peer = interleaved_median_ms(
+                        [step(lambda q, k, v: rt.attention(q, k, v, causal=causal, threads=threads), grad, q, k, v),
+                         step(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal), grad, q, k, v)],
+                        args.reps)
                     rows.append({"group": "plain", "case": f"L={L} d={d} {'causal' if causal else 'full'}",
                                  "mode": "fwd+bwd" if grad else "fwd", "peer": "SDPA", "relpos_ms": ours,
                                  "peer_ms": peer, "ratio": peer / ours, "target": 1.0})
@@ -134,8 +137,8 @@ def encoder_rows(args, threads: int) -> list[dict]:
                 scheme, scale = relpos.ALiBi(), None
                 build = lambda: alibi_bias(slopes, r)  # noqa: E731
                 extra = ()
-            ours = median_ms(step(lambda q, k, v, *_: rt.attention(q, k, v, scheme, scale=scale, threads=threads),
-                                  grad, q, k, v, *extra), args.reps)
+            ours_fn = step(lambda q, k, v, *_: rt.attention(q, k, v, scheme, scale=scale, threads=threads),
+                           grad, q, k, v, *extra)
             if grad:  # the bias is part of the step: HF builds position_bias in every forward
                 peer_fn = lambda q, k, v, *_: F.scaled_dot_product_attention(q, k, v, attn_mask=build(), scale=scale)  # noqa: E731
                 peer_name = "SDPA, bias built in the step"
@@ -143,7 +146,7 @@ def encoder_rows(args, threads: int) -> list[dict]:
                 prebuilt = build().detach()
                 peer_fn = lambda q, k, v, *_: F.scaled_dot_product_attention(q, k, v, attn_mask=prebuilt, scale=scale)  # noqa: E731
                 peer_name = "SDPA, prebuilt bias"
-            peer = median_ms(step(peer_fn, grad, q, k, v, *extra), args.reps)
+            ours, peer = interleaved_median_ms([ours_fn, step(peer_fn, grad, q, k, v, *extra)], args.reps)
             rows.append({"group": "encoder", "case": f"{name} B={B} H={H} L={L} d={d} full",
                          "mode": "fwd+bwd" if grad else "fwd", "peer": peer_name, "relpos_ms": ours, "peer_ms": peer,
                          "ratio": peer / ours, "target": 1.5 if grad else 1.0})
@@ -162,10 +165,11 @@ def overhead_rows(args, threads: int) -> list[dict]:
         "transformer-xl": (relpos.TransformerXL(torch.randn(H, d), torch.randn(H, d),
                                                 0.1 * torch.randn(H, d, XL_POS_DIM)), 1.4),
     }
-    plain = median_ms(lambda: rt.attention(q, k, v, causal=True, threads=threads), args.reps)
     rows = []
-    for name, (scheme, target) in schemes.items():
-        ours = median_ms(lambda: rt.attention(q, k, v, scheme, causal=True, threads=threads), args.reps)
+    for name, (scheme, target) in schemes.items():  # plain attention timed beside each scheme
+        plain, ours = interleaved_median_ms([lambda: rt.attention(q, k, v, causal=True, threads=threads),
+                                             lambda: rt.attention(q, k, v, scheme, causal=True, threads=threads)],
+                                            args.reps)
         rows.append({"group": "overhead", "case": f"{name} L={L} d={d} causal", "mode": "fwd",
                      "peer": "relpos plain fused", "relpos_ms": ours, "peer_ms": plain, "ratio": ours / plain,
                      "target": target, "at_most": True})
@@ -175,14 +179,14 @@ def overhead_rows(args, threads: int) -> list[dict]:
 def thread_rows(args, threads: int) -> list[dict]:
     L = args.thread_length
     q, k, v = leaves(*[(1, 1, L, 64)] * 3, grad=True)
-    def backward_ms(n):
+    def backward(n):
         out = rt.attention(q, k, v, causal=True, threads=n)
         grad = torch.ones_like(out)
         def run():
             q.grad = k.grad = v.grad = None
             out.backward(grad, retain_graph=True)
-        return median_ms(run, args.reps)
-    one, many = backward_ms(1), backward_ms(threads)
+        return run
+    one, many = interleaved_median_ms([backward(1), backward(threads)], args.reps)
     return [{"group": "threads", "case": f"backward B=1 H=1 L={L} d=64 causal", "mode": "bwd",
              "peer": f"relpos on 1 thread vs {threads}", "relpos_ms": many, "peer_ms": one, "ratio": one / many,
              "target": 1.8}]
@@ -199,9 +203,9 @@ def decode_rows(args, threads: int) -> list[dict]:
             ("alibi", relpos.ALiBi(), None, alibi_bias(torch.tensor(relpos.alibi_slopes(H), dtype=torch.float32), r)),
             ("t5", relpos.T5(table, bidirectional=False), 1.0, t5_bias(table, r, False)),
         ):
-            ours = median_ms(lambda: rt.attention(q, k, v, scheme, q_offset=Lk - 1, scale=scale, threads=threads),
-                             args.reps)
-            peer = median_ms(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale), args.reps)
+            ours, peer = interleaved_median_ms(
+                [lambda: rt.attention(q, k, v, scheme, q_offset=Lk - 1, scale=scale, threads=threads),
+                 lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)], args.reps)
             rows.append({"group": "decode", "case": f"{name} Lq=1 Lk={Lk} B={B} H={H} d={d}", "mode": "fwd",
                          "peer": "SDPA, prebuilt bias row", "relpos_ms": ours, "peer_ms": peer,
                          "ratio": peer / ours, "target": 1.0})
@@ -279,7 +283,7 @@ def main():
     torch.manual_seed(0)
     info = relpos.info()
     meta = {"command": " ".join([".venv/bin/python", "bench/targets.py"] + sys.argv[1:]),
-            "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+            "machine": f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads",
             "simd": info["simd_target"], "gemm_isa": info["gemm_isa"], "torch": torch.__version__,
             "torch_cpu": torch.backends.cpu.get_cpu_capability(), "threads": args.threads, "reps": args.reps}
     runners = {"plain": plain_rows, "encoder": encoder_rows, "overhead": overhead_rows, "threads": thread_rows,
