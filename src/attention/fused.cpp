@@ -224,20 +224,23 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
     }
 }
 
-// O (bq, dv) += P v for a tile's P (bq, bk) and the values from key j0, by
-// P split (SplitTile) against the stored bfloat16 values where the head
-// multiplies its stored rows split; false, with nothing done, elsewhere (the
-// caller multiplies the float32 tile).
+// Where the head multiplies its stored values by P split (SplitTile), row ii
+// of the tile's P, final, into `split` (shaped for the tile by the caller).
 template <class T>
-bool split_times_values(const HeadContext<T>& c, const T* P, int64_t bq, int64_t bk, int64_t j0, int64_t dv,
-                        SplitTile& split, T* O) {
+void split_row(const HeadContext<T>& c, SplitTile& split, int64_t ii, const T* row) {
   if constexpr (std::is_same_v<T, float>)
-    if (c.stored.split) {
-      split.assign(P, bq, bk);
-      split.accumulate_times(bq, dv, c.stored.v + j0 * c.stored.ldv, c.stored.ldv, O, dv);
-      return true;
-    }
-  return false;
+    if (c.stored.split) split.split_row(ii, row);
+}
+
+// O (bq, dv) += P v for a tile's P (bq, bk) and the values from key j0: by P
+// split (every row passed to split_row) against the stored bfloat16 values
+// where the head multiplies its stored rows split, else by the float32 P.
+template <class T>
+void times_values(const HeadContext<T>& c, const SplitTile& split, const TileCut& cut, const T* P, int64_t bq,
+                  int64_t bk, int64_t j0, int64_t dv, T* O) {
+  if constexpr (std::is_same_v<T, float>)
+    if (c.stored.split) return split.accumulate_times(bq, dv, c.stored.v + j0 * c.stored.ldv, c.stored.ldv, O, dv);
+  tile_times(cut, bq, dv, bk, T(1), P, c.x.vp + j0 * c.x.ldv, c.x.ldv, T(1), O, dv);
 }
 
 // c (bq, bk) = alpha a b^T for the rows [ia, ia + bq) of a and [jb, jb + bk)
@@ -410,7 +413,7 @@ struct ForwardScratch {
   HeadContext<T> head;
   Scratch<T> S, O, Rq, Pb, m, l, transposed;
   KeyBand<T> band;
-  SplitTile split;  // P, where split_times_values splits it
+  SplitTile split;  // P, where split_row splits it
 };
 
 // One query tile of one head: all key tiles, online softmax, out and lse.
@@ -438,6 +441,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
     T* S = w.S.data();
     const TileCut cut = cut_of(p, hd, t);
     tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, S, w.transposed);
+    if (c.stored.split) w.split.reshape(bq, t.bk);
     for (int64_t ii = 0; ii < bq; ++ii) {  // online softmax: S becomes P, O and Pb rescaled
       T* row = S + ii * t.bk;
       const int64_t seen = visible_keys(cut, ii, t.bk);
@@ -445,6 +449,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
       const T m_new = max_of(row, seen, w.m[ii]);
       if (m_new == kNegInf<T>) {  // nothing visible yet in this row
         std::fill(row, row + seen, T(0));
+        split_row(c, w.split, ii, row);
         continue;
       }
       // Rescaled by less than e^-44, the old terms drop, as exp_shifted_sum's
@@ -458,9 +463,9 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
           rows::scale(&w.Pb[ii * c.nb], alpha, c.nb);
       }
       if (F::table && c.value_table()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), c.k, c.clip, row, T(1));
+      split_row(c, w.split, ii, row);
     }
-    if (!split_times_values(c, S, bq, t.bk, j0, dv, w.split, w.O.data()))
-      tile_times(cut, bq, dv, t.bk, T(1), S, c.x.vp + j0 * c.x.ldv, c.x.ldv, T(1), w.O.data(), dv);
+    times_values(c, w.split, cut, S, bq, t.bk, j0, dv, w.O.data());
   }
   if (F::table && c.value_table())
     gemm<T>(Trans::no, Trans::no, bq, dv, c.nb, T(1), w.Pb.data(), c.nb, c.wv.data(), dv, T(1), w.O.data(), dv);

@@ -291,16 +291,21 @@ void NarrowBf16(const float* x, uint16_t* y, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) { StoreBf16Bits(d, RoundedBf16Bits(d, hn::LoadU(d, x + i)), y + i); });
 }
 
-// x as the sum of three bfloat16 numbers, each the rounded rest of the
-// ones before it: every rest is exact in float32, and the three carry x's
-// 24 significant bits (up to the last rounding of the third).
+// x as the sum of three bfloat16 numbers by truncation: each part is the top
+// 16 bits of the rest of x after the parts before it. Each rest is exact in
+// float32 and the last one has at most 8 significant bits, so the parts sum
+// to x exactly (finite x whose rests are normal numbers). Rounding each part
+// instead took three times the instructions, and the split was 15% of the
+// bfloat16 forward on one AMX core.
 void SplitBf16(const float* x, uint16_t* hi, uint16_t* mid, uint16_t* lo, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) {
+    const hn::Rebind<uint32_t, decltype(d)> du32;
+    const auto top_half = hn::Set(du32, 0xffff0000u);
     auto rest = hn::LoadU(d, x + i);
     for (uint16_t* part : {hi, mid, lo}) {
-      const auto bits = RoundedBf16Bits(d, rest);
-      StoreBf16Bits(d, bits, part + i);
-      rest = hn::Sub(rest, hn::BitCast(d, hn::ShiftLeft<16>(bits)));
+      const auto kept = hn::And(hn::BitCast(du32, rest), top_half);
+      StoreBf16Bits(d, hn::ShiftRight<16>(kept), part + i);
+      rest = hn::Sub(rest, hn::BitCast(d, kept));
     }
   });
 }

@@ -114,9 +114,11 @@ void adamw_update(float* p, const float* g, float* m, float* v, int64_t n, const
 // differ between targets).
 void widen_bf16(const uint16_t* x, float* y, int64_t n);
 void narrow_bf16(const float* x, uint16_t* y, int64_t n);
-// x as the sum of three bfloat16 numbers: hi = bf16(x), mid = bf16(x - hi),
-// lo = bf16(x - hi - mid), which together carry float32's 24 significant
-// bits (NaN and infinity give NaN parts after hi).
+// x as the sum of three bfloat16 numbers, each part the top 16 bits of the
+// rest (truncated, not rounded): hi of x, mid of x - hi, lo of x - hi - mid.
+// hi + mid + lo == x exactly for finite x with |x| >= 2^-103 or x == 0 (below
+// that a rest is subnormal and loses bits); infinity and NaN give NaN parts
+// after hi.
 void split_bf16(const float* x, uint16_t* hi, uint16_t* mid, uint16_t* lo, int64_t n);
 void widen_f16(const uint16_t* x, float* y, int64_t n);
 void narrow_f16(const float* x, uint16_t* y, int64_t n);
