@@ -74,14 +74,16 @@ inline int64_t forward_key_block(int64_t bq) {
 // features. The other products read P or dS, which are float32 numbers:
 // where the bfloat16 products run on matrix units and the values have at
 // least kSplitMinValueWidth features (`split`), the forward's P v multiplies
-// P split into three bfloat16 tiles by the stored values (SplitTile). The
-// split costs the same per entry of P at any width and saves sgemm work in
-// proportion to it: on one Intel AMX core at L = 4096 the plain forward in
-// bfloat16 went from 1.34-1.36x float32's speed to 1.48-1.60x at d = 128
-// and from 1.37-1.44x to 1.11-1.27x at d = 64. The backward's products of P
-// and dS stay float32 (split, they ran 5-10% slower at d = 128: a cut
-// causal tile costs sgemm half a product and the split three whole ones).
-constexpr int64_t kSplitMinValueWidth = 128;
+// P split exactly into three bfloat16 tiles by the stored values
+// (SplitTile). The split costs the same per entry of P at any width and
+// saves sgemm work in proportion to it. On one Intel AMX core, L = 4096,
+// plain forward in bfloat16 over float32: 1.81-1.88x at d = 128; at d = 64,
+// 1.25-1.44x with the split against 1.03-1.13x without (d = 32 did not
+// gain measurably). The backward's products of P and dS stay float32: three
+// bfloat16 products cost about what one sgemm does there (one core, 128^3:
+// 6.0 us each untransposed, 7.9 us with P^T or dS^T read transposed, against
+// 22 us), so splitting would only move the work (measured 5-10% slower).
+constexpr int64_t kSplitMinValueWidth = 64;
 struct StoredBf16Rows {
   const bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
   int64_t ldq = 0, ldk = 0, ldv = 0, lddout = 0;
