@@ -7,8 +7,10 @@
 // the unfused algorithms and the fused kernel.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 
+#include "../backend/row_ops.hpp"
 #include "../backend/scratch.hpp"
 #include "head.hpp"
 #include "relpos/attention.hpp"
@@ -64,5 +66,45 @@ class DistanceTable {
   std::unique_ptr<DistanceEmbedding<T>> keys_, values_;
   const PositionGrads<T>* grads_;
 };
+
+// A clipped table's row of the keys of one row of a tile, whose distances are
+// r0, r0 + 1, ..., r0 + bk - 1: a prefix below -k (row 0, or none with a zero
+// embedding), a window where the row is r + k (consecutive), a suffix above k
+// (row 2k, or none). The two loops below walk the three parts so that every
+// inner loop is contiguous; tiles wholly beyond +-k reduce to one row sum.
+struct ClippedRow {
+  int64_t lo, hi;  // window: jj in [lo, hi)
+  int64_t first;   // table row of jj = lo
+};
+
+inline ClippedRow clipped_row(int64_t r0, int64_t bk, int64_t k) {
+  const int64_t lo = std::clamp<int64_t>(-k - r0, 0, bk), hi = std::clamp<int64_t>(k - r0 + 1, lo, bk);
+  return {lo, hi, r0 + lo + k};
+}
+
+// row[jj] += alpha * table[c(r0 + jj)] for jj < bk; table holds 2k+1 entries.
+template <class T>
+void add_by_row(T* row, int64_t bk, int64_t r0, int64_t k, bool clip, const T* table, T alpha) {
+  const ClippedRow s = clipped_row(r0, bk, k);
+  if (clip) {
+    const T below = alpha * table[0], above = alpha * table[2 * k];
+    rows::add_constant(row, below, s.lo);
+    rows::add_constant(row + s.hi, above, bk - s.hi);
+  }
+  const T* window = table + s.first - s.lo;
+  rows::add_scaled(row + s.lo, window + s.lo, alpha, s.hi - s.lo);
+}
+
+// table[c(r0 + jj)] += alpha * row[jj] for jj < bk: bucket sums.
+template <class T>
+void sum_by_row(T* table, int64_t bk, int64_t r0, int64_t k, bool clip, const T* row, T alpha) {
+  const ClippedRow s = clipped_row(r0, bk, k);
+  if (clip) {
+    table[0] += alpha * rows::sum_of(row, s.lo);
+    table[2 * k] += alpha * rows::sum_of(row + s.hi, bk - s.hi);
+  }
+  T* window = table + s.first - s.lo;
+  rows::add_scaled(window + s.lo, row + s.lo, alpha, s.hi - s.lo);
+}
 
 }  // namespace relpos

@@ -79,10 +79,12 @@ inline int64_t forward_key_block(int64_t bq) {
 // saves sgemm work in proportion to it. On one Intel AMX core, L = 4096,
 // plain forward in bfloat16 over float32: 1.81-1.88x at d = 128; at d = 64,
 // 1.25-1.44x with the split against 1.03-1.13x without (d = 32 did not
-// gain measurably). The backward's products of P and dS stay float32: three
-// bfloat16 products cost about what one sgemm does there (one core, 128^3:
-// 6.0 us each untransposed, 7.9 us with P^T or dS^T read transposed, against
-// 22 us), so splitting would only move the work (measured 5-10% slower).
+// gain measurably). The backward's three products of P and dS split them
+// too, each as one bfloat16 product of thrice the depth over an interleaved
+// split (SplitBackward): one core, L = 4096, d = 128, backward 468-479 ms ->
+// 395-418 ms. Reading P^T or dS^T transposed, as the float32 products do,
+// three products cost about one sgemm (128^3: 7.9 us each against 22 us) and
+// were 5-10% slower; the untransposed products of depth 384 take 14.5 us.
 constexpr int64_t kSplitMinValueWidth = 64;
 struct StoredBf16Rows {
   const bfloat16 *q = nullptr, *k = nullptr, *v = nullptr, *dout = nullptr;
@@ -226,14 +228,6 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
     }
 }
 
-// Where the head multiplies its stored values by P split (SplitTile), row ii
-// of the tile's P, final, into `split` (shaped for the tile by the caller).
-template <class T>
-void split_row(const HeadContext<T>& c, SplitTile& split, int64_t ii, const T* row) {
-  if constexpr (std::is_same_v<T, float>)
-    if (c.stored.split) split.split_row(ii, row);
-}
-
 // O (bq, dv) += P v for a tile's P (bq, bk) and the values from key j0: by P
 // split (every row passed to split_row) against the stored bfloat16 values
 // where the head multiplies its stored rows split, else by the float32 P.
@@ -241,7 +235,7 @@ template <class T>
 void times_values(const HeadContext<T>& c, const SplitTile& split, const TileCut& cut, const T* P, int64_t bq,
                   int64_t bk, int64_t j0, int64_t dv, T* O) {
   if constexpr (std::is_same_v<T, float>)
-    if (c.stored.split) return split.accumulate_times(bq, dv, c.stored.v + j0 * c.stored.ldv, c.stored.ldv, O, dv);
+    if (c.stored.split) return split.accumulate_times(dv, c.stored.v + j0 * c.stored.ldv, c.stored.ldv, 1.0f, O, dv);
   tile_times(cut, bq, dv, bk, T(1), P, c.x.vp + j0 * c.x.ldv, c.x.ldv, T(1), O, dv);
 }
 
@@ -257,46 +251,6 @@ void product_of_rows(const bfloat16* a16, int64_t lda16, const bfloat16* b16, in
       return gemm_bf16(Trans::no, Trans::yes, bq, bk, width, alpha, a16 + ia * lda16, lda16, b16 + jb * ldb16, ldb16,
                        0.f, c, bk);
   rows_by_rows(cut, bq, bk, width, alpha, a + ia * lda, lda, b + jb * ldb, ldb, c, transposed);
-}
-
-// A clipped table's row of the keys of one row of a tile, whose distances are
-// r0, r0 + 1, ..., r0 + bk - 1: a prefix below -k (row 0, or none with a zero
-// embedding), a window where the row is r + k (consecutive), a suffix above k
-// (row 2k, or none). The two loops below walk the three parts so that every
-// inner loop is contiguous; tiles wholly beyond +-k reduce to one row sum.
-struct ClippedRow {
-  int64_t lo, hi;  // window: jj in [lo, hi)
-  int64_t first;   // table row of jj = lo
-};
-
-inline ClippedRow clipped_row(int64_t r0, int64_t bk, int64_t k) {
-  const int64_t lo = std::clamp<int64_t>(-k - r0, 0, bk), hi = std::clamp<int64_t>(k - r0 + 1, lo, bk);
-  return {lo, hi, r0 + lo + k};
-}
-
-// row[jj] += alpha * table[c(r0 + jj)] for jj < bk; table holds 2k+1 entries.
-template <class T>
-void add_by_row(T* row, int64_t bk, int64_t r0, int64_t k, bool clip, const T* table, T alpha) {
-  const ClippedRow s = clipped_row(r0, bk, k);
-  if (clip) {
-    const T below = alpha * table[0], above = alpha * table[2 * k];
-    rows::add_constant(row, below, s.lo);
-    rows::add_constant(row + s.hi, above, bk - s.hi);
-  }
-  const T* window = table + s.first - s.lo;
-  rows::add_scaled(row + s.lo, window + s.lo, alpha, s.hi - s.lo);
-}
-
-// table[c(r0 + jj)] += alpha * row[jj] for jj < bk: bucket sums.
-template <class T>
-void sum_by_row(T* table, int64_t bk, int64_t r0, int64_t k, bool clip, const T* row, T alpha) {
-  const ClippedRow s = clipped_row(r0, bk, k);
-  if (clip) {
-    table[0] += alpha * rows::sum_of(row, s.lo);
-    table[2 * k] += alpha * rows::sum_of(row + s.hi, bk - s.hi);
-  }
-  T* window = table + s.first - s.lo;
-  rows::add_scaled(window + s.lo, row + s.lo, alpha, s.hi - s.lo);
 }
 
 // A tile: queries [i0, i0 + bq) against keys [j0, j0 + bk).
@@ -443,7 +397,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
     T* S = w.S.data();
     const TileCut cut = cut_of(p, hd, t);
     tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, S, w.transposed);
-    if (c.stored.split) w.split.reshape(bq, t.bk);
+    if (c.stored.split) w.split.reshape(bq, t.bk, SplitTile::Layout::stacked);
     for (int64_t ii = 0; ii < bq; ++ii) {  // online softmax: S becomes P, O and Pb rescaled
       T* row = S + ii * t.bk;
       const int64_t seen = visible_keys(cut, ii, t.bk);
@@ -451,7 +405,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
       const T m_new = max_of(row, seen, w.m[ii]);
       if (m_new == kNegInf<T>) {  // nothing visible yet in this row
         std::fill(row, row + seen, T(0));
-        split_row(c, w.split, ii, row);
+        if (c.stored.split) split_row(w.split, ii, row);
         continue;
       }
       // Rescaled by less than e^-44, the old terms drop, as exp_shifted_sum's
@@ -465,7 +419,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
           rows::scale(&w.Pb[ii * c.nb], alpha, c.nb);
       }
       if (F::table && c.value_table()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), c.k, c.clip, row, T(1));
-      split_row(c, w.split, ii, row);
+      if (c.stored.split) split_row(w.split, ii, row);
     }
     times_values(c, w.split, cut, S, bq, t.bk, j0, dv, w.O.data());
   }
@@ -532,7 +486,21 @@ struct BackwardScratch {
   KeyBand<T> band;
   QueryGrads<T> query;  // one head's, when a head is one group
   Scratch<T> dk, dv;
+  SplitBackward split;  // where splits_backward
 };
+
+// Whether the backward multiplies P and dS split (SplitBackward): the head
+// multiplies its stored rows split and its dout is stored densely too.
+template <class T>
+bool splits_backward(const HeadContext<T>& c) {
+  return std::is_same_v<T, float> && c.stored.split && c.stored.dout != nullptr;
+}
+
+// The start of a key group [begin, end) of a backward that splits.
+template <class T>
+void start_split(const HeadContext<T>& c, SplitBackward& split, int64_t begin, int64_t end, int64_t d, int64_t dv) {
+  split.start_group(end - begin, kBlockK, c.stored.k + begin * c.stored.ldk, c.stored.ldk, d, dv);
+}
 
 // The dense dout of the prepared head and D_i = dout_i . out_i.
 template <class Stored, class T>
@@ -572,10 +540,15 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   const int64_t tiles = (hd.lk + kBlockK - 1) / kBlockK;
   const int64_t begin = group * tiles / groups * kBlockK, end = std::min(hd.lk, (group + 1) * tiles / groups * kBlockK);
   w.P.resize(kBlockQ * kBlockK), w.dP.resize(kBlockQ * kBlockK);
+  const bool split = splits_backward(c);
+  if (split) start_split(c, w.split, begin, end, d, dvd);
 
   for (int64_t i0 = 0; i0 < lq; i0 += kBlockQ) {
     const int64_t bq = std::min(kBlockQ, lq - i0), keys = std::min(end, visited_keys(p, hd, i0, bq));
     if (keys <= begin) continue;
+    if (split)
+      w.split.start_query_tile(c.stored.q + i0 * c.stored.ldq, c.stored.ldq, c.stored.dout + i0 * c.stored.lddout,
+                               c.stored.lddout, bq);
     if (F::table && c.key_table()) {  // key-table scores of the query tile, (bq, nb)
       w.Rq.resize(bq * nb);
       gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), nb);
@@ -594,6 +567,13 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       const int64_t bk = t.bk;
       T *P = w.P.data(), *dS = w.dP.data();
       const TileCut cut = cut_of(p, hd, t);
+      // A tile the mask cuts small enough for the staircase kernel keeps it:
+      // it skips the hidden half, where the split would multiply three whole parts.
+      // Keys before p.key_grads_from get no gradient: dv and dk of the tile's later keys only.
+      const int64_t skip = std::clamp<int64_t>(p.key_grads_from - j0, 0, bk), graded = bk - skip;
+      const bool split_tile = split && !cut.staircase && skip == 0;
+      for (SplitTile* tile : {&w.split.P, &w.split.dS})
+        if (split_tile) tile->reshape(bq, bk, SplitTile::Layout::interleaved);
       tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, P, w.transposed);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const T lse = data.lse(b, h, i0 + ii);
@@ -601,11 +581,10 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         const int64_t seen = lse == kNegInf<T> ? 0 : visible_keys(cut, ii, bk);
         exp_shifted_sum(row, lse, row, seen);
         std::fill(row + seen, row + bk, T(0));
+        if (split_tile) split_row(w.split.P, ii, row);
       }
-      // Keys before p.key_grads_from get no gradient: dv and dk of the tile's later keys only.
-      const int64_t skip = std::clamp<int64_t>(p.key_grads_from - j0, 0, bk), graded = bk - skip;
       const TileCut graded_cut = cut_of(p, hd, Tile{i0, bq, j0 + skip, graded});
-      if (graded > 0)
+      if (graded > 0 && !split_tile)
         tile_transposed_times(graded_cut, bq, dvd, graded, T(1), P + skip, bk, w.dout.data() + i0 * dvd, dvd, T(1),
                               dv.data() + (j0 + skip) * dvd, dvd);
       product_of_rows(c.stored.dout, c.stored.lddout, c.stored.v, c.stored.ldv, w.dout.data(), dvd, c.x.vp, c.x.ldv,
@@ -623,6 +602,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         const int64_t seen = visible_keys(cut, ii, bk);
         rows::softmax_grad(prow, srow, w.D[i], seen);
         std::fill(srow + seen, srow + bk, T(0));
+        if (split_tile) split_row(w.split.dS, ii, srow);
         if (F::bias && !q.dbias.empty())
           rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
         if (F::table && c.key_table()) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
@@ -630,6 +610,10 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
           const int64_t present = present_keys<F>(hd, mrow, bk);
           rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, bq, j0, present), srow, scale, present);
         }
+      }
+      if (split_tile) {
+        split_products(w.split, j0 - begin, bk, scale, q.dqc.data() + i0 * d);
+        continue;
       }
       tile_times(cut, bq, d, bk, scale, dS, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1), q.dqc.data() + i0 * d, d);
       if (graded > 0)
@@ -644,6 +628,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
                             q.dE.data() + rows, d);
     }
   }
+  if (split) finish_split(w.split, dk, dv, begin, d, dvd);
 }
 
 // A key band's row gradients, summed over the batch entries of one head that

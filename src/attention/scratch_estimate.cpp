@@ -51,8 +51,12 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
                             table_rows * (d + dv));
       if (band) elements += (double(p.q.shape[1]) * d + double(sizes.per_distance)) * (Lq + Lk);
       // bfloat16 products on matrix units: the forward's P (a tile of up to
-      // 512 keys) split into three bfloat16 tiles (SplitTile).
-      if (is_half_v<T>) elements += workers * tile * 512.0 * 1.5;
+      // 512 keys) split into three bfloat16 tiles (SplitTile); the
+      // backward's P and dS split, its keys thrice, the query tile's q and
+      // dout transposed thrice, dk and dv transposed (SplitBackward).
+      if (is_half_v<T>)
+        elements += workers * (tile * 512.0 * 1.5 + 3.0 * tile * tile + 1.5 * Lk * d + 1.5 * tile * (d + dv) +
+                               Lk * (d + dv));
       // Backward with a head's key tiles in groups: each group's query-side
       // gradients, and every head's dk, dv until its groups are summed.
       if (const double groups = double(fused::backward_key_groups(p)); groups > 1)

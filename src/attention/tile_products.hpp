@@ -102,31 +102,139 @@ void tile_transposed_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk
 // two-thread cases.
 class SplitTile {
  public:
+  // How the three parts lie in one buffer: three dense tiles one after the
+  // other (`stacked`), or row by row (`interleaved`: row r of hi, of mid, of
+  // lo, then row r + 1), which makes the buffer at once the dense
+  // rows x 3 cols matrix [hi mid lo] and the dense 3 rows x cols matrix whose
+  // row 3 r + t is row r of part t, so that one product multiplies all three.
+  enum class Layout { stacked, interleaved };
+
   // Makes room for a tile of rows x cols; its rows are then split one by one
   // (split_row) as the softmax finishes them, while each is still in the
   // core's first-level cache (splitting the whole tile afterwards read it
   // back from the second: 7% of the bfloat16 forward on one AMX core).
-  void reshape(int64_t rows, int64_t cols) {
-    const std::size_t n = static_cast<std::size_t>(rows * cols);
-    for (Scratch<bfloat16>& part : parts_)
-      if (part.size() < n) part.resize(n);
-    ld_ = cols;
+  void reshape(int64_t rows, int64_t cols, Layout layout) {
+    const std::size_t n = static_cast<std::size_t>(3 * rows * cols);
+    if (parts_.size() < n) parts_.resize(n);
+    rows_ = rows, cols_ = cols, layout_ = layout;
   }
   void split_row(int64_t r, const float* x) {
-    simd::split_bf16(x, bits(parts_[0], r), bits(parts_[1], r), bits(parts_[2], r), ld_);
+    const int64_t part = layout_ == Layout::stacked ? rows_ * cols_ : cols_;
+    uint16_t* hi = reinterpret_cast<uint16_t*>(parts_.data()) + (layout_ == Layout::stacked ? r : 3 * r) * cols_;
+    simd::split_bf16(x, hi, hi + part, hi + 2 * part, cols_);
   }
+  const bfloat16* data() const { return parts_.data(); }
 
-  // c (m x n) += x b for the split tile x (m x k) and b (k x n),
+  // c (rows x n) += alpha x b for the stacked split tile x and b (cols x n),
   // bfloat16 rows of row stride ldb.
-  void accumulate_times(int64_t m, int64_t n, const bfloat16* b, int64_t ldb, float* c, int64_t ldc) const {
-    for (const Scratch<bfloat16>& part : parts_)
-      gemm_bf16(Trans::no, Trans::no, m, n, ld_, 1.0f, part.data(), ld_, b, ldb, 1.0f, c, ldc);
+  void accumulate_times(int64_t n, const bfloat16* b, int64_t ldb, float alpha, float* c, int64_t ldc) const {
+    for (int64_t t = 0; t < 3; ++t)
+      gemm_bf16(Trans::no, Trans::no, rows_, n, cols_, alpha, parts_.data() + t * rows_ * cols_, cols_, b, ldb, 1.0f,
+                c, ldc);
   }
 
  private:
-  uint16_t* bits(Scratch<bfloat16>& x, int64_t r) const { return reinterpret_cast<uint16_t*>(x.data() + r * ld_); }
-  Scratch<bfloat16> parts_[3];
-  int64_t ld_ = 0;
+  Scratch<bfloat16> parts_;
+  int64_t rows_ = 0, cols_ = 0;
+  Layout layout_ = Layout::stacked;
 };
+
+// The backward's three products of P and dS where a head's q, k and dout
+// are stored in bfloat16 and bfloat16 products run on matrix units: P and dS
+// split exactly, interleaved (SplitTile), so that each product is one
+// untransposed bfloat16 product over three times the depth:
+//   dq   += scale [dS parts] (bq x 3 bk) [k; k; k] (3 bk x d),
+//   dv^T += dout^T' P' (dv x bk), dk^T += scale q^T' dS' (d x bk), where P'
+//           and dS' are the 3 bq x bk views and dout^T', q^T' the query
+//           tile's stored rows transposed with each column written thrice,
+// at float32's accuracy. On one AMX core an untransposed 128^3 bfloat16
+// product took 6.0 us, one reading an operand transposed 7.9 us, and sgemm
+// 22 us; one product of depth 384 took 14.5 us against 19.5 for three of
+// 128. dk^T and dv^T accumulate per key tile in dense blocks (oneDNN's AMX
+// matmul takes no output rows of another stride: it ran a generic kernel
+// 10x slower) and are added into the caller's rows when the key group ends.
+class SplitBackward {
+ public:
+  SplitTile P, dS;  // the tile's, split row by row as the loops finish them
+
+  // A key group of `keys` keys in tiles `block` wide (the last: the rest),
+  // k its stored rows.
+  void start_group(int64_t keys, int64_t block, const bfloat16* k, int64_t ldk, int64_t d, int64_t dv) {
+    keys_ = keys, block_ = block, d_ = d, dv_ = dv;
+    dkT_.assign(d * keys, 0.0f), dvT_.assign(dv * keys, 0.0f);
+    k3_.resize(3 * keys * d);
+    for (int64_t key = 0; key < keys; key += block) {
+      const int64_t bk = std::min(block, keys - key);
+      for (int64_t t = 0; t < 3; ++t)
+        for (int64_t j = 0; j < bk; ++j)
+          std::copy_n(k + (key + j) * ldk, d, k3_.data() + (3 * key + t * bk + j) * d);
+    }
+  }
+  void start_query_tile(const bfloat16* q, int64_t ldq, const bfloat16* dout, int64_t lddout, int64_t bq) {
+    bq_ = bq;
+    transpose_thrice(q, bq, d_, ldq, qT3_);
+    transpose_thrice(dout, bq, dv_, lddout, doutT3_);
+  }
+  // The products of the tile of the group's keys [key, key + bk) (P and dS
+  // split, interleaved, bq x bk).
+  void tile_products(int64_t key, int64_t bk, float scale, float* dq) {
+    gemm_bf16(Trans::no, Trans::no, bq_, d_, 3 * bk, scale, dS.data(), 3 * bk, k3_.data() + 3 * key * d_, d_, 1.0f,
+              dq, d_);
+    gemm_bf16(Trans::no, Trans::no, dv_, bk, 3 * bq_, 1.0f, doutT3_.data(), 3 * bq_, P.data(), bk, 1.0f,
+              dvT_.data() + key * dv_, bk);
+    gemm_bf16(Trans::no, Trans::no, d_, bk, 3 * bq_, scale, qT3_.data(), 3 * bq_, dS.data(), bk, 1.0f,
+              dkT_.data() + key * d_, bk);
+  }
+  // dk and dv (rows of d and dv features) of the group's keys += the sums.
+  void finish_group(float* dk, float* dv) const {
+    for (int64_t key = 0; key < keys_; key += block_) {
+      const int64_t bk = std::min(block_, keys_ - key);
+      add_transposed(dkT_.data() + key * d_, d_, bk, dk + key * d_);
+      add_transposed(dvT_.data() + key * dv_, dv_, bk, dv + key * dv_);
+    }
+  }
+
+ private:
+  // out (cols x 3 rows): out(c, 3 r + t) = x(r, c) for t < 3.
+  static void transpose_thrice(const bfloat16* x, int64_t rows, int64_t cols, int64_t ld, Scratch<bfloat16>& out) {
+    out.resize(3 * rows * cols);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        bfloat16* to = out.data() + c * 3 * rows + 3 * r;
+        to[0] = to[1] = to[2] = x[r * ld + c];
+      }
+  }
+  // y (cols x rows) += x^T for x (rows x cols), both dense.
+  static void add_transposed(const float* x, int64_t rows, int64_t cols, float* y) {
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < rows; ++r) y[c * rows + r] += x[r * cols + c];
+  }
+  Scratch<bfloat16> qT3_, doutT3_, k3_;
+  Scratch<float> dkT_, dvT_;
+  int64_t keys_ = 0, block_ = 0, d_ = 0, dv_ = 0, bq_ = 0;
+};
+
+// The split products as the kernels' templates call them for any compute
+// type: only float32 computation splits (the callers test whether a call
+// does), so for double they compile to nothing.
+
+// Row ii of a tile's P (or dS), final, into its split parts (shaped for the
+// tile by the caller).
+template <class T>
+void split_row(SplitTile& split, int64_t ii, const T* row) {
+  if constexpr (std::is_same_v<T, float>) split.split_row(ii, row);
+}
+
+// A tile's products of its split P and dS (SplitBackward::tile_products).
+template <class T>
+void split_products(SplitBackward& split, int64_t key, int64_t bk, T scale, T* dq) {
+  if constexpr (std::is_same_v<T, float>) split.tile_products(key, bk, scale, dq);
+}
+
+// dk and dv of the group's keys from row `first` += the split products' sums.
+template <class T>
+void finish_split(const SplitBackward& split, Scratch<T>& dk, Scratch<T>& dv, int64_t first, int64_t d, int64_t dv_width) {
+  if constexpr (std::is_same_v<T, float>) split.finish_group(dk.data() + first * d, dv.data() + first * dv_width);
+}
 
 }  // namespace relpos

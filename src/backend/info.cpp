@@ -45,9 +45,10 @@ BuildInfo build_info() {
   // (src/attention/half_storage.cpp); the fused kernel multiplies stored
   // bfloat16 rows in place where their products are exact (src/attention/fused.cpp).
   info.half_storage = gemm_bf16_matrix_units()
-                          ? "fused: q k^T and dout v^T as bfloat16 products of the stored rows, the forward's P v as "
-                            "three bfloat16 products of P split (values of 128+ features), the rest widened to "
-                            "float32; other algorithms widened to float32 per batch chunk"
+                          ? "fused: q k^T and dout v^T as bfloat16 products of the stored rows; P v, dS k, dS^T q "
+                            "and P^T dout with P and dS split exactly into three bfloat16 parts (values of 64+ "
+                            "features), the rest widened to float32; other algorithms widened to float32 per batch "
+                            "chunk"
                       : gemm_bf16_native()
                           ? "fused: q k^T and dout v^T as bfloat16 products of the stored rows, the rest widened to "
                             "float32; other algorithms widened to float32 per batch chunk"
