@@ -567,13 +567,14 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       const int64_t bk = t.bk;
       T *P = w.P.data(), *dS = w.dP.data();
       const TileCut cut = cut_of(p, hd, t);
-      // A tile the mask cuts small enough for the staircase kernel keeps it:
-      // it skips the hidden half, where the split would multiply three whole parts.
       // Keys before p.key_grads_from get no gradient: dv and dk of the tile's later keys only.
       const int64_t skip = std::clamp<int64_t>(p.key_grads_from - j0, 0, bk), graded = bk - skip;
+      // Split products serve whole tiles; a tile the mask cuts small enough
+      // for the staircase kernel keeps float32, which skips the hidden half
+      // where the split would multiply three whole parts.
       const bool split_tile = split && !cut.staircase && skip == 0;
-      for (SplitTile* tile : {&w.split.P, &w.split.dS})
-        if (split_tile) tile->reshape(bq, bk, SplitTile::Layout::interleaved);
+      if (split_tile)
+        for (SplitTile* tile : {&w.split.P, &w.split.dS}) tile->reshape(bq, bk, SplitTile::Layout::interleaved);
       tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, P, w.transposed);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const T lse = data.lse(b, h, i0 + ii);
