@@ -14,10 +14,10 @@
 //                       rescaled with the running max like the output, then
 //                       one (Bq, 2k+1) x (2k+1, dv) product
 //   key band            a key embedding with a row per distance (XL's W_R R):
-//                       qp times those rows, once per query tile for the band
-//                       of distances its key tiles reach (Bq + keys - 1), read
-//                       skewed by each tile; under a causal mask the band is a
-//                       cut tile of its own (KeyBand)
+//                       qp times those rows, per query tile for the band of
+//                       distances its key tiles reach (Bq + keys - 1), filled
+//                       as the key tiles reach it and read skewed by each;
+//                       under a causal mask a cut tile of its own (key_band.hpp)
 //
 // Backward recomputes P from the saved logsumexp, query tiles outer and key
 // tiles inner; positional gradients go to per-thread partials summed in
@@ -39,6 +39,7 @@
 #include "distance_table.hpp"
 #include "grad_partials.hpp"
 #include "head.hpp"
+#include "key_band.hpp"
 #include "tile_products.hpp"
 
 namespace relpos::fused {
@@ -293,55 +294,13 @@ int64_t present_keys(const Head<T>& hd, int64_t mrow, int64_t bk) {
     return bk;
 }
 
-// A key band's scores of the query tile [i0, i0 + bq) against every
-// distance its keys [start, end) reach, by one product: scores (bq, width),
-// distance index first .. first + width - 1 in falling order (column x is
-// first + width - 1 - x), so that the pair (ii, j) is column
-// width - 1 - (j - start + bq - 1 - ii) and a row's keys run leftwards. The
-// forward takes all keys a query tile visits at once (a per-key-tile band
-// would compute Bq + Bk - 1 columns for Bk keys). Under a causal mask the
-// distances past 0 are future pairs of every row and are left out (at the
-// trainer's L = 64 without memory: half the band), and row ii needs the
-// columns x <= ii + width - bq only: the staircase of a cut tile, which the
-// band's products (forward one, backward three) skip through
-// tile_products.hpp where they are small, as the tiles' own products do.
-template <class T>
-struct KeyBand {
-  Scratch<T> scores;
-  int64_t width = 0, first = 0, start = 0, end = 0;
-  TileCut cut;
-
-  // Offset of the pairs (ii, j0 + n - 1) .. (ii, j0), consecutive, in scores
-  // and in any (bq, width) buffer like it.
-  int64_t at(int64_t ii, int64_t bq, int64_t j0, int64_t n) const {
-    return ii * width + width - (j0 - start + bq - ii + n - 1);
-  }
-  // Offset of the band's first row in the falling per-distance rows of a head
-  // (CallEmbeddings' E, QueryGrads' dE).
-  int64_t row_offset(const Head<T>& hd) const { return (hd.distances() - first - width) * hd.d; }
-};
-
-template <class F, class T>
-void key_band(const HeadContext<T>& c, int64_t i0, int64_t bq, int64_t start, int64_t end, KeyBand<T>& band,
-              Scratch<T>& transposed) {
-  const Head<T>& hd = c.x.hd;
-  band.start = start, band.end = end;
-  band.first = hd.diagonal(i0 + bq - 1, start);
-  band.width = end - start + bq - 1;
-  if constexpr (F::causal)  // the tile sees a key, so distance 0 lies in the band
-    band.width = std::min(band.width, -hd.rmin - band.first + 1);
-  band.cut = tile_cut(F::causal, band.width - bq, bq, band.width, hd.d);
-  band.scores.resize(bq * band.width);
-  rows_by_rows(band.cut, bq, band.width, hd.d, T(1), hd.qp + i0 * hd.d, hd.d, c.E + band.row_offset(hd), hd.d,
-               band.scores.data(), transposed);
-}
-
 // S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile). Rq: the key table's
 // scores of the tile's queries, (bq, nb). band: the query tile's key band scores.
 template <class F, class T>
 void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const TileCut& cut,
-                 const T* Rq, const KeyBand<T>& band, T* S, Scratch<T>& transposed) {
+                 const T* Rq, KeyBand<T>& band, T* S, Scratch<T>& transposed) {
   const Head<T>& hd = c.x.hd;
+  if constexpr (F::band) band.reach_keys(t.j0, t.bk);
   const int64_t d = hd.d, bq = t.bq, bk = t.bk;
   product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
                   bq, bk, d, scale, S, cut, transposed);
@@ -352,7 +311,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
     const int64_t mrow = m0 + (bq - 1 - ii);  // distance index of (ii, jj = 0)
     const int64_t present = present_keys<F>(hd, mrow, bk);
     if constexpr (F::band)  // the band holds the present keys' columns only, right to left
-      rows::add_scaled_reversed(row, band.scores.data() + band.at(ii, bq, t.j0, present), scale, present);
+      rows::add_scaled_reversed(row, band.scores() + band.at(ii, t.j0, present), scale, present);
     if (F::table && c.key_table()) add_by_row(row, bk, hd.rmin + mrow, c.k, c.clip, Rq + ii * c.nb, scale);
     if constexpr (F::bias)
       rows::add_scaled(row, &bias[mrow], T(1), bk);
@@ -391,7 +350,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
   if (F::table && c.value_table()) w.Pb.assign(bq * c.nb, T(0));
   const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(bq), keys);
   w.S.resize(bq * block);
-  if (F::band && keys) key_band<F>(c, i0, bq, 0, keys, w.band, w.transposed);
+  if (F::band && keys) w.band.reset(hd, c.E, F::causal, i0, bq, 0, keys, w.transposed);
   for (int64_t j0 = 0; j0 < keys; j0 += block) {
     const Tile t{i0, bq, j0, std::min(block, keys - j0)};
     T* S = w.S.data();
@@ -559,8 +518,8 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
               w.G.data(), nb);
     }
     if constexpr (F::band) {  // one band for all the keys of the group this query tile sees
-      key_band<F>(c, i0, bq, begin, keys, w.band, w.transposed);
-      w.dband.assign(bq * w.band.width, T(0));
+      w.band.reset(hd, c.E, F::causal, i0, bq, begin, keys, w.transposed);
+      w.dband.assign(bq * w.band.width(), T(0));
     }
     for (int64_t j0 = begin; j0 < keys; j0 += kBlockK) {
       const Tile t{i0, bq, j0, std::min(kBlockK, keys - j0)};
@@ -609,7 +568,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         if (F::table && c.key_table()) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
         if constexpr (F::band) {  // un-skew scale * dS onto the band: each present (ii, j) owns one column of row ii
           const int64_t present = present_keys<F>(hd, mrow, bk);
-          rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, bq, j0, present), srow, scale, present);
+          rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, j0, present), srow, scale, present);
         }
       }
       if (split_tile) {
@@ -624,8 +583,8 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
     if constexpr (F::band) {  // the band's products backwards, once per query tile
       const KeyBand<T>& band = w.band;
       const int64_t rows = band.row_offset(hd);
-      tile_times(band.cut, bq, d, band.width, T(1), w.dband.data(), c.E + rows, d, T(1), q.dqp.data() + i0 * d, d);
-      tile_transposed_times(band.cut, bq, d, band.width, T(1), w.dband.data(), band.width, hd.qp + i0 * d, d, T(1),
+      tile_times(band.cut(), bq, d, band.width(), T(1), w.dband.data(), c.E + rows, d, T(1), q.dqp.data() + i0 * d, d);
+      tile_transposed_times(band.cut(), bq, d, band.width(), T(1), w.dband.data(), band.width(), hd.qp + i0 * d, d, T(1),
                             q.dE.data() + rows, d);
     }
   }
