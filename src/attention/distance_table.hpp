@@ -12,6 +12,7 @@
 
 #include "../backend/row_ops.hpp"
 #include "../backend/scratch.hpp"
+#include "../backend/vexp.hpp"
 #include "head.hpp"
 #include "relpos/attention.hpp"
 
@@ -82,6 +83,14 @@ inline ClippedRow clipped_row(int64_t r0, int64_t bk, int64_t k) {
   return {lo, hi, r0 + lo + k};
 }
 
+// row[jj] += alpha * table[r0 + jj + k] for the window's keys only.
+template <class T>
+void add_window_by_row(T* row, int64_t bk, int64_t r0, int64_t k, const T* table, T alpha) {
+  const ClippedRow s = clipped_row(r0, bk, k);
+  const T* window = table + s.first - s.lo;
+  rows::add_scaled(row + s.lo, window + s.lo, alpha, s.hi - s.lo);
+}
+
 // row[jj] += alpha * table[c(r0 + jj)] for jj < bk; table holds 2k+1 entries.
 template <class T>
 void add_by_row(T* row, int64_t bk, int64_t r0, int64_t k, bool clip, const T* table, T alpha) {
@@ -91,8 +100,7 @@ void add_by_row(T* row, int64_t bk, int64_t r0, int64_t k, bool clip, const T* t
     rows::add_constant(row, below, s.lo);
     rows::add_constant(row + s.hi, above, bk - s.hi);
   }
-  const T* window = table + s.first - s.lo;
-  rows::add_scaled(row + s.lo, window + s.lo, alpha, s.hi - s.lo);
+  add_window_by_row(row, bk, r0, k, table, alpha);
 }
 
 // table[c(r0 + jj)] += alpha * row[jj] for jj < bk: bucket sums.
@@ -106,5 +114,56 @@ void sum_by_row(T* table, int64_t bk, int64_t r0, int64_t k, bool clip, const T*
   T* window = table + s.first - s.lo;
   rows::add_scaled(window + s.lo, row + s.lo, alpha, s.hi - s.lo);
 }
+
+// The keys [0, n) of a tile row that its softmax reads, in the parts of
+// ClippedRow: [0, lo) all of table row 0, [lo, hi) a row each, [hi, n) all
+// of row 2k (a row without a clipped table is one part, [lo, hi) = [0, n)).
+// The edge rows' key scores (below, above; 0 without a key table or with a
+// zero embedding beyond +-k) are not in the logits: they enter each part's
+// max and exponentials as a shift, where add_by_row would add them to every
+// logit, and the parts' sums of exponentials are the edge rows' bucket sums
+// of P that a value table needs, where sum_by_row would read the row again
+// (the two passes: 2.7% of Shaw K+V's forward, L = 4096, one Zen 5 core).
+template <class T>
+struct BucketedRow {
+  int64_t lo = 0, hi = 0, n = 0, first = 0;  // first: the table row of key lo
+  T below = 0, above = 0;
+
+  static BucketedRow whole(int64_t n) { return {0, n, n}; }
+  static BucketedRow clipped(int64_t r0, int64_t n, int64_t k) {
+    const ClippedRow s = clipped_row(r0, n, k);
+    return {s.lo, s.hi, n, s.first};
+  }
+
+  // The largest logit of the row, or init if larger. (Empty parts are
+  // skipped: a row of most tiles is one part, and a vector loop's setup and
+  // reduction cost as much as a pass over the row's constant-adding.)
+  T max(const T* row, T init) const {
+    T m = init;
+    if (hi > lo) m = max_of(row + lo, hi - lo, m);
+    if (lo > 0) m = std::max(m, max_of(row, lo, kNegInf<T>) + below);
+    if (hi < n) m = std::max(m, max_of(row + hi, n - hi, kNegInf<T>) + above);
+    return m;
+  }
+
+  struct Sums {
+    T below = 0, window = 0, above = 0;
+    T total() const { return below + window + above; }
+  };
+  // row = exp(logit - shift) in place; the sums of the three parts.
+  Sums exp_shifted(T* row, T shift) const {
+    Sums s;
+    if (hi > lo) s.window = exp_shifted_sum(row + lo, shift, row + lo, hi - lo);
+    if (lo > 0) s.below = exp_shifted_sum(row, shift - below, row, lo);
+    if (hi < n) s.above = exp_shifted_sum(row + hi, shift - above, row + hi, n - hi);
+    return s;
+  }
+
+  // table[c(r)] += the row's P by bucket, from exponentials' sums of it; table: 2k+1 entries.
+  void add_bucket_sums(T* table, int64_t k, bool clip, const T* row, const Sums& sums) const {
+    if (clip) table[0] += sums.below, table[2 * k] += sums.above;
+    rows::add_scaled(table + first, row + lo, T(1), hi - lo);
+  }
+};
 
 }  // namespace relpos

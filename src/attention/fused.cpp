@@ -294,8 +294,23 @@ int64_t present_keys(const Head<T>& hd, int64_t mrow, int64_t bk) {
     return bk;
 }
 
-// S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile). Rq: the key table's
-// scores of the tile's queries, (bq, nb). band: the query tile's key band scores.
+// S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
+// table's edge scores (bucketed_row). Rq: the key table's scores of the tile's queries, (bq, nb).
+// band: the query tile's key band scores.
+// Row ii of a tile, the keys [0, seen) from distance r0 on, by clipped-table
+// bucket, with the key table's edge scores from Rq (BucketedRow); one part
+// without a table.
+template <class F, class T>
+BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t seen, const T* Rq, int64_t ii, T scale) {
+  if constexpr (!F::table) {
+    return BucketedRow<T>::whole(seen);
+  } else {
+    BucketedRow<T> row = BucketedRow<T>::clipped(r0, seen, c.k);
+    if (c.key_table() && c.clip) row.below = scale * Rq[ii * c.nb], row.above = scale * Rq[ii * c.nb + 2 * c.k];
+    return row;
+  }
+}
+
 template <class F, class T>
 void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const TileCut& cut,
                  const T* Rq, KeyBand<T>& band, T* S, Scratch<T>& transposed) {
@@ -312,7 +327,8 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
     const int64_t present = present_keys<F>(hd, mrow, bk);
     if constexpr (F::band)  // the band holds the present keys' columns only, right to left
       rows::add_scaled_reversed(row, band.scores() + band.at(ii, t.j0, present), scale, present);
-    if (F::table && c.key_table()) add_by_row(row, bk, hd.rmin + mrow, c.k, c.clip, Rq + ii * c.nb, scale);
+    if (F::table && c.key_table())  // the window's scores; the edges' are the softmax's (bucketed_row)
+      add_window_by_row(row, bk, hd.rmin + mrow, c.k, Rq + ii * c.nb, scale);
     if constexpr (F::bias)
       rows::add_scaled(row, &bias[mrow], T(1), bk);
     if constexpr (F::causal)
@@ -361,7 +377,8 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
       T* row = S + ii * t.bk;
       const int64_t seen = visible_keys(cut, ii, t.bk);
       std::fill(row + seen, row + t.bk, T(0));
-      const T m_new = max_of(row, seen, w.m[ii]);
+      const BucketedRow<T> buckets = bucketed_row<F>(c, hd.r(i0 + ii, j0), seen, w.Rq.data(), ii, scale);
+      const T m_new = buckets.max(row, w.m[ii]);
       if (m_new == kNegInf<T>) {  // nothing visible yet in this row
         std::fill(row, row + seen, T(0));
         if (c.stored.split) split_row(w.split, ii, row);
@@ -370,14 +387,15 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
       // Rescaled by less than e^-44, the old terms drop, as exp_shifted_sum's
       // do (simd::kSoftmaxCutoff): kept, they would be subnormal numbers.
       const T alpha = w.m[ii] - m_new < T(simd::kSoftmaxCutoff) ? T(0) : std::exp(w.m[ii] - m_new);
-      w.l[ii] = w.l[ii] * alpha + exp_shifted_sum(row, m_new, row, seen);
+      const auto sums = buckets.exp_shifted(row, m_new);
+      w.l[ii] = w.l[ii] * alpha + sums.total();
       w.m[ii] = m_new;
       if (alpha != T(1)) {
         rows::scale(&w.O[ii * dv], alpha, dv);
         if (F::table && c.value_table())
           rows::scale(&w.Pb[ii * c.nb], alpha, c.nb);
       }
-      if (F::table && c.value_table()) sum_by_row(&w.Pb[ii * c.nb], t.bk, hd.r(i0 + ii, j0), c.k, c.clip, row, T(1));
+      if (F::table && c.value_table()) buckets.add_bucket_sums(&w.Pb[ii * c.nb], c.k, c.clip, row, sums);
       if (c.stored.split) split_row(w.split, ii, row);
     }
     times_values(c, w.split, cut, S, bq, t.bk, j0, dv, w.O.data());
@@ -539,7 +557,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         const T lse = data.lse(b, h, i0 + ii);
         T* row = P + ii * bk;
         const int64_t seen = lse == kNegInf<T> ? 0 : visible_keys(cut, ii, bk);
-        exp_shifted_sum(row, lse, row, seen);
+        bucketed_row<F>(c, hd.r(i0 + ii, j0), seen, w.Rq.data(), ii, scale).exp_shifted(row, lse);
         std::fill(row + seen, row + bk, T(0));
         if (split_tile) split_row(w.split.P, ii, row);
       }
