@@ -135,9 +135,9 @@ struct BucketedRow {
     return {s.lo, s.hi, n, s.first};
   }
 
-  // The largest logit of the row, or init if larger. (Empty parts are
-  // skipped: a row of most tiles is one part, and a vector loop's setup and
-  // reduction cost as much as a pass over the row's constant-adding.)
+  // The largest logit of the row, or init if larger. Empty parts are
+  // skipped: most rows are one part, and vector loops called empty cost
+  // about what the constant-adding pass they replace did (perf, Shaw keys only).
   T max(const T* row, T init) const {
     T m = init;
     if (hi > lo) m = max_of(row + lo, hi - lo, m);

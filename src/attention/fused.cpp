@@ -294,9 +294,6 @@ int64_t present_keys(const Head<T>& hd, int64_t mrow, int64_t bk) {
     return bk;
 }
 
-// S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
-// table's edge scores (bucketed_row). Rq: the key table's scores of the tile's queries, (bq, nb).
-// band: the query tile's key band scores.
 // Row ii of a tile, the keys [0, seen) from distance r0 on, by clipped-table
 // bucket, with the key table's edge scores from Rq (BucketedRow); one part
 // without a table.
@@ -311,6 +308,9 @@ BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t seen, c
   }
 }
 
+// S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
+// table's edge scores (bucketed_row). Rq: the key table's scores of the tile's queries, (bq, nb).
+// band: the query tile's key band scores.
 template <class F, class T>
 void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const TileCut& cut,
                  const T* Rq, KeyBand<T>& band, T* S, Scratch<T>& transposed) {
