@@ -557,8 +557,10 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         const T lse = data.lse(b, h, i0 + ii);
         T* row = P + ii * bk;
         const int64_t seen = lse == kNegInf<T> ? 0 : visible_keys(cut, ii, bk);
-        bucketed_row<F>(c, hd.r(i0 + ii, j0), seen, w.Rq.data(), ii, scale).exp_shifted(row, lse);
+        const BucketedRow<T> buckets = bucketed_row<F>(c, hd.r(i0 + ii, j0), seen, w.Rq.data(), ii, scale);
+        const auto sums = buckets.exp_shifted(row, lse);
         std::fill(row + seen, row + bk, T(0));
+        if (F::table && c.value_table()) buckets.add_bucket_sums(&q.Pb[(i0 + ii) * nb], c.k, c.clip, row, sums);
         if (split_tile) split_row(w.split.P, ii, row);
       }
       const TileCut graded_cut = cut_of(p, hd, Tile{i0, bq, j0 + skip, graded});
@@ -573,10 +575,8 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         T* prow = P + ii * bk;
         T* srow = dS + ii * bk;
         const int64_t r0 = hd.rmin + mrow, k = c.k;
-        if (F::table && c.value_table()) {
+        if (F::table && c.value_table())
           add_by_row(srow, bk, r0, k, c.clip, &w.G[ii * nb], T(1));
-          sum_by_row(&q.Pb[i * nb], bk, r0, k, c.clip, prow, T(1));
-        }
         const int64_t seen = visible_keys(cut, ii, bk);
         rows::softmax_grad(prow, srow, w.D[i], seen);
         std::fill(srow + seen, srow + bk, T(0));
