@@ -116,11 +116,41 @@ def _array(x: Any, name: str):
     return _whole_items(a, name)
 
 
+def check_dtypes(arrays: dict) -> None:
+    """The dtype rule of a call, by argument name, for NumPy arrays and torch tensors
+    alike (``relpos.torch_op`` applies it where the core never sees the tensors): q
+    one of ``_DTYPES``, ``lse`` float32 when q is stored in a half type (else q's
+    dtype), ``key_padding`` bool or uint8, every other array q's dtype. Entries
+    without a dtype (options) are skipped. Checked before the core reads anything,
+    since an array the core cannot view (NumPy's bfloat16 beside a float32 q) would
+    otherwise be refused for that, not for its dtype."""
+    storage = _dtype_name(arrays["q"])
+    if storage not in _DTYPES:
+        raise ValueError(f"relpos: q: dtype must be float32, float64, bfloat16 or float16, got {storage}")
+    for name, a in arrays.items():
+        if not hasattr(a, "dtype"):
+            continue
+        got = _dtype_name(a)
+        if name == "key_padding":
+            if got not in ("bool", "uint8"):
+                raise ValueError(f"relpos: key_padding: dtype must be bool or uint8, got {got}")
+        elif name == "lse":
+            expected = "float32" if storage in _HALF else storage
+            if got != expected:
+                raise ValueError(f"relpos: lse: dtype must be {expected}, got {got}")
+        elif got != storage:
+            raise ValueError(f"relpos: {name}: dtype must match q ({storage}), got {got}")
+
+
 def _core(args: dict) -> dict:
-    """``args`` as the core reads them. Half-width arrays travel as 16-bit integer
-    views of the same memory, with their type in ``"storage"``: NumPy's buffer
-    protocol knows no bfloat16 and DLPack's bfloat16 is not in every library.
-    Every array but ``lse`` (float32) and ``key_padding`` must then share q's dtype."""
+    """``args`` as the core reads them, their dtypes checked. Half-width arrays travel as
+    16-bit integer views of the same memory, with their type in ``"storage"``: NumPy's
+    buffer protocol knows no bfloat16 and DLPack's bfloat16 is not in every library."""
+    check_dtypes(args)
+    for name, a in args.items():
+        # The core refuses these too, but reads an empty torch tensor's null pointer as a missing array.
+        if hasattr(a, "shape") and 0 in tuple(a.shape):
+            raise ValueError(f"relpos: {name}: every dimension must be >= 1, got shape {tuple(a.shape)}")
     storage = _dtype_name(args["q"])
     if storage not in _HALF:
         return args
@@ -128,10 +158,53 @@ def _core(args: dict) -> dict:
     for name, a in args.items():
         if name in ("lse", "key_padding") or not hasattr(a, "dtype"):
             continue
-        if _dtype_name(a) != storage:
-            raise ValueError(f"relpos: {name}: dtype must match q ({storage}), got {_dtype_name(a)}")
         core[name] = a.view(sys.modules["torch"].int16) if _is_torch(a) else a.view(np.uint16)
     return core
+
+
+# The axes of each array of a call that count batch entries, queries or keys.
+_ROW_AXES = {
+    "q": {0: "B", 2: "Lq"}, "k": {0: "B", 2: "Lk"}, "v": {0: "B", 2: "Lk"}, "key_padding": {0: "B", 1: "Lk"},
+    "out": {0: "B", 2: "Lq"}, "lse": {0: "B", 2: "Lq"}, "dout": {0: "B", 2: "Lq"},
+    "dq": {0: "B", 2: "Lq"}, "dk": {0: "B", 2: "Lk"}, "dv": {0: "B", 2: "Lk"},
+}
+
+
+def _zero_length(args: dict) -> bool:
+    """Whether the call has no batch entries, no queries or no keys: its result is known
+    (nothing, or rows that see no key), and the core refuses zero extents."""
+    return 0 in (args["q"].shape[0], args["q"].shape[2], args["k"].shape[2])
+
+
+def _stand_in(args: dict) -> dict:
+    """A zero-length call as one of a single batch entry, query or key where it has none,
+    on new zero arrays (gradient accumulators included, so nothing of it reaches the
+    caller): the core then checks everything else (heads, widths, the scheme's tables
+    and options) as in any call. The arrays' row counts must agree with q's and k's
+    first, since the stand-in would hide a disagreement."""
+    rows = {"B": args["q"].shape[0], "Lq": args["q"].shape[2], "Lk": args["k"].shape[2]}
+    stand_in = dict(args)
+    for name, a in args.items():
+        axes = _ROW_AXES.get(name, {} if name.startswith("d_") else None)
+        if axes is None or not hasattr(a, "shape") or a.ndim <= max(axes, default=-1):
+            continue  # an option, a scheme tensor, or an array of the wrong rank (the core names it)
+        shape = list(a.shape)
+        for axis, extent in axes.items():
+            if shape[axis] != rows[extent]:
+                raise ValueError(f"relpos: {name}: expected {extent}={rows[extent]} (axis {axis}) like q and k, "
+                                 f"got shape {tuple(a.shape)}")
+            shape[axis] = max(shape[axis], 1)
+        stand_in[name] = _new(a, shape, zero=True)
+    return stand_in
+
+
+def _check_zero_length(args: dict, run) -> None:
+    """``run`` (a core entry) on the stand-in of a zero-length call, its errors marked as such."""
+    stand_in = _core(_stand_in(args))
+    try:
+        run(stand_in)
+    except ValueError as e:
+        raise ValueError(f"{e} (a zero-length call, checked as one with 1 row where it has 0)") from None
 
 
 def _torch_in_place(x, name: str):
@@ -226,8 +299,6 @@ def _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, 
         args["threads"] = check_threads(threads)
     if key_padding is not None:
         kp = _torch_in_place(key_padding, "key_padding") if _is_torch(key_padding) else np.asarray(key_padding)
-        if str(kp.dtype) not in ("bool", "uint8", "torch.bool", "torch.uint8"):
-            raise ValueError(f"relpos: key_padding: dtype must be bool or uint8, got {kp.dtype}")
         args["key_padding"] = kp if _is_torch(kp) else _whole_items(kp, "key_padding")
     args.update(scheme._args())
     for name, p in scheme._params().items():
@@ -256,6 +327,9 @@ def forward(
     ``out`` of shape ``(B, H, Lq, dv)`` and the row
     logsumexp ``lse`` of shape ``(B, H, Lq)`` that ``backward`` needs
     (``-inf`` for a row whose keys are all masked; its output is zero).
+    A zero-length call (B, Lq or Lk of 0; heads and widths must be >= 1) is checked
+    like any other and returns at once: empty arrays, or with no keys rows of zeros
+    and lse ``-inf``; ``backward`` then gives zero gradients.
     ``layout="blhd"`` takes q, k, v as ``(B, L, H, d)`` and returns ``out`` as
     ``(B, Lq, H, dv)`` (read and written in place; ``lse`` stays ``(B, H, Lq)``).
 
@@ -274,10 +348,15 @@ def forward(
     args = _call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads, layout)
     qa, va = args["q"], args["v"]
     B, H, Lq, dv = qa.shape[0], qa.shape[1], qa.shape[2], va.shape[3]
-    out = _new(qa, (B, H, Lq, dv) if layout == "bhld" else (B, Lq, H, dv), zero=False)
+    zero_length = _zero_length(args)
+    out = _new(qa, (B, H, Lq, dv) if layout == "bhld" else (B, Lq, H, dv), zero=zero_length)
     args["out"] = heads_first(out, layout)
     args["lse"] = _lse_like(qa, qa.shape[:3])
-    _relpos.forward(_core(args))
+    if zero_length:  # rows that see no key: output 0, lse -inf (nothing at all without queries)
+        _check_zero_length(args, _relpos.available_algorithms)
+        args["lse"][...] = -np.inf
+    else:
+        _relpos.forward(_core(args))
     return out, args["lse"]
 
 
@@ -301,7 +380,8 @@ def available_algorithms(
     # Validated as a forward call (shapes, options, memory), on outputs never written.
     args["out"] = _new(qa, tuple(qa.shape[:3]) + tuple(va.shape[3:]), zero=False)
     args["lse"] = _lse_like(qa, qa.shape[:3])
-    return list(_relpos.available_algorithms(_core(args)))
+    # A zero-length call is served by what serves its stand-in (forward checks it so).
+    return list(_relpos.available_algorithms(_core(_stand_in(args) if _zero_length(args) else args)))
 
 
 def _writable(a):
@@ -362,7 +442,10 @@ def backward(
     for name, p in scheme._params().items():
         grads[name] = gradient(name, tuple(p.shape) if _is_torch(p) else np.shape(p))
         args["d_" + name] = _as_core_param(name, _array(grads[name], "d_" + name))
-    _relpos.backward(_core(args))
+    if _zero_length(args):  # no term of sum(dout * out) depends on anything: every gradient is zero
+        _check_zero_length(args, _relpos.backward)
+    else:
+        _relpos.backward(_core(args))
     return grads
 
 

@@ -159,16 +159,18 @@ class _Ring:
         Forward: the next piece is already on its way while the caller computes.
         Backward: a piece moves on once the caller has added its gradients into the
         accumulators travelling with it, and after the last step it moves once
-        more, home; it is then `self.home`."""
+        more, home; it is then `self.home`. In a group of one the piece never leaves
+        (gloo cannot send to the rank itself): it is home throughout."""
         for step in range(self.size):
             owner, last = self.owner(step), step == self.size - 1
             rows = self.piece(self.owner(step + 1), i)[0]
-            if not backward and not last:
+            moves = self.size > 1 and (backward or not last)
+            if moves and not backward:
                 incoming, wait = self.shift(held, rows.stop - rows.start)
             yield self.piece(owner, i)[1], held
-            if backward:
+            if moves and backward:
                 incoming, wait = self.shift(held, rows.stop - rows.start)
-            if backward or not last:
+            if moves:
                 wait()
                 held = incoming
         self.home = held
@@ -353,7 +355,7 @@ class _SumGradOverGroup(torch.autograd.Function):
         return grad, None
 
 
-def _scheme_for_heads(scheme, h0: int, h1: int, heads: int, group):
+def _scheme_for_heads(scheme, h0: int, h1: int, group):
     """The scheme restricted to query heads [h0, h1): per-head tensors sliced (their
     gradients summed over the group), shared ones whole."""
 
@@ -363,8 +365,6 @@ def _scheme_for_heads(scheme, h0: int, h1: int, heads: int, group):
         t = _SumGradOverGroup.apply(t, group) if t.requires_grad else t
         return t[h0:h1] if per_head else t
 
-    if scheme.name == "alibi" and scheme.slopes is None:  # the paper's slopes, one per head
-        scheme = replace(scheme, slopes=torch.tensor(relpos.alibi_slopes(heads)))
     return scheme._for_heads(part)
 
 
@@ -419,7 +419,14 @@ def ulysses_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGrou
         dist.all_gather(gathered, padded, group=group)
         padding = torch.cat([g[:, :n] for g, n in zip(gathered, lengths)], 1).index_select(1, order).bool()
     h0, h1 = rank * H // size, (rank + 1) * H // size
-    out = relpos.torch.attention(to_heads(q), to_heads(k), to_heads(v), _scheme_for_heads(scheme, h0, h1, H, group),
-                                 causal=causal, key_padding=padding, q_offset=start, k_offset=start, scale=scale,
-                                 threads=threads)
-    return to_rows(out)
+    compute = q.dtype
+    if scheme.name == "alibi" and scheme.slopes is None:
+        # The paper's slopes of all H heads, sliced to this rank's: explicit slopes have q's
+        # dtype, and rounded to a half type they would not be those the core computes (in
+        # float32) for one call on all heads, so such a call computes in float32, rounded once.
+        compute = torch.float32 if compute in (torch.bfloat16, torch.float16) else compute
+        scheme = replace(scheme, slopes=torch.tensor(relpos.alibi_slopes(H), dtype=compute))
+    out = relpos.torch.attention(*(to_heads(x).to(compute) for x in (q, k, v)),
+                                 _scheme_for_heads(scheme, h0, h1, group), causal=causal, key_padding=padding,
+                                 q_offset=start, k_offset=start, scale=scale, threads=threads)
+    return to_rows(out.to(q.dtype))

@@ -107,39 +107,66 @@ def _forward(self, hidden_states, mask=None, key_value_states=None, position_bia
     return out, None, None
 
 
-def patch_hf_t5(model: nn.Module) -> nn.Module:
-    """Replaces, in place, the attention of every T5 stack in ``model`` (T5Model,
-    T5ForConditionalGeneration, T5EncoderModel and their MT5 versions) by
-    relpos's; returns the model (UMT5 and LongT5 are refused by name). Outputs, gradients and
-    ``generate()`` (with its cache) equal the unpatched model's to rounding; no
-    attention dropout (``model.eval()`` or ``dropout_rate=0``), no
-    ``output_attentions``. Each stack's self-attention layers use the first
-    layer's ``relative_attention_bias``."""
+def _refuse_relatives(model: nn.Module) -> None:
+    """T5's relatives whose attention differs from T5's, refused by the model's name
+    before anything is patched."""
+    from transformers.models.longt5.modeling_longt5 import LongT5LocalAttention, LongT5TransientGlobalAttention
+    from transformers.models.umt5.modeling_umt5 import UMT5Attention
+
+    why = (((LongT5LocalAttention, LongT5TransientGlobalAttention),
+            "LongT5's encoder attends to a local window of keys (and to transient global tokens), a mask "
+            "relpos does not apply"),
+           ((UMT5Attention,), "UMT5 gives every layer its own relative_attention_bias table, where T5 (and this "
+            "patch) shares the first layer's across its stack"))
+    for module in model.modules():
+        for classes, reason in why:
+            if isinstance(module, classes):
+                raise ValueError(f"relpos: patch_hf_t5: {type(model).__name__} is not patched: {reason}")
+
+
+def _attentions(model: nn.Module) -> list:
+    """(attention, the layer whose relative_attention_bias it uses) for every attention of
+    every T5 stack in ``model``, all checked before any is patched."""
     from transformers.models.mt5.modeling_mt5 import MT5Attention
     from transformers.models.t5.modeling_t5 import T5Attention
 
     stacks = [m for m in model.modules() if hasattr(m, "block") and isinstance(m.block, nn.ModuleList)]
-    patched = 0
+    found = []
     for stack in stacks:
         owner = None
         for block in stack.block:
-            self_attention = block.layer[0].SelfAttention
-            if getattr(self_attention, "has_relative_attention_bias", False):
-                owner = owner or self_attention
-            if owner is None:
-                raise ValueError("relpos: patch_hf_t5: a stack's first layer has no relative_attention_bias")
+            self_attention = getattr(block.layer[0], "SelfAttention", None)
             attentions = [self_attention]
             if len(block.layer) > 2 and hasattr(block.layer[1], "EncDecAttention"):
                 attentions.append(block.layer[1].EncDecAttention)
             for attn in attentions:
                 if not isinstance(attn, (T5Attention, MT5Attention)):
-                    raise ValueError(f"relpos: patch_hf_t5: expected T5Attention or MT5Attention, found "
-                                     f"{type(attn).__name__} (UMT5's per-layer tables and LongT5's local attention "
-                                     "are not patched)")
-                # Plain attributes, not submodules: the owner is not registered twice (or in itself).
-                object.__setattr__(attn, "_relpos_bias_owner", owner)
-                object.__setattr__(attn, "forward", types.MethodType(_forward, attn))
-                patched += 1
-    if patched == 0:
+                    what = type(attn).__name__ if attn is not None else f"a {type(block.layer[0]).__name__} layer"
+                    raise ValueError(f"relpos: patch_hf_t5: {type(model).__name__}: expected T5Attention or "
+                                     f"MT5Attention, found {what}")
+            if self_attention.has_relative_attention_bias:
+                owner = owner or self_attention
+            if owner is None:
+                raise ValueError("relpos: patch_hf_t5: a stack's first layer has no relative_attention_bias")
+            found += [(attn, owner) for attn in attentions]
+    return found
+
+
+def patch_hf_t5(model: nn.Module) -> nn.Module:
+    """Replaces, in place, the attention of every T5 stack in ``model`` (T5Model,
+    T5ForConditionalGeneration, T5EncoderModel and their MT5 versions) by
+    relpos's; returns the model. UMT5 (a table per layer) and LongT5 (local attention)
+    are refused by name, and nothing is patched then. Outputs, gradients and
+    ``generate()`` (with its cache) equal the unpatched model's to rounding; no
+    attention dropout (``model.eval()`` or ``dropout_rate=0``), no
+    ``output_attentions``. Each stack's self-attention layers use the first
+    layer's ``relative_attention_bias``."""
+    _refuse_relatives(model)
+    attentions = _attentions(model)
+    if not attentions:
         raise ValueError(f"relpos: patch_hf_t5: no T5 stack found in {type(model).__name__}")
+    for attn, owner in attentions:
+        # Plain attributes, not submodules: the owner is not registered twice (or in itself).
+        object.__setattr__(attn, "_relpos_bias_owner", owner)
+        object.__setattr__(attn, "forward", types.MethodType(_forward, attn))
     return model

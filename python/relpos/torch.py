@@ -229,9 +229,9 @@ class RelativeMultiheadAttention(nn.Module):
         return relpos.NoPosition()
 
     def _heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:
-        """(B, L, heads * d) -> (B, heads, L, d) as a strided view (the core reads it in place)."""
-        B, L, _ = x.shape
-        return x.view(B, L, heads or self.num_heads, -1).transpose(1, 2)
+        """(B, L, heads * d) -> (B, heads, L, d) as a strided view (the core reads it in place);
+        d is read from the last axis alone, so a zero-length x (B or L of 0) has it too."""
+        return x.unflatten(2, (heads or self.num_heads, -1)).transpose(1, 2)
 
     def forward(
         self,
@@ -295,8 +295,7 @@ class RelativeMultiheadAttention(nn.Module):
             out = attention(q, k, v, self.position_scheme(), causal=causal, key_padding=key_padding,
                             q_offset=q_offset, k_offset=k_offset, scale=self.scale, algorithm=self.algorithm,
                             threads=self.threads)
-        B, _, Lq, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(B, Lq, -1))
+        return self.out_proj(out.transpose(1, 2).flatten(2))
 
 
 # ---------------------------------------------------------------------------

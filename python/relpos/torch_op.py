@@ -60,17 +60,35 @@ def _decode(name: str, params: Sequence[torch.Tensor], ints: Sequence[int], floa
     return scheme, options
 
 
+def _check_tensors(tensors: dict, record) -> None:
+    """Every tensor argument's device and dtype, by name (the scheme ``record``'s as
+    ``t5_table``, ...), in the ops and in their fake implementations alike: a meta tensor
+    among CPU ones sends the whole call to the fake implementation, which would otherwise
+    return uninitialised CPU memory. All must be on q's device: the CPU, or meta where
+    torch.compile and torch.export trace with meta tensors."""
+    named = {**tensors, **record._params()}
+    device = named["q"].device
+    if device.type not in ("cpu", "meta"):
+        raise ValueError(f"relpos: q: on device {device}, expected cpu (relpos computes on the CPU)")
+    for name, x in named.items():
+        if x is not None and x.device != device:
+            raise ValueError(f"relpos: {name}: on device {x.device}, expected {device} like q")
+    relpos.check_dtypes({name: x for name, x in named.items() if x is not None})
+
+
 @torch.library.custom_op("relpos::attention_forward", mutates_args=())
 def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding: Optional[torch.Tensor],
                       params: list[torch.Tensor], scheme: str, ints: list[int], floats: list[float]
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """out (B, H, Lq, dv) and the row logsumexp (B, H, Lq)."""
     record, options = _decode(scheme, params, ints, floats)
+    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), record)
     return relpos.forward(q, k, v, record, key_padding=key_padding, **options)
 
 
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats):
+    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), _decode(scheme, params, ints, floats)[0])
     B, H, Lq, _ = q.shape
     half = q.dtype in (torch.bfloat16, torch.float16)  # stored in a half type: lse is float32
     return q.new_empty(B, H, Lq, v.shape[-1]), q.new_empty(B, H, Lq, dtype=torch.float32 if half else q.dtype)
@@ -83,6 +101,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """dq, dk, dv and the gradient of each tensor of ``params`` (same order)."""
     record, options = _decode(scheme, params, ints, floats)
+    _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding), record)
     grads = relpos.backward(q, k, v, out, lse, dout, record, key_padding=key_padding, **options)
     names = list(record._params())
     # A tensor given twice (one Shaw table tied for keys and values) is one
@@ -92,6 +111,8 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
 
 @attention_backward.register_fake
 def _attention_backward_fake(q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats):
+    _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding),
+                   _decode(scheme, params, ints, floats)[0])
     # relpos.backward returns new contiguous tensors whatever the inputs' strides.
     fresh = [x.new_empty(x.shape) for x in (q, k, v, *params)]
     return fresh[0], fresh[1], fresh[2], fresh[3:]

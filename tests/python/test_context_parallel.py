@@ -1,12 +1,13 @@
 """Ring attention (relpos.context_parallel) on torch.distributed with gloo over
-loopback: 2 and 4 processes, each holding a chunk of one sequence, against one
+loopback: 1 (nothing travels), 2 and 4 processes, each holding a chunk of one sequence, against one
 process computing the whole sequence with rt.attention (itself checked against the
 oracle), float64 to 1e-12: the output rows, dq, dk, dv of the rank's chunk and the
 scheme's parameter gradients, for every scheme, causal and not, with key padding,
 uneven contiguous chunks and the zigzag assignment, and cross-attention with queries
 and keys sharded on their own boundaries; the gathered output; a second run gives
 the same bits; a rank that leaves makes the
-others raise instead of hanging."""
+others raise instead of hanging; the module trains in a group of one; the all-to-all
+strategy with ALiBi's own slopes in float32 and bfloat16."""
 from __future__ import annotations
 
 import datetime
@@ -24,7 +25,7 @@ import relpos.torch as rt
 from relpos.context_parallel import gather_sequence, ring_attention, shard_sequence, ulysses_attention
 
 B, H, HKV, D = 2, 4, 2, 5
-CHUNKS = {2: [9, 14], 4: [5, 7, 3, 8]}
+CHUNKS = {1: [13], 2: [9, 14], 4: [5, 7, 3, 8]}
 POSITION = 3  # absolute position of the sequence's first token
 SCHEMES = ["none", "shaw", "t5", "alibi", "rope", "xl", "kerple", "kerple_power"]
 
@@ -183,13 +184,13 @@ def worker_all_to_all(rank, world, store):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_all_to_all_equals_one_process_on_the_whole_sequence(world):
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker_all_to_all, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_ring_attention_equals_one_process_on_the_whole_sequence(world):
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker_every_case, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
@@ -213,7 +214,7 @@ def worker_pieces(rank, world, store):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [1, 2, 4])
 def test_ring_attention_in_pieces_equals_one_process(world):
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker_pieces, args=(world, os.path.join(tmp, "store")), nprocs=world, join=True)
@@ -259,6 +260,73 @@ def worker_bfloat16(rank, world, store):
 def test_bfloat16_chunks_equal_one_process_within_rounding():
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker_bfloat16, args=(2, os.path.join(tmp, "store")), nprocs=2, join=True)
+
+
+def worker_module_alone(rank, world, store):
+    """The module with context_parallel=True in a group of one process, zigzag shards:
+    its output and every parameter's gradient equal the same module's without it."""
+    init(rank, world, store)
+    try:
+        for scheme in ("shaw", "t5", "alibi", "xl", "kerple"):
+            torch.manual_seed(0)
+            alone = rt.RelativeMultiheadAttention(16, 4, scheme, context_parallel=True).double()
+            plain = rt.RelativeMultiheadAttention(16, 4, scheme).double()
+            plain.load_state_dict(alone.state_dict())
+            x = torch.randn(2, 11, 16, dtype=torch.float64)
+            rows, segments = shard_sequence(x, rank, world)
+            assert segments == [(0, 6), (6, 5)]  # two pieces: the zigzag's segments, in order
+            got, want = alone(rows, causal=True, segments=segments), plain(x, causal=True)
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=scheme)
+            dy = torch.randn_like(want)
+            (got * dy).sum().backward()
+            (want * dy).sum().backward()
+            for (name, a), b in zip(alone.named_parameters(), plain.parameters()):
+                torch.testing.assert_close(a.grad, b.grad, rtol=1e-11, atol=1e-12, msg=f"{scheme} {name}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_module_trains_in_a_group_of_one():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker_module_alone, args=(1, os.path.join(tmp, "store")), nprocs=1, join=True)
+
+
+def worker_all_to_all_alibi(rank, world, store):
+    """ALiBi's own slopes (none given) through the all-to-all strategy, 12 heads (slopes
+    that are not powers of two) split over 2 processes: float32 equals rt.attention on
+    the whole sequence; bfloat16 gives exactly the bfloat16 rounding of that float32
+    call (the paper's slopes unrounded, as one bfloat16 call on all heads computes them),
+    equal to rt.attention's bfloat16 call within its rounding, gradients within two
+    bfloat16 steps."""
+    init(rank, world, store)
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            g = torch.Generator().manual_seed(5)
+            q, k, v, dout = (torch.randn(2, 12, 40, 4, generator=g).to(dtype) for _ in range(4))
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            out = rt.attention(*leaves, relpos.ALiBi(), causal=True)
+            expected = [out, *torch.autograd.grad(out, leaves, dout)]
+            rows, segments = shard_sequence(torch.arange(40), rank, world, dim=0)
+            mine = [x[:, :, rows].clone().requires_grad_() for x in (q, k, v)]
+            got_out = ulysses_attention(*mine, relpos.ALiBi(), causal=True, segments=segments)
+            got = [got_out, *torch.autograd.grad(got_out, mine, dout[:, :, rows])]
+            if dtype == torch.bfloat16:
+                single = rt.attention(q.float(), k.float(), v.float(), relpos.ALiBi(), causal=True)
+                assert torch.equal(got_out, single.to(dtype)[:, :, rows]), "bfloat16: not the float32 call rounded"
+            for what, a, e in zip(["out", "dq", "dk", "dv"], got, expected):
+                e = e[:, :, rows]
+                assert a.dtype == dtype, f"{dtype} {what}: {a.dtype}"
+                steps = 0 if dtype == torch.float32 else 2 ** -6
+                tolerance = max(1e-6, steps) * max(1.0, float(e.float().abs().max()))
+                error = float((a.float() - e.float()).abs().max())
+                assert error <= tolerance, f"{dtype} {what} rank {rank}: error {error}, tolerance {tolerance}"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_all_to_all_with_alibi_slopes_of_its_own_in_float32_and_bfloat16():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker_all_to_all_alibi, args=(2, os.path.join(tmp, "store")), nprocs=2, join=True)
 
 
 def worker_one_leaves(rank, world, store):

@@ -85,8 +85,17 @@ CASES = [
     ("v-heads-unlike-k", _bad(lambda q, k, v: (q, k[:, :1], v)), r"\bv\b"),
     ("k-wrong-batch", _bad(lambda q, k, v: (q, k[:1], v[:1])), r"\bk\b"),
     ("v-wrong-Lk", _bad(lambda q, k, v: (q, k, v[:, :, :LK - 1])), r"\bv\b"),
-    ("q-empty-L", _bad(lambda q, k, v: (q[:, :, :0], k, v)), r"\bq\b"),
-    ("k-empty-L", _bad(lambda q, k, v: (q, k[:, :, :0], v[:, :, :0])), r"\bk\b"),
+    # zero extents: heads and widths are refused; a call without queries, keys or batch
+    # entries is valid (test_bad_inputs_again.py) and checked like any other
+    ("q-no-heads", _bad(lambda q, k, v: (q[:, :0], k[:, :0], v[:, :0])), r"\bq\b.*>= 1"),
+    ("q-k-zero-d", _bad(lambda q, k, v: (q[..., :0], k[..., :0], v)), r"\bq\b.*>= 1"),
+    ("v-zero-dv", _bad(lambda q, k, v: (q, k, v[..., :0])), r"\bv\b.*>= 1"),
+    ("no-queries-k-wrong-batch", _bad(lambda q, k, v: (q[:, :, :0], k[:1], v[:1])), r"\bk\b.*B=2"),
+    ("no-keys-v-wrong-Lk", _bad(lambda q, k, v: (q, k[:, :, :0], v)), r"\bv\b.*Lk=0"),
+    ("no-queries-t5-table-heads", _bad(lambda q, k, v: (q[:, :, :0], k, v),
+                                       scheme=lambda: relpos.T5(np.zeros((H + 1, 32)))), r"t5[._]table"),
+    ("no-batch-shaw-wk-rows", _bad(lambda q, k, v: (q[:0], k[:0], v[:0]), scheme=_shaw(k=2, wk=(4, D))),
+     r"shaw[._]wk"),
     # dtypes
     ("q-int32", _bad(lambda q, k, v: (q.astype(np.int32), k, v)), r"\bq\b.*dtype"),
     ("k-int64", _bad(lambda q, k, v: (q, k.astype(np.int64), v)), r"\bk\b.*dtype"),
