@@ -30,6 +30,7 @@ from torch import nn
 
 import relpos
 from relpos import torch_op
+from relpos._calls import check_threads
 
 __all__ = ["attention", "RelativeMultiheadAttention", "from_hf_t5", "from_transformer_xl", "from_opennmt",
            "patch_hf_t5"]
@@ -160,7 +161,7 @@ class RelativeMultiheadAttention(nn.Module):
         if scheme == "shaw" and relpos.integer(shaw_k, "shaw_k") < 0:
             raise ValueError(f"relpos: shaw_k: must be >= 0, got {shaw_k}")
         if threads is not None:
-            relpos.check_threads(threads)
+            check_threads(threads)
         if head_dim is None:
             if embed_dim % num_heads:
                 raise ValueError(f"relpos: embed_dim {embed_dim} is not divisible by num_heads {num_heads}")

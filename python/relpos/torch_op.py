@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 import torch
 
 import relpos
+from relpos._calls import check_dtypes, check_threads
 from relpos.schemes import SCHEMES, choice, integer, number
 
 __all__ = ["attention_forward", "attention_backward"]
@@ -37,7 +38,7 @@ def _encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
     name = scheme.name
     params = [getattr(scheme, field) for field in scheme._tensors]
     present = sum(1 << i for i, p in enumerate(params) if p is not None)
-    threads = None if threads is None else relpos.check_threads(threads)
+    threads = None if threads is None else check_threads(threads)
     ints = [int(bool(causal)), integer(q_offset, "q_offset"), integer(k_offset, "k_offset"),
             -1 if threads is None else threads, relpos.ALGORITHMS.index(choice(algorithm, "algorithm", relpos.ALGORITHMS)),
             present]
@@ -73,7 +74,7 @@ def _check_tensors(tensors: dict, record) -> None:
     for name, x in named.items():
         if x is not None and x.device != device:
             raise ValueError(f"relpos: {name}: on device {x.device}, expected {device} like q")
-    relpos.check_dtypes({name: x for name, x in named.items() if x is not None})
+    check_dtypes({name: x for name, x in named.items() if x is not None})
 
 
 @torch.library.custom_op("relpos::attention_forward", mutates_args=())

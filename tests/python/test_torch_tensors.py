@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import relpos
-from relpos import _relpos
+from relpos import _calls, _relpos
 
 
 def blhd_view(B=2, H=3, L=9, d=8, dtype=torch.float64, seed=0) -> torch.Tensor:
@@ -26,7 +26,7 @@ def test_core_receives_torch_views_in_place():
     assert tuple(shape) == tuple(q.shape) and tuple(strides) == q.stride()
     # A tensor that requires grad goes in through its detached alias: same storage.
     p = q.clone().requires_grad_()
-    assert _relpos.view_info(relpos._array(p, "q"))[0] == p.data_ptr()
+    assert _relpos.view_info(_calls.core_array(p, "q"))[0] == p.data_ptr()
     # Stride-0 (expanded) tensors too: nothing materialises the broadcast.
     e = torch.randn(1, 1, 1, 8).expand(2, 3, 9, 8)
     assert _relpos.view_info(e)[0] == e.data_ptr() and list(_relpos.view_info(e)[2]) == [0, 0, 0, 1]
