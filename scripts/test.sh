@@ -64,7 +64,7 @@ cmake -S . -B build/avx2 -G Ninja -DCMAKE_BUILD_TYPE=Release -DRELPOS_MARCH=x86-
 cmake --build build/avx2 -j "$jobs"
 env "${avx2[@]}" ctest --test-dir build/avx2 -j "$jobs" --output-on-failure
 pkg="$PWD/build/avx2/python-package"  # the Python package with the x86-64-v3 extension
-rm -rf "$pkg" && mkdir -p "$pkg/relpos" && cp python/relpos/*.py build/avx2/_relpos*.so "$pkg/relpos/"
+rm -rf "$pkg" && mkdir -p "$pkg" && cp -r python/relpos "$pkg/" && cp build/avx2/_relpos*.so "$pkg/relpos/"
 test "$(PYTHONPATH="$pkg" .venv/bin/python -c 'import relpos; print(relpos.__file__)')" = "$pkg/relpos/__init__.py"
 # Each stage its own inductor cache: a kernel cached under ATEN_CPU_CAPABILITY=avx2
 # (8-lane vectors) and reused by an AVX-512 process writes past its buffers (README, Limitations).

@@ -57,7 +57,7 @@ def core_array(x: Any, name: str):
 
 def check_dtypes(arrays: dict) -> None:
     """The dtype rule of a call, by argument name, for NumPy arrays and torch tensors
-    alike (``relpos.torch_op`` applies it where the core never sees the tensors): q
+    alike (``relpos.torch.ops`` applies it where the core never sees the tensors): q
     one of ``_DTYPES``, ``lse`` float32 when q is stored in a half type (else q's
     dtype), ``key_padding`` bool or uint8, every other array q's dtype. Entries
     without a dtype (options) are skipped. Checked before the core reads anything,

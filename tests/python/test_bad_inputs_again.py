@@ -24,7 +24,7 @@ import torch
 
 import relpos
 import relpos.torch as rt
-from relpos import torch_op
+from relpos.torch.ops import encode
 
 B, H, LQ, LK, D = 2, 4, 5, 6, 8
 
@@ -93,7 +93,7 @@ def test_the_backward_op_refuses_a_meta_tensor_by_name(name):
     q, k, v = qkv(g)
     out, lse = relpos.forward(q, k, v)
     tensors = dict(out=out, lse=lse, dout=torch.ones_like(out))
-    scheme, params, ints, floats = torch_op._encode(relpos.NoPosition(), False, 0, 0, None, "auto", None)
+    scheme, params, ints, floats = encode(relpos.NoPosition(), False, 0, 0, None, "auto", None)
     dq, dk, dv, _ = torch.ops.relpos.attention_backward(q, k, v, *tensors.values(), None, params, scheme, ints, floats)
     expected = relpos.backward(q, k, v, out, lse, torch.ones_like(out))
     for got, want in zip((dq, dk, dv), (expected["q"], expected["k"], expected["v"])):

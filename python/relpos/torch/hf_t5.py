@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 import relpos
-import relpos.torch
+from relpos.torch.functional import attention
 
 __all__ = ["patch_hf_t5"]
 
@@ -101,8 +101,8 @@ def _forward(self, hidden_states, mask=None, key_value_states=None, position_bia
         scheme = relpos.T5(table, bidirectional=not self.is_decoder,
                            max_distance=self.relative_attention_max_distance)
     # Self-attention's queries are the last cached positions; cross-attention has no positions.
-    out = relpos.torch.attention(query, key, value, scheme, causal=causal, key_padding=padding,
-                                 q_offset=0 if cross else "end", scale=1.0)
+    out = attention(query, key, value, scheme, causal=causal, key_padding=padding, q_offset=0 if cross else "end",
+                    scale=1.0)
     out = self.o(out.transpose(1, 2).reshape(B, Lq, -1))
     return out, None, None
 

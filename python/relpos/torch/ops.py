@@ -9,7 +9,8 @@ instead of a Python call they cannot trace.
 An op's arguments can only be tensors, numbers, bools, strings and lists of
 them, so a scheme travels as its name, its learnable tensors in a fixed order
 per scheme (``None`` where absent) and its options packed into an int list and
-a float list; ``_encode`` and ``_decode`` are the two ends of that packing.
+a float list; ``encode`` and ``decode`` are the two ends of that packing
+(``relpos.torch.functional`` and ``relpos.torch.context_parallel`` call them).
 """
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from typing import Optional, Sequence
 import torch
 
 import relpos
-from relpos._calls import check_dtypes, check_threads
+from relpos._calls import ALGORITHMS, check_dtypes, check_threads
 from relpos.schemes import SCHEMES, choice, integer, number
 
-__all__ = ["attention_forward", "attention_backward"]
+__all__ = ["attention_forward", "attention_backward", "encode", "decode"]
 
-def _encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
+
+def encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
     """(name, params, ints, floats) for a scheme record and call options.
 
     ints  = [causal, q_offset, k_offset, threads (-1 for None: torch.get_num_threads(),
@@ -40,14 +42,14 @@ def _encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
     present = sum(1 << i for i, p in enumerate(params) if p is not None)
     threads = None if threads is None else check_threads(threads)
     ints = [int(bool(causal)), integer(q_offset, "q_offset"), integer(k_offset, "k_offset"),
-            -1 if threads is None else threads, relpos.ALGORITHMS.index(choice(algorithm, "algorithm", relpos.ALGORITHMS)),
+            -1 if threads is None else threads, ALGORITHMS.index(choice(algorithm, "algorithm", ALGORITHMS)),
             present]
     floats = [math.nan if scale is None else number(scale, "scale")]
     extra_ints, extra_floats = scheme._op_options()
     return name, [p for p in params if p is not None], ints + extra_ints, floats + extra_floats
 
 
-def _decode(name: str, params: Sequence[torch.Tensor], ints: Sequence[int], floats: Sequence[float]):
+def decode(name: str, params: Sequence[torch.Tensor], ints: Sequence[int], floats: Sequence[float]):
     """The scheme record and the keyword options of relpos.forward / backward."""
     causal, q_offset, k_offset, threads, algorithm, present = ints[:6]
     cls = SCHEMES[name]
@@ -56,7 +58,7 @@ def _decode(name: str, params: Sequence[torch.Tensor], ints: Sequence[int], floa
     scheme = cls._from_op(tensors, ints[6:], floats[1:])
     options = dict(causal=bool(causal), q_offset=q_offset, k_offset=k_offset,
                    scale=None if math.isnan(floats[0]) else floats[0],
-                   algorithm=relpos.ALGORITHMS[algorithm],
+                   algorithm=ALGORITHMS[algorithm],
                    threads=torch.get_num_threads() if threads < 0 else threads or None)
     return scheme, options
 
@@ -82,14 +84,14 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_pad
                       params: list[torch.Tensor], scheme: str, ints: list[int], floats: list[float]
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """out (B, H, Lq, dv) and the row logsumexp (B, H, Lq)."""
-    record, options = _decode(scheme, params, ints, floats)
+    record, options = decode(scheme, params, ints, floats)
     _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), record)
     return relpos.forward(q, k, v, record, key_padding=key_padding, **options)
 
 
 @attention_forward.register_fake
 def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats):
-    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), _decode(scheme, params, ints, floats)[0])
+    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), decode(scheme, params, ints, floats)[0])
     B, H, Lq, _ = q.shape
     half = q.dtype in (torch.bfloat16, torch.float16)  # stored in a half type: lse is float32
     return q.new_empty(B, H, Lq, v.shape[-1]), q.new_empty(B, H, Lq, dtype=torch.float32 if half else q.dtype)
@@ -101,7 +103,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        scheme: str, ints: list[int], floats: list[float]
                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """dq, dk, dv and the gradient of each tensor of ``params`` (same order)."""
-    record, options = _decode(scheme, params, ints, floats)
+    record, options = decode(scheme, params, ints, floats)
     _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding), record)
     grads = relpos.backward(q, k, v, out, lse, dout, record, key_padding=key_padding, **options)
     names = list(record._params())
@@ -113,7 +115,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
 @attention_backward.register_fake
 def _attention_backward_fake(q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats):
     _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding),
-                   _decode(scheme, params, ints, floats)[0])
+                   decode(scheme, params, ints, floats)[0])
     # relpos.backward returns new contiguous tensors whatever the inputs' strides.
     fresh = [x.new_empty(x.shape) for x in (q, k, v, *params)]
     return fresh[0], fresh[1], fresh[2], fresh[3:]

@@ -1,20 +1,13 @@
-"""PyTorch integration: autograd through the relpos kernels, and a multi-head attention module.
+"""``RelativeMultiheadAttention``, a multi-head attention module with a relative
+position scheme, and loaders of upstream layers' weights into it.
 
     import torch, relpos.torch as rt
     layer = rt.RelativeMultiheadAttention(512, 8, scheme="shaw", shaw_k=16)
     y = layer(x, causal=True)                 # x (B, L, 512) -> y (B, L, 512)
     y.sum().backward()                        # gradients for projections and wK, wV
 
-``attention`` is one registered operator, ``torch.ops.relpos.attention_forward``
-(``relpos.torch_op``): the library's forward (fused where available) saves
-``out`` and the row logsumexp, and its autograd formula, the operator
-``relpos::attention_backward``, returns gradients for q, k, v and every
-learnable tensor of the scheme (Shaw wk/wv, T5 table, ALiBi slopes if given,
-Transformer-XL u/v/w_r). Being an operator with fake implementations, it runs
-under ``torch.compile(fullgraph=True)``, ``torch.export``, ``torch.jit.trace``
-and ``torch.vmap``. Tensors reach the core in place (DLPack), so strided views
-such as ``(B, L, H, d)`` projections seen as ``(B, H, L, d)`` are not copied.
-
+The module computes with ``relpos.torch.functional.attention``, or with
+``relpos.torch.context_parallel.ring_attention`` when its sequence is sharded.
 ``from_hf_t5``, ``from_transformer_xl`` and ``from_opennmt`` build a module
 holding the weights of the upstream attention layers (docs/torch.md gives the
 mappings).
@@ -29,55 +22,14 @@ import torch
 from torch import nn
 
 import relpos
-from relpos import torch_op
 from relpos._calls import check_threads
+from relpos.schemes import integer
+from relpos.torch.context_parallel import ring_attention
+from relpos.torch.functional import attention
 
-__all__ = ["attention", "RelativeMultiheadAttention", "from_hf_t5", "from_transformer_xl", "from_opennmt",
-           "patch_hf_t5"]
+__all__ = ["RelativeMultiheadAttention", "from_hf_t5", "from_transformer_xl", "from_opennmt"]
 
-
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    scheme=None,
-    *,
-    causal: bool = False,
-    key_padding: Optional[torch.Tensor] = None,
-    q_offset: int = 0,
-    k_offset: int = 0,
-    scale: Optional[float] = None,
-    algorithm: str = "auto",
-    threads: Optional[int] = None,
-    return_lse: bool = False,
-    layout: str = "bhld",
-):
-    """Differentiable ``relpos.forward``: q ``(B, H, Lq, d)``, k ``(B, Hkv, Lk, d)``,
-    v ``(B, Hkv, Lk, dv)`` -> out ``(B, H, Lq, dv)``; with ``layout="blhd"`` each
-    is ``(B, L, heads, .)`` instead and read in place (out: a transposed view).
-    ``scheme`` is a relpos scheme record (``relpos.Shaw``, ``T5``, ...) whose
-    arrays are torch tensors; those that require grad receive gradients. Options
-    as in ``relpos.forward`` (``q_offset="end"``: the queries are the last key
-    positions); ``threads`` defaults to ``torch.get_num_threads()``.
-    ``return_lse=True`` returns ``(out, lse)``, the row logsumexp ``(B, H, Lq)``
-    as a constant (no gradient flows through it), e.g. to merge attention over
-    key chunks."""
-    scheme = relpos.NoPosition() if scheme is None else scheme
-    if not hasattr(scheme, "_params"):
-        raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
-    for arg, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            raise ValueError(f"relpos: {arg}: expected a 4-dimensional torch tensor, got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    q, k, v = (relpos.heads_first(x, layout) for x in (q, k, v))
-    q_offset = relpos.resolve_q_offset(q_offset, q.shape[2], k.shape[2], k_offset)
-    name, params, ints, floats = torch_op._encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads)
-    out, lse = torch.ops.relpos.attention_forward(q, k, v, key_padding, params, name, ints, floats)
-    out = relpos.heads_first(out, layout)
-    return (out, lse.detach()) if return_lse else out
-
-
-SCHEMES = tuple(relpos.schemes.SCHEMES)
+SCHEMES = tuple(relpos.schemes.SCHEMES)  # the names the module's ``scheme`` argument takes
 KERPLE_MIN = 0.01  # the floor of KERPLE's r1 and r2 in the module
 
 
@@ -153,12 +105,12 @@ class RelativeMultiheadAttention(nn.Module):
             raise ValueError(f"relpos: scheme: must be one of {', '.join(SCHEMES)}; got {scheme!r}")
         for arg, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("head_dim", head_dim),
                            ("num_kv_heads", num_kv_heads), ("kdim", kdim), ("vdim", vdim), ("xl_pos_dim", xl_pos_dim)):
-            if value is not None and relpos.integer(value, arg) < 1:
+            if value is not None and integer(value, arg) < 1:
                 raise ValueError(f"relpos: {arg}: must be >= 1, got {value}")
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"relpos: num_kv_heads: must divide num_heads {num_heads}, got {num_kv_heads}")
-        if scheme == "shaw" and relpos.integer(shaw_k, "shaw_k") < 0:
+        if scheme == "shaw" and integer(shaw_k, "shaw_k") < 0:
             raise ValueError(f"relpos: shaw_k: must be >= 0, got {shaw_k}")
         if threads is not None:
             check_threads(threads)
@@ -273,7 +225,7 @@ class RelativeMultiheadAttention(nn.Module):
             mems = mems.detach()
             key, value = torch.cat([mems, key], 1), torch.cat([mems, value], 1)
             if q_offset != "end":  # "end" stays end-aligned with the longer keys
-                q_offset = relpos.integer(q_offset, "q_offset") + mems.shape[1]
+                q_offset = integer(q_offset, "q_offset") + mems.shape[1]
             if key_padding is not None:
                 pad = key_padding.new_zeros(key_padding.shape[0], mems.shape[1])
                 key_padding = torch.cat([pad, key_padding], 1)
@@ -281,8 +233,6 @@ class RelativeMultiheadAttention(nn.Module):
         k = self._heads(self.k_proj(key), self.num_kv_heads)
         v = self._heads(self.v_proj(value), self.num_kv_heads)
         if self.context_parallel is not None:
-            from relpos.context_parallel import ring_attention
-
             if mems is not None or key is not query:
                 raise ValueError("relpos: context_parallel: self-attention over the sharded sequence only "
                                  "(no key/value arguments, no mems)")
@@ -420,11 +370,3 @@ def from_opennmt(attn) -> RelativeMultiheadAttention:
         with torch.no_grad():
             m.shaw_wk.copy_(attn.relative_positions_embeddings.weight)
     return m
-
-
-def patch_hf_t5(model: nn.Module) -> nn.Module:
-    """Computes the attention of a loaded Hugging Face T5 model with relpos, in place
-    (``relpos.hf_t5``; needs transformers). Returns the model."""
-    from relpos.hf_t5 import patch_hf_t5 as patch
-
-    return patch(model)

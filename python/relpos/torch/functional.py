@@ -1,0 +1,64 @@
+"""``attention``: differentiable relpos attention on torch tensors, as one call of the
+registered operator ``torch.ops.relpos.attention_forward`` (``relpos.torch.ops``).
+
+The operator runs the library's forward (fused where available) and saves ``out``
+and the row logsumexp; its autograd formula, the operator
+``relpos::attention_backward``, returns gradients for q, k, v and every learnable
+tensor of the scheme (Shaw wk/wv, T5 table, ALiBi slopes if given,
+Transformer-XL u/v/w_r). Being an operator with fake implementations, it runs
+under ``torch.compile(fullgraph=True)``, ``torch.export``, ``torch.jit.trace``
+and ``torch.vmap``. Tensors reach the core in place (DLPack), so strided views
+such as ``(B, L, H, d)`` projections seen as ``(B, H, L, d)`` are not copied.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from relpos._calls import heads_first, resolve_q_offset
+from relpos.schemes import NoPosition
+from relpos.torch.ops import encode
+
+__all__ = ["attention"]
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scheme=None,
+    *,
+    causal: bool = False,
+    key_padding: Optional[torch.Tensor] = None,
+    q_offset: int = 0,
+    k_offset: int = 0,
+    scale: Optional[float] = None,
+    algorithm: str = "auto",
+    threads: Optional[int] = None,
+    return_lse: bool = False,
+    layout: str = "bhld",
+):
+    """Differentiable ``relpos.forward``: q ``(B, H, Lq, d)``, k ``(B, Hkv, Lk, d)``,
+    v ``(B, Hkv, Lk, dv)`` -> out ``(B, H, Lq, dv)``; with ``layout="blhd"`` each
+    is ``(B, L, heads, .)`` instead and read in place (out: a transposed view).
+    ``scheme`` is a relpos scheme record (``relpos.Shaw``, ``T5``, ...) whose
+    arrays are torch tensors; those that require grad receive gradients. Options
+    as in ``relpos.forward`` (``q_offset="end"``: the queries are the last key
+    positions); ``threads`` defaults to ``torch.get_num_threads()``.
+    ``return_lse=True`` returns ``(out, lse)``, the row logsumexp ``(B, H, Lq)``
+    as a constant (no gradient flows through it), e.g. to merge attention over
+    key chunks."""
+    scheme = NoPosition() if scheme is None else scheme
+    if not hasattr(scheme, "_params"):
+        raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
+    for arg, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise ValueError(f"relpos: {arg}: expected a 4-dimensional torch tensor, got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    q, k, v = (heads_first(x, layout) for x in (q, k, v))
+    q_offset = resolve_q_offset(q_offset, q.shape[2], k.shape[2], k_offset)
+    name, params, ints, floats = encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads)
+    out, lse = torch.ops.relpos.attention_forward(q, k, v, key_padding, params, name, ints, floats)
+    out = heads_first(out, layout)
+    return (out, lse.detach()) if return_lse else out
