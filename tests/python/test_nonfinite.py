@@ -136,3 +136,26 @@ def test_a_nan_query_poisons_its_row_and_the_keys_it_sees_only(case, algorithm, 
     _same(grads["q"][0, 1, rows], clean[2]["q"][0, 1, rows], tol, "dq of the other rows")
     for name in ("k", "v"):  # keys after row i: it cannot see them
         _same(grads[name][0, 1, i + 1:], clean[2][name][0, 1, i + 1:], tol, f"d{name} of keys row {i} cannot see")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("algorithm", ["fused", "gather", "reference"])
+@pytest.mark.parametrize("scheme", ["none", "t5", "alibi"])
+def test_a_kv_cache_with_garbage_past_the_query_decodes_as_the_filled_part(scheme, algorithm, dtype):
+    """One decoding step at position 100 against a cache of 300 slots whose slots
+    101.. hold NaN and inf (never written): causal masking hides them, and the
+    step equals the same step against the 101 filled slots alone."""
+    rng = np.random.default_rng(5)
+    H, d, filled, slots = 2, 16, 101, 300
+    q = torch.tensor(rng.standard_normal((1, H, 1, d)), dtype=dtype)
+    k = torch.tensor(rng.standard_normal((1, H, slots, d)), dtype=dtype)
+    v = torch.tensor(rng.standard_normal((1, H, slots, d)), dtype=dtype)
+    k[:, :, filled:] = float("nan")
+    v[:, :, filled:] = float("inf")
+    s = {"none": relpos.NoPosition(), "alibi": relpos.ALiBi(),
+         "t5": relpos.T5(torch.tensor(rng.standard_normal((H, 32)), dtype=dtype), bidirectional=False)}[scheme]
+    step = rt.attention(q, k, v, s, causal=True, q_offset=filled - 1, algorithm=algorithm)
+    alone = rt.attention(q, k[:, :, :filled], v[:, :, :filled], s, causal=True, q_offset=filled - 1,
+                         algorithm=algorithm)
+    assert torch.isfinite(step).all()
+    torch.testing.assert_close(step, alone, rtol=_tol(dtype), atol=_tol(dtype))
