@@ -79,15 +79,14 @@ void softmax_grad(const T* p, T* ds, T D, int64_t n) {
 // Whether the rows [0, rows) of x (n entries each, row stride ld) are all finite.
 template <class T>
 bool rows_finite(const T* x, int64_t rows, int64_t n, int64_t ld) {
-  for (int64_t r = 0; r < rows; ++r) {
-    if constexpr (std::is_same_v<T, float>) {
-      if (!simd::all_finite(x + r * ld, n)) return false;
-    } else {
+  if constexpr (std::is_same_v<T, float>) {
+    return simd::all_finite(x, rows, n, ld);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < n; ++i)
         if (!std::isfinite(x[r * ld + i])) return false;
-    }
+    return true;
   }
-  return true;
 }
 
 // (a[i], b[i]) rotated by the angle with cosine c[i] and sine sign * s[i].

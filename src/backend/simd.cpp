@@ -108,16 +108,21 @@ float MaxOf(const float* x, int64_t n, float init) {
   return best;
 }
 
-bool AllFinite(const float* x, int64_t n) {
+// x * 0 is 0 for a finite x and NaN for NaN and infinity: one multiply-add
+// per vector into a sum that is NaN exactly when some entry is not finite.
+bool AllFinite(const float* x, int64_t rows, int64_t n, int64_t ld) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = int64_t(hn::Lanes(d));
-  auto bad = hn::Not(hn::IsFinite(hn::Zero(d)));
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) bad = hn::Or(bad, hn::Not(hn::IsFinite(hn::LoadU(d, x + i))));
-  if (!hn::AllFalse(d, bad)) return false;
-  for (; i < n; ++i)
-    if (!std::isfinite(x[i])) return false;
-  return true;
+  const auto zero = hn::Zero(d);
+  auto sum = zero;
+  float tail = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * ld;
+    int64_t i = 0;
+    for (; i + lanes <= n; i += lanes) sum = hn::MulAdd(hn::LoadU(d, row + i), zero, sum);
+    for (; i < n; ++i) tail += row[i] * 0.0f;
+  }
+  return hn::AllFalse(d, hn::IsNaN(sum)) && tail == 0.0f;
 }
 
 template <class Body>
@@ -562,9 +567,9 @@ float max_of(const float* x, int64_t n, float init) {
   apply_environment();
   return HWY_DYNAMIC_DISPATCH(MaxOf)(x, n, init);
 }
-bool all_finite(const float* x, int64_t n) {
+bool all_finite(const float* x, int64_t rows, int64_t n, int64_t ld) {
   apply_environment();
-  return HWY_DYNAMIC_DISPATCH(AllFinite)(x, n);
+  return HWY_DYNAMIC_DISPATCH(AllFinite)(x, rows, n, ld);
 }
 void gelu_forward(const float* x, float* y, float* slope, int64_t n) {
   apply_environment();

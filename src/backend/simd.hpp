@@ -36,8 +36,9 @@ inline constexpr float kSoftmaxCutoff = -44.0f;
 inline constexpr float kExpOverflow = 88.0f;
 // max(init, x[0], ..., x[n-1]); NaN if any of them is NaN.
 float max_of(const float* x, int64_t n, float init);
-// Whether every x[i] is finite (no NaN, no infinity).
-bool all_finite(const float* x, int64_t n);
+// Whether every entry of rows [0, rows) of x (n entries each, row stride ld)
+// is finite (no NaN, no infinity).
+bool all_finite(const float* x, int64_t rows, int64_t n, int64_t ld);
 // The row operations of the attention tiles' epilogues (bias, scale, masks,
 // Shaw's bucket sums, the softmax gradient) and of RoPE:
 // y += alpha * x;  y += c;  y *= alpha;  the sum of x;  ds = p * (ds - D),

@@ -248,7 +248,7 @@ void check_nonfinite_lanes() {
           EXPECT_TRUE(special > 0 ? sum == inf : std::isfinite(sum));
           EXPECT_EQ(relpos::simd::max_of(x.data(), n, -inf), largest);
         }
-        EXPECT_FALSE(relpos::simd::all_finite(x.data(), n));
+        EXPECT_FALSE(relpos::simd::all_finite(x.data(), 1, n, n));
         for (int64_t i = 0; i < n; ++i) EXPECT_TRUE(i == at || (std::isfinite(out[i]) && out[i] > 0)) << i;
         EXPECT_EQ(std::isnan(relpos::exp_approx<true>(special)), std::isnan(special));
         EXPECT_EQ(relpos::exp_approx<false>(special) == inf, special == inf);
@@ -273,7 +273,15 @@ void check_nonfinite_lanes() {
         EXPECT_EQ(std::isnan(relpos::simd::sum_of(x.data(), n)), std::isnan(special));
       }
       x[at] = 1.0f;
-      EXPECT_TRUE(relpos::simd::all_finite(x.data(), n));
+      EXPECT_TRUE(relpos::simd::all_finite(x.data(), 1, n, n));
+      x[at] = nan;  // as one of several rows, and outside the rows read
+      std::vector<float> rows(3 * (n + 2), 1.0f);
+      rows[(n + 2) + at] = nan;
+      EXPECT_FALSE(relpos::simd::all_finite(rows.data(), 3, n, n + 2));
+      EXPECT_TRUE(relpos::simd::all_finite(rows.data() + 2 * (n + 2), 1, n, n + 2));
+      rows[(n + 2) + at] = 1.0f, rows[n + 1] = nan;  // padding between rows
+      EXPECT_TRUE(relpos::simd::all_finite(rows.data(), 3, n, n + 2));
+      x[at] = 1.0f;
 
       // the softmax gradient: p = 0 gives 0 whatever dP (ds) and D are; p > 0 keeps a NaN
       std::vector<float> p = random_row(n, 0.1f, 1.0f, uint64_t(n + 7 * at)), ds = random_row(n, -1.0f, 1.0f, uint64_t(at));
