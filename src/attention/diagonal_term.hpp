@@ -13,6 +13,7 @@
 #pragma once
 
 #include "distance_table.hpp"
+#include "tile_products.hpp"
 #include "relpos/gemm.hpp"
 #include "unfused.hpp"
 
@@ -37,7 +38,7 @@ class DiagonalTerm final : public RelativeTerm<T> {
     const int64_t n = Layout::count(hd);
     const Scratch<T> Prel = by_distance(hd, P);
     const Scratch<T> E = table_.values(hd, n);
-    gemm<T>(Trans::no, Trans::no, hd.lq, hd.dv, n, T(1), Prel.data(), n, E.data(), hd.dv, T(1), out, hd.dv);
+    weights_times<T>(Trans::no, hd.lq, hd.dv, n, T(1), Prel.data(), n, E.data(), hd.dv, T(1), out, hd.dv);
   }
 
   void backward_values(const Head<T>& hd, const T* P, const T* dout, T* dP) override {
@@ -49,7 +50,7 @@ class DiagonalTerm final : public RelativeTerm<T> {
     Layout::to_pairs(hd, dPrel.data(), T(1), dP);
     const Scratch<T> Prel = by_distance(hd, P);
     Scratch<T> dE(n * hd.dv);  // Prel^T dout
-    gemm<T>(Trans::yes, Trans::no, n, hd.dv, hd.lq, T(1), Prel.data(), n, dout, hd.dv, T(0), dE.data(), hd.dv);
+    weights_times<T>(Trans::yes, n, hd.dv, hd.lq, T(1), Prel.data(), n, dout, hd.dv, T(0), dE.data(), hd.dv);
     table_.add_value_grad(hd, dE, n);
   }
 
@@ -58,9 +59,9 @@ class DiagonalTerm final : public RelativeTerm<T> {
     const int64_t n = Layout::count(hd);
     const Scratch<T> dR = by_distance(hd, dS);
     const Scratch<T> E = table_.keys(hd, n);
-    gemm<T>(Trans::no, Trans::no, hd.lq, hd.d, n, scale, dR.data(), n, E.data(), hd.d, T(1), dqp, hd.d);
+    weights_times<T>(Trans::no, hd.lq, hd.d, n, scale, dR.data(), n, E.data(), hd.d, T(1), dqp, hd.d);
     Scratch<T> dE(n * hd.d);  // scale dR^T qp
-    gemm<T>(Trans::yes, Trans::no, n, hd.d, hd.lq, scale, dR.data(), n, hd.qp, hd.d, T(0), dE.data(), hd.d);
+    weights_times<T>(Trans::yes, n, hd.d, hd.lq, scale, dR.data(), n, hd.qp, hd.d, T(0), dE.data(), hd.d);
     table_.add_key_grad(hd, dE, n);
   }
 

@@ -135,14 +135,14 @@ struct BucketedRow {
     return {s.lo, s.hi, n, s.first};
   }
 
-  // The largest logit of the row, or init if larger. Empty parts are
+  // The largest logit of the row, or init if larger; NaN if any is. Empty parts are
   // skipped: most rows are one part, and vector loops called empty cost
   // about what the constant-adding pass they replace did (perf, Shaw keys only).
   T max(const T* row, T init) const {
     T m = init;
     if (hi > lo) m = max_of(row + lo, hi - lo, m);
-    if (lo > 0) m = std::max(m, max_of(row, lo, kNegInf<T>) + below);
-    if (hi < n) m = std::max(m, max_of(row + hi, n - hi, kNegInf<T>) + above);
+    if (lo > 0) m = max_keeping_nan(m, max_of(row, lo, kNegInf<T>) + below);
+    if (hi < n) m = max_keeping_nan(m, max_of(row + hi, n - hi, kNegInf<T>) + above);
     return m;
   }
 

@@ -221,7 +221,7 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
   c.E = e.E.empty() ? nullptr : e.E[h].data();
   c.stored = {};
   if constexpr (std::is_same_v<Stored, bfloat16>)
-    if (multiplies_stored_bf16(p, data)) {
+    if (multiplies_stored_bf16(p, data) && !c.x.padded_keys_zeroed) {
       const int64_t hk = kv_head(p, h);
       c.stored = {&data.q(b, h, 0, 0), &data.k(b, hk, 0, 0), &data.v(b, hk, 0, 0), nullptr,
                   data.q.stride[2], data.k.stride[2], data.v.stride[2], 0,
@@ -235,9 +235,11 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
 template <class T>
 void times_values(const HeadContext<T>& c, const SplitTile& split, const TileCut& cut, const T* P, int64_t bq,
                   int64_t bk, int64_t j0, int64_t dv, T* O) {
-  if constexpr (std::is_same_v<T, float>)
-    if (c.stored.split) return split.accumulate_times(dv, c.stored.v + j0 * c.stored.ldv, c.stored.ldv, 1.0f, O, dv);
-  tile_times(cut, bq, dv, bk, T(1), P, c.x.vp + j0 * c.x.ldv, c.x.ldv, T(1), O, dv);
+  const T* v = c.x.vp + j0 * c.x.ldv;
+  if constexpr (std::is_same_v<T, float>)  // the split multiplies every pair: not where a hidden value is not finite
+    if (c.stored.split && !nonfinite_in(hidden_key_rows(cut, bk), dv, v, c.x.ldv))
+      return split.accumulate_times(dv, c.stored.v + j0 * c.stored.ldv, c.stored.ldv, 1.0f, O, dv);
+  tile_times(cut, bq, dv, bk, T(1), P, v, c.x.ldv, T(1), O, dv);
 }
 
 // c (bq, bk) = alpha a b^T for the rows [ia, ia + bq) of a and [jb, jb + bk)
@@ -294,6 +296,17 @@ int64_t present_keys(const Head<T>& hd, int64_t mrow, int64_t bk) {
     return bk;
 }
 
+// A tile row's P where its logsumexp is NaN (the row saw a NaN): the
+// exponentials of its masked logits are NaN too, and are set to 0, so that
+// a key the row cannot see gets no gradient from it. present: present_keys.
+template <class F, class T>
+void zero_masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t j0, int64_t present, T* row, int64_t seen) {
+  if (present < seen) std::fill(row + present, row + seen, T(0));
+  if constexpr (F::padding)
+    for (int64_t jj = 0; jj < seen; ++jj)
+      if (p.key_padding(hd.b, j0 + jj)) row[jj] = T(0);
+}
+
 // Row ii of a tile, the keys [0, seen) from distance r0 on, by clipped-table
 // bucket, with the key table's edge scores from Rq (BucketedRow); one part
 // without a table.
@@ -303,7 +316,8 @@ BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t seen, c
     return BucketedRow<T>::whole(seen);
   } else {
     BucketedRow<T> row = BucketedRow<T>::clipped(r0, seen, c.k);
-    if (c.key_table() && c.clip) row.below = scale * Rq[ii * c.nb], row.above = scale * Rq[ii * c.nb + 2 * c.k];
+    // Under a causal mask the keys past +k are all masked: no shift (a NaN table row there must not reach the row).
+    if (c.key_table() && c.clip) row.below = scale * Rq[ii * c.nb], row.above = F::causal ? T(0) : scale * Rq[ii * c.nb + 2 * c.k];
     return row;
   }
 }
@@ -401,7 +415,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
     times_values(c, w.split, cut, S, bq, t.bk, j0, dv, w.O.data());
   }
   if (F::table && c.value_table())
-    gemm<T>(Trans::no, Trans::no, bq, dv, c.nb, T(1), w.Pb.data(), c.nb, c.wv.data(), dv, T(1), w.O.data(), dv);
+    weights_times<T>(Trans::no, bq, dv, c.nb, T(1), w.Pb.data(), c.nb, c.wv.data(), dv, T(1), w.O.data(), dv);
   for (int64_t ii = 0; ii < bq; ++ii) {
     const bool empty = w.l[ii] == T(0);  // fully masked row: zeros, lse -inf
     const T inv = empty ? T(0) : T(1) / w.l[ii];
@@ -549,10 +563,14 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       // Split products serve whole tiles; a tile the mask cuts small enough
       // for the staircase kernel keeps float32, which skips the hidden half
       // where the split would multiply three whole parts.
-      const bool split_tile = split && !cut.staircase && skip == 0;
+      // Nor a tile whose hidden part holds a non-finite row (tile_products.hpp).
+      const bool split_tile = split && !cut.staircase && skip == 0 &&
+                              !hides_nonfinite(cut, bq, bk, c.x.kp + j0 * c.x.ldk, c.x.ldk, d, c.x.qc.data() + i0 * d,
+                                               w.dout.data() + i0 * dvd, dvd);
       if (split_tile)
         for (SplitTile* tile : {&w.split.P, &w.split.dS}) tile->reshape(bq, bk, SplitTile::Layout::interleaved);
       tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, P, w.transposed);
+      const int64_t m0 = hd.diagonal(i0 + bq - 1, j0);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const T lse = data.lse(b, h, i0 + ii);
         T* row = P + ii * bk;
@@ -560,6 +578,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         const BucketedRow<T> buckets = bucketed_row<F>(c, hd.r(i0 + ii, j0), seen, w.Rq.data(), ii, scale);
         const auto sums = buckets.exp_shifted(row, lse);
         std::fill(row + seen, row + bk, T(0));
+        if (std::isnan(lse)) zero_masked<F>(p, hd, j0, present_keys<F>(hd, m0 + (bq - 1 - ii), bk), row, seen);
         if (F::table && c.value_table()) buckets.add_bucket_sums(&q.Pb[(i0 + ii) * nb], c.k, c.clip, row, sums);
         if (split_tile) split_row(w.split.P, ii, row);
       }
@@ -569,7 +588,6 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
                               dv.data() + (j0 + skip) * dvd, dvd);
       product_of_rows(c.stored.dout, c.stored.lddout, c.stored.v, c.stored.ldv, w.dout.data(), dvd, c.x.vp, c.x.ldv,
                       i0, j0, bq, bk, dvd, T(1), dS, cut, w.transposed);
-      const int64_t m0 = hd.diagonal(i0 + bq - 1, j0);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const int64_t i = i0 + ii, mrow = m0 + (bq - 1 - ii);
         T* prow = P + ii * bk;
@@ -652,16 +670,16 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
   if (c.key_table()) {  // dqp += dR wk; dwk += dR^T qp
-    gemm<T>(Trans::no, Trans::no, lq, d, nb, T(1), q.dR.data(), nb, c.wk.data(), d, T(1), q.dqp.data(), d);
+    weights_times<T>(Trans::no, lq, d, nb, T(1), q.dR.data(), nb, c.wk.data(), d, T(1), q.dqp.data(), d);
     if (e.key_table()->wants_grad(g)) {
       Scratch<T> dwk(nb * d);
-      gemm<T>(Trans::yes, Trans::no, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), dwk.data(), d);
+      weights_times<T>(Trans::yes, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), dwk.data(), d);
       e.key_table()->add_slice_grad(g, hd.h, dwk.data());
     }
   }
   if (c.value_table() && e.value_table()->wants_grad(g)) {  // dwv += Pb^T dout
     Scratch<T> dwv(nb * dvd);
-    gemm<T>(Trans::yes, Trans::no, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout.data(), dvd, T(0), dwv.data(), dvd);
+    weights_times<T>(Trans::yes, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout.data(), dvd, T(0), dwv.data(), dvd);
     e.value_table()->add_slice_grad(g, hd.h, dwv.data());
   }
   if constexpr (F::band) band_rows.add(F{}, e, g, hd, q.dE);

@@ -2,6 +2,7 @@
 // per-head algorithm (unfused pipeline, fused kernel) starts from.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -48,6 +49,7 @@ struct HeadData {
   // v at vp + j * ldv), the caller's tensors in place or the copies k, v.
   const T *kp = nullptr, *vp = nullptr;
   int64_t ldk = 0, ldv = 0;
+  bool padded_keys_zeroed = false;  // the copies differ from the caller's keys (zero_padded_keys)
 };
 
 // The shape and distances of head (b, h) of a call, no data.
@@ -84,6 +86,41 @@ inline void add_row(const View4<S>& x, int64_t b, int64_t h, int64_t i, const T*
   convert::add_into(&x(b, h, i, 0), x.stride[3], src, x.shape[3]);
 }
 
+template <class T>
+inline bool key_padded(const AttentionForward<T>& p, int64_t b, int64_t j) {
+  return !p.key_padding.empty() && p.key_padding(b, j) != 0;
+}
+
+// Keys that key padding hides from every query contribute nothing, but the
+// products multiply their rows by the padded pairs' zero probabilities, and
+// 0 x inf is NaN: where a padded key's k or v holds a non-finite value (the
+// uninitialised slot of a KV cache), the head reads copies in which every
+// padded key is zero. Every finite call reads what it always did.
+template <class T>
+void zero_padded_keys(const AttentionForward<T>& p, HeadData<T>& x) {
+  const Head<T>& hd = x.hd;
+  bool nonfinite = false;
+  for (int64_t j = 0; j < hd.lk && !nonfinite; ++j)
+    nonfinite = key_padded(p, hd.b, j) && !(rows::rows_finite(x.kp + j * x.ldk, 1, hd.d, x.ldk) &&
+                                        rows::rows_finite(x.vp + j * x.ldv, 1, hd.dv, x.ldv));
+  if (!nonfinite) return;
+  if (x.kp != x.k.data()) {  // read in place so far: copy
+    x.k.resize(hd.lk * hd.d), x.v.resize(hd.lk * hd.dv);
+    for (int64_t j = 0; j < hd.lk; ++j) {
+      std::copy_n(x.kp + j * x.ldk, hd.d, &x.k[j * hd.d]);
+      std::copy_n(x.vp + j * x.ldv, hd.dv, &x.v[j * hd.dv]);
+    }
+    x.kp = x.k.data(), x.ldk = hd.d;
+    x.vp = x.v.data(), x.ldv = hd.dv;
+  }
+  for (int64_t j = 0; j < hd.lk; ++j)
+    if (key_padded(p, hd.b, j)) {
+      std::fill_n(&x.k[j * hd.d], hd.d, T(0));
+      std::fill_n(&x.v[j * hd.dv], hd.dv, T(0));
+    }
+  x.padded_keys_zeroed = true;
+}
+
 // Prepares head (b, h) in x. p is the call; its tensors are read from
 // `data`: p itself, or for a call stored in a half type the stored call
 // whose float32 twin p is (positional parameters widened, no tensor data;
@@ -118,6 +155,8 @@ inline void load_head(const AttentionForward<T>& p, const AttentionForward<S>& d
     x.kp = x.k.data(), x.ldk = d;
     x.vp = x.v.data(), x.ldv = dv;
   }
+  x.padded_keys_zeroed = false;
+  if (!p.key_padding.empty()) zero_padded_keys(p, x);
   if (!x.rotation) x.rotation = make_rotation(p);  // the same angles for every head of the call
   if (x.rotation) {
     x.rotation->queries(x.qc.data(), 1);
@@ -145,7 +184,7 @@ inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadDa
 
 template <class T>
 inline bool masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t i, int64_t j) {
-  return (p.causal && hd.r(i, j) > 0) || (!p.key_padding.empty() && p.key_padding(hd.b, j) != 0);
+  return (p.causal && hd.r(i, j) > 0) || key_padded(p, hd.b, j);
 }
 
 // Whether the call wants a gradient of any of its scheme's parameters. A bias
@@ -184,11 +223,14 @@ inline void write_input_grads(const AttentionBackward<S>& data, const HeadData<T
   }
   if (!data.dq.empty())
     for (int64_t i = 0; i < lq; ++i) add_row(data.dq, b, h, i, &dqc[i * d]);
-  const int64_t from = data.key_grads_from;  // dk, dv rows are keys from .. lk - 1
-  if (!data.dk.empty())
-    for (int64_t j = from; j < lk; ++j) add_row(data.dk, b, h, j - from, &dk[j * d]);
-  if (!data.dv.empty())
-    for (int64_t j = from; j < lk; ++j) add_row(data.dv, b, h, j - from, &dv[j * dvd]);
+  // dk, dv rows are keys from .. lk - 1. A padded key's are zero, as no query
+  // sees it: not added, where dS^T q and P^T dout would make 0 x inf of a non-finite query row.
+  const int64_t from = data.key_grads_from;
+  for (int64_t j = from; j < lk; ++j) {
+    if (key_padded(data, b, j)) continue;
+    if (!data.dk.empty()) add_row(data.dk, b, h, j - from, &dk[j * d]);
+    if (!data.dv.empty()) add_row(data.dv, b, h, j - from, &dv[j * dvd]);
+  }
 }
 
 }  // namespace relpos

@@ -135,7 +135,7 @@ void forward(const AttentionForward<T>& p) {
         T m = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j < t.lk; ++j) {
           row[j] = t.masked[i * t.lk + j] ? -std::numeric_limits<T>::infinity() : logit(t, scale, i, j);
-          if (row[j] > m) m = row[j];
+          if (row[j] > m || std::isnan(row[j])) m = row[j];  // a NaN logit makes the row NaN (NaN > x is false: it stays)
         }
         for (int64_t x = 0; x < t.dv; ++x) p.out(b, h, i, x) = T(0);
         if (m == -std::numeric_limits<T>::infinity()) {  // fully masked row

@@ -8,6 +8,7 @@
 
 #include "relpos/gemm.hpp"
 #include "distance_table.hpp"
+#include "tile_products.hpp"
 #include "unfused.hpp"
 
 namespace relpos::unfused {
@@ -39,7 +40,7 @@ class TableGather final : public RelativeTerm<T> {
     const Scratch<T> Pb = bucket_sums(hd, *wv, P);
     const Scratch<T> slice = table_slice(*wv, hd.h);
     const int64_t n = wv->table_rows();
-    gemm<T>(Trans::no, Trans::no, hd.lq, hd.dv, n, T(1), Pb.data(), n, slice.data(), hd.dv, T(1), out, hd.dv);
+    weights_times<T>(Trans::no, hd.lq, hd.dv, n, T(1), Pb.data(), n, slice.data(), hd.dv, T(1), out, hd.dv);
   }
 
   void backward_values(const Head<T>& hd, const T* P, const T* dout, T* dP) override {
@@ -56,7 +57,7 @@ class TableGather final : public RelativeTerm<T> {
     if (grads_ && wv->wants_grad(*grads_)) {  // dwv = Pb^T dout
       const Scratch<T> Pb = bucket_sums(hd, *wv, P);
       Scratch<T> dwv(n * hd.dv);
-      gemm<T>(Trans::yes, Trans::no, n, hd.dv, hd.lq, T(1), Pb.data(), n, dout, hd.dv, T(0), dwv.data(), hd.dv);
+      weights_times<T>(Trans::yes, n, hd.dv, hd.lq, T(1), Pb.data(), n, dout, hd.dv, T(0), dwv.data(), hd.dv);
       wv->add_slice_grad(*grads_, hd.h, dwv.data());
     }
   }
@@ -67,10 +68,10 @@ class TableGather final : public RelativeTerm<T> {
     const Scratch<T> dR = bucket_sums(hd, *wk, dS);
     const Scratch<T> slice = table_slice(*wk, hd.h);
     const int64_t n = wk->table_rows();
-    gemm<T>(Trans::no, Trans::no, hd.lq, hd.d, n, scale, dR.data(), n, slice.data(), hd.d, T(1), dqp, hd.d);
+    weights_times<T>(Trans::no, hd.lq, hd.d, n, scale, dR.data(), n, slice.data(), hd.d, T(1), dqp, hd.d);
     if (grads_ && wk->wants_grad(*grads_)) {  // dwk = scale dR^T qp
       Scratch<T> dwk(n * hd.d);
-      gemm<T>(Trans::yes, Trans::no, n, hd.d, hd.lq, scale, dR.data(), n, hd.qp, hd.d, T(0), dwk.data(), hd.d);
+      weights_times<T>(Trans::yes, n, hd.d, hd.lq, scale, dR.data(), n, hd.qp, hd.d, T(0), dwk.data(), hd.d);
       wk->add_slice_grad(*grads_, hd.h, dwk.data());
     }
   }

@@ -100,6 +100,7 @@ class TableSplit final : public RelativeTerm<T> {
       for (int64_t j = 0; j < hd.lk; ++j)
         if (const int64_t c = table.row(hd.r(i, j)); c >= 0) {
           const T w = weight(i, j);
+          if (w == T(0)) continue;  // no pair (masked): nothing, also from a non-finite row
           for (int64_t x = 0; x < width; ++x) dslice[c * width + x] += w * rows[i * width + x];
         }
     table.add_slice_grad(*grads_, hd.h, dslice.data());

@@ -17,8 +17,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "relpos/gemm.hpp"
+#include "../backend/row_ops.hpp"
 #include "../backend/scratch.hpp"
 #include "../backend/simd.hpp"
 
@@ -66,11 +68,89 @@ void rows_by_rows(const TileCut& cut, int64_t bq, int64_t bk, int64_t width, T a
   gemm<T>(Trans::no, Trans::yes, bq, bk, width, alpha, a, lda, b, ldb, T(0), c, bk);
 }
 
+// A masked key contributes exactly nothing, whatever its rows hold: the
+// products below multiply P or dS, zero where the mask hides, by rows of
+// keys or queries, and 0 x inf is NaN. Where a row the cut hides from part
+// of the tile is not finite (an uninitialised slot of a KV cache, a NaN
+// query), a product adds the visible pairs only, row by row; everywhere
+// else (every finite input) it runs as before.
+//
+// Key rows jj of a tile hidden from its row 0 (jj > delta), and query rows
+// ii that do not see its last key (ii < bk - 1 - delta).
+inline std::pair<int64_t, int64_t> hidden_key_rows(const TileCut& cut, int64_t bk) {
+  return {cut.causal ? std::clamp<int64_t>(cut.delta + 1, 0, bk) : bk, bk};
+}
+inline std::pair<int64_t, int64_t> hidden_query_rows(const TileCut& cut, int64_t bq, int64_t bk) {
+  return {0, cut.causal ? std::clamp<int64_t>(bk - 1 - cut.delta, 0, bq) : 0};
+}
+
+// Whether rows [first, end) of x (n entries each, row stride ld) hold a non-finite value.
+template <class T>
+bool nonfinite_in(std::pair<int64_t, int64_t> rows, int64_t n, const T* x, int64_t ld) {
+  const auto [first, end] = rows;
+  return first < end && !rows::rows_finite(x + first * ld, end - first, n, ld);
+}
+
+// Whether the cut of a backward tile hides a non-finite row of its keys k
+// (d features, row stride ldk), queries q (d) or dout (dv), dense rows, from some of its pairs.
+template <class T>
+bool hides_nonfinite(const TileCut& cut, int64_t bq, int64_t bk, const T* k, int64_t ldk, int64_t d, const T* q,
+                     const T* dout, int64_t dv) {
+  const auto queries = hidden_query_rows(cut, bq, bk);
+  return nonfinite_in(hidden_key_rows(cut, bk), d, k, ldk) || nonfinite_in(queries, d, q, d) ||
+         nonfinite_in(queries, dv, dout, dv);
+}
+
+// c (bq x n) = alpha P b + beta c (beta 0 or 1), the visible pairs only: row ii of P against b's rows jj <= ii + delta.
+template <class T>
+void visible_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk, T alpha, const T* P, int64_t ldp,
+                   const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  for (int64_t ii = 0; ii < bq; ++ii) {
+    T* row = c + ii * ldc;
+    if (beta == T(0)) std::fill(row, row + n, T(0));
+    const int64_t seen = std::clamp<int64_t>(ii + cut.delta + 1, 0, bk);
+    for (int64_t jj = 0; jj < seen; ++jj) rows::add_scaled(row, b + jj * ldb, alpha * P[ii * ldp + jj], n);
+  }
+}
+
+// c (bk x n) = alpha P^T b + beta c (beta 0 or 1), the visible pairs only: key jj against b's rows ii >= jj - delta.
+template <class T>
+void visible_transposed_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk, T alpha, const T* P,
+                              int64_t ldp, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  for (int64_t jj = 0; jj < bk; ++jj) {
+    T* row = c + jj * ldc;
+    if (beta == T(0)) std::fill(row, row + n, T(0));
+    for (int64_t ii = std::clamp<int64_t>(jj - cut.delta, 0, bq); ii < bq; ++ii)
+      rows::add_scaled(row, b + ii * ldb, alpha * P[ii * ldp + jj], n);
+  }
+}
+
+// c (m x n) = alpha op(a) b + beta c (beta 0 or 1) for a matrix of weights
+// op(a) (m x k: a, or a^T for Trans::yes) whose zero entries mean "no pair"
+// (bucket sums of P or dS per positional table row, which are 0 for the rows
+// a query does not reach) and b (k x n, row stride ldb): gemm, unless a row
+// of b is not finite (a NaN table row, a NaN query), where a zero weight
+// still contributes nothing and the product skips it.
+template <class T>
+void weights_times(Trans ta, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                   int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (rows::rows_finite(b, k, n, ldb)) return gemm<T>(ta, Trans::no, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  for (int64_t i = 0; i < m; ++i) {
+    T* row = c + i * ldc;
+    if (beta == T(0)) std::fill(row, row + n, T(0));
+    for (int64_t p = 0; p < k; ++p)
+      if (const T w = ta == Trans::no ? a[i * lda + p] : a[p * lda + i]; w != T(0))
+        rows::add_scaled(row, b + p * ldb, alpha * w, n);
+  }
+}
+
 // c (bq x n) = alpha P b + beta c for the tile's P (bq x bk, row-major, zero
 // where the mask hides) and b (bk x n).
 template <class T>
 void tile_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk, T alpha, const T* P, const T* b, int64_t ldb,
                 T beta, T* c, int64_t ldc) {
+  if (nonfinite_in(hidden_key_rows(cut, bk), n, b, ldb))
+    return visible_times(cut, bq, n, bk, alpha, P, bk, b, ldb, beta, c, ldc);
   if constexpr (std::is_same_v<T, float>)
     if (cut.staircase)
       return simd::staircase_product({bq, n, bk, alpha, beta, P, bk, 1, b, ldb, c, ldc,
@@ -83,6 +163,8 @@ void tile_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk, T alpha, 
 template <class T>
 void tile_transposed_times(const TileCut& cut, int64_t bq, int64_t n, int64_t bk, T alpha, const T* P, int64_t ldp,
                            const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (nonfinite_in(hidden_query_rows(cut, bq, bk), n, b, ldb))
+    return visible_transposed_times(cut, bq, n, bk, alpha, P, ldp, b, ldb, beta, c, ldc);
   if constexpr (std::is_same_v<T, float>)
     if (cut.staircase)
       return simd::staircase_product({bk, n, bq, alpha, beta, P, 1, ldp, b, ldb, c, ldc,

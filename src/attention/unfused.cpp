@@ -11,6 +11,7 @@
 #include "../backend/parallel.hpp"
 #include "../backend/vexp.hpp"
 #include "grad_partials.hpp"
+#include "tile_products.hpp"
 
 namespace relpos::unfused {
 namespace {
@@ -33,6 +34,24 @@ void logits(const AttentionForward<T>& p, HeadData<T>& x, RelativeTerm<T>& term,
     }
 }
 
+
+// The head as one tile of tile_products.hpp for the products of P and dS:
+// gemm as ever, but where a causal mask hides a non-finite key or query row
+// from some rows, the visible pairs only.
+template <class T>
+TileCut head_cut(const AttentionForward<T>& p, const Head<T>& hd) {
+  return {p.causal, /*staircase=*/false, -hd.r(0, 0)};
+}
+
+// Row i of P where its shift (maximum or logsumexp) is NaN, the row having
+// seen a NaN: exp(-inf - NaN) made its masked pairs NaN too, and they are set
+// to 0, so that no other row (the skews move P's entries between rows) and
+// no key the row cannot see is reached from them.
+template <class T>
+void zero_masked_pairs(const AttentionForward<T>& p, const Head<T>& hd, int64_t i, T* row) {
+  for (int64_t j = 0; j < hd.lk; ++j)
+    if (masked(p, hd, i, j)) row[j] = T(0);
+}
 
 // Per-thread buffers of the forward pass.
 template <class T>
@@ -59,11 +78,11 @@ void forward_head(const AttentionForward<T>& p, RelativeTerm<T>& term, int64_t b
     }
     const T sum = exp_shifted_sum(row, m, row, hd.lk);
     for (int64_t j = 0; j < hd.lk; ++j) row[j] /= sum;
+    if (std::isnan(sum)) zero_masked_pairs(p, hd, i, row);
     p.lse(b, h, i) = m + std::log(sum);
   }
   w.out.resize(hd.lq * hd.dv);
-  gemm<T>(Trans::no, Trans::no, hd.lq, hd.dv, hd.lk, T(1), S.data(), hd.lk, x.v.data(), hd.dv, T(0), w.out.data(),
-          hd.dv);
+  tile_times(head_cut(p, hd), hd.lq, hd.dv, hd.lk, T(1), S.data(), x.v.data(), hd.dv, T(0), w.out.data(), hd.dv);
   term.add_values(hd, S.data(), w.out.data());
   for (int64_t i = 0; i < hd.lq; ++i)
     for (int64_t c = 0; c < hd.dv; ++c) p.out(b, h, i, c) = w.out[i * hd.dv + c];
@@ -93,6 +112,7 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
       std::fill(&P[i * lk], &P[i * lk] + lk, T(0));
     else
       exp_shifted_sum(&P[i * lk], lse, &P[i * lk], lk);
+    if (std::isnan(lse)) zero_masked_pairs(p, hd, i, &P[i * lk]);
   }
   dout.resize(lq * dvd);
   for (int64_t i = 0; i < lq; ++i)
@@ -102,11 +122,12 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
   gemm<T>(Trans::no, Trans::yes, lq, lk, dvd, T(1), dout.data(), dvd, x.v.data(), dvd, T(0), dS.data(), lk);
   term.backward_values(hd, P.data(), dout.data(), dS.data());
   dv.resize(lk * dvd);
-  gemm<T>(Trans::yes, Trans::no, lk, dvd, lq, T(1), P.data(), lk, dout.data(), dvd, T(0), dv.data(), dvd);
+  const TileCut cut = head_cut(p, hd);
+  tile_transposed_times(cut, lq, dvd, lk, T(1), P.data(), lk, dout.data(), dvd, T(0), dv.data(), dvd);
   for (int64_t i = 0; i < lq; ++i) {
     T D = 0;
     for (int64_t c = 0; c < dvd; ++c) D += dout[i * dvd + c] * p.out(b, h, i, c);
-    for (int64_t j = 0; j < lk; ++j) dS[i * lk + j] = P[i * lk + j] * (dS[i * lk + j] - D);
+    rows::softmax_grad(&P[i * lk], &dS[i * lk], D, lk);
   }
   if (!x.bias.empty() && wants_scheme_grads(p)) {  // bias gradient: per distance, then per bucket / slope
     dbias.assign(hd.distances(), T(0));
@@ -115,8 +136,8 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
     add_bias_grad(g, x, dbias);
   }
   dqc.resize(lq * d), dk.resize(lk * d);
-  gemm<T>(Trans::no, Trans::no, lq, d, lk, scale, dS.data(), lk, x.k.data(), d, T(0), dqc.data(), d);
-  gemm<T>(Trans::yes, Trans::no, lk, d, lq, scale, dS.data(), lk, x.qc.data(), d, T(0), dk.data(), d);
+  tile_times(cut, lq, d, lk, scale, dS.data(), x.k.data(), d, T(0), dqc.data(), d);
+  tile_transposed_times(cut, lq, d, lk, scale, dS.data(), lk, x.qc.data(), d, T(0), dk.data(), d);
   dqp.assign(lq * d, T(0));
   term.backward_scores(hd, scale, dS.data(), dqp.data());
   write_input_grads(p, x, g, dqc, dqp, dk, dv);

@@ -4,6 +4,7 @@
 // and gradient-check path, plain loops.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -63,13 +64,28 @@ T sum_of(const T* x, int64_t n) {
   }
 }
 
-// The softmax's gradient from dP: ds[i] = p[i] * (ds[i] - D), D = dout . out.
+// The softmax's gradient from dP: ds[i] = p[i] * (ds[i] - D), D = dout . out;
+// exactly 0 where p[i] is 0, whatever dP and D hold (a masked key's
+// infinite value, a NaN row's D: neither reaches a pair the softmax gave nothing).
 template <class T>
 void softmax_grad(const T* p, T* ds, T D, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
     return simd::softmax_grad(p, ds, D, n);
   } else {
-    for (int64_t i = 0; i < n; ++i) ds[i] = p[i] * (ds[i] - D);
+    for (int64_t i = 0; i < n; ++i) ds[i] = p[i] == 0 ? T(0) : p[i] * (ds[i] - D);
+  }
+}
+
+// Whether the rows [0, rows) of x (n entries each, row stride ld) are all finite.
+template <class T>
+bool rows_finite(const T* x, int64_t rows, int64_t n, int64_t ld) {
+  if constexpr (std::is_same_v<T, float>) {
+    return simd::all_finite(x, rows, n, ld);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(x[r * ld + i])) return false;
+    return true;
   }
 }
 

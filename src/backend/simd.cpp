@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 #include <type_traits>
 
@@ -27,9 +28,11 @@ namespace relpos::simd::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // exp(x) as vexp.hpp's exp_approx, lane-wise: Cody-Waite reduction by ln 2
-// and a degree-6 polynomial; 0 below -87 (and for -inf). MulAdd is one fused
-// instruction where the target has FMA (a 2-7% faster attention forward on
-// AVX2 than a product and a sum) and a product and a sum elsewhere.
+// and a degree-6 polynomial; 0 below -87 (and for -inf), infinity above
+// kExpOverflow, NaN for NaN (the clamp alone turned a NaN into -87, so a NaN
+// logit became a probability of about 0). MulAdd is one fused instruction
+// where the target has FMA (a 2-7% faster attention forward on AVX2 than a
+// product and a sum) and a product and a sum elsewhere.
 template <class D, class V>
 V Exp(D d, V x) {
   const hn::RebindToSigned<D> di;
@@ -41,7 +44,10 @@ V Exp(D d, V x) {
   V p = hn::Set(d, 1.0f / 720);
   for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = hn::MulAdd(p, r, hn::Set(d, c));
   const V two_k = hn::BitCast(d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, k), hn::Set(di, 127))));
-  return hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), hn::Mul(p, two_k));
+  const V finite = hn::IfThenZeroElse(hn::Lt(x, hn::Set(d, -87.0f)), hn::Mul(p, two_k));
+  // NaN and overflow in one test: NaN * inf stays NaN, x * inf is inf above it.
+  return hn::IfThenElse(hn::Le(x, hn::Set(d, kExpOverflow)), finite,
+                        hn::Mul(x, hn::Set(d, std::numeric_limits<float>::infinity())));
 }
 
 // Phi(x) and phi(x) as gelu.hpp's normal_cdf_pdf(float), lane-wise.
@@ -83,15 +89,40 @@ float ExpShiftedSum(const float* x, float shift, float* out, int64_t n) {
   return total;
 }
 
+// Highway's Max leaves a NaN lane to the target (x86 returns its second
+// operand), so NaN lanes are tracked beside it: a row with a NaN has NaN as
+// its maximum, and its softmax is NaN, as in exact arithmetic.
 float MaxOf(const float* x, int64_t n, float init) {
   const hn::ScalableTag<float> d;
   const int64_t lanes = int64_t(hn::Lanes(d));
   auto m = hn::Set(d, init);
+  auto nan = hn::IsNaN(m);
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) m = hn::Max(m, hn::LoadU(d, x + i));
-  float best = hn::GetLane(hn::MaxOfLanes(d, m));
-  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::LoadU(d, x + i);
+    m = hn::Max(m, v);
+    nan = hn::Or(nan, hn::IsNaN(v));
+  }
+  float best = hn::AllFalse(d, nan) ? hn::GetLane(hn::MaxOfLanes(d, m)) : std::numeric_limits<float>::quiet_NaN();
+  for (; i < n; ++i) best = x[i] > best || std::isnan(x[i]) ? x[i] : best;  // a NaN best stays: NaN > y is false
   return best;
+}
+
+// x * 0 is 0 for a finite x and NaN for NaN and infinity: one multiply-add
+// per vector into a sum that is NaN exactly when some entry is not finite.
+bool AllFinite(const float* x, int64_t rows, int64_t n, int64_t ld) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  const auto zero = hn::Zero(d);
+  auto sum = zero;
+  float tail = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * ld;
+    int64_t i = 0;
+    for (; i + lanes <= n; i += lanes) sum = hn::MulAdd(hn::LoadU(d, row + i), zero, sum);
+    for (; i < n; ++i) tail += row[i] * 0.0f;
+  }
+  return hn::AllFalse(d, hn::IsNaN(sum)) && tail == 0.0f;
 }
 
 template <class Body>
@@ -205,7 +236,9 @@ double SumOfSquares(const float* x, int64_t n) {
 
 void SoftmaxGrad(const float* p, float* ds, float D, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) {
-    hn::StoreU(hn::Mul(hn::LoadU(d, p + i), hn::Sub(hn::LoadU(d, ds + i), hn::Set(d, D))), d, ds + i);
+    const auto pv = hn::LoadU(d, p + i);
+    const auto grad = hn::Mul(pv, hn::Sub(hn::LoadU(d, ds + i), hn::Set(d, D)));
+    hn::StoreU(hn::IfThenZeroElse(hn::Eq(pv, hn::Zero(d)), grad), d, ds + i);
   });
 }
 
@@ -471,6 +504,7 @@ HWY_EXPORT(AddConstant);
 HWY_EXPORT(Scale);
 HWY_EXPORT(SumOf);
 HWY_EXPORT(SoftmaxGrad);
+HWY_EXPORT(AllFinite);
 HWY_EXPORT(AddColumnSums);
 HWY_EXPORT(AddColumnSumsBf16);
 HWY_EXPORT(SumOfSquares);
@@ -532,6 +566,10 @@ float exp_shifted_sum(const float* x, float shift, float* out, int64_t n) {
 float max_of(const float* x, int64_t n, float init) {
   apply_environment();
   return HWY_DYNAMIC_DISPATCH(MaxOf)(x, n, init);
+}
+bool all_finite(const float* x, int64_t rows, int64_t n, int64_t ld) {
+  apply_environment();
+  return HWY_DYNAMIC_DISPATCH(AllFinite)(x, rows, n, ld);
 }
 void gelu_forward(const float* x, float* y, float* slope, int64_t n) {
   apply_environment();

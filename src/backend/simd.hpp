@@ -31,11 +31,19 @@ float exp_shifted_sum(const float* x, float shift, float* out, int64_t n);
 // ALiBi forward (L = 4096, d = 128, causal, one thread) ran 1.36-1.50x the
 // time of plain attention with them, 1.01-1.06x with them flushed.
 inline constexpr float kSoftmaxCutoff = -44.0f;
-// max(init, x[0], ..., x[n-1]).
+// The vector exp gives infinity above this (e^88 is within a factor 2.1 of
+// float's largest; the softmax never asks past 0).
+inline constexpr float kExpOverflow = 88.0f;
+// max(init, x[0], ..., x[n-1]); NaN if any of them is NaN.
 float max_of(const float* x, int64_t n, float init);
+// Whether every entry of rows [0, rows) of x (n entries each, row stride ld)
+// is finite (no NaN, no infinity).
+bool all_finite(const float* x, int64_t rows, int64_t n, int64_t ld);
 // The row operations of the attention tiles' epilogues (bias, scale, masks,
 // Shaw's bucket sums, the softmax gradient) and of RoPE:
-// y += alpha * x;  y += c;  y *= alpha;  the sum of x;  ds = p * (ds - D);
+// y += alpha * x;  y += c;  y *= alpha;  the sum of x;  ds = p * (ds - D),
+// exactly 0 where p is 0 (a pair the softmax gave nothing gets no gradient,
+// also where dP or D is not finite);
 // and the rotation of the pairs (a[i], b[i]) by the angles whose cosines and
 // sines are c[i], sign * s[i]: a' = a c - b s', b' = b c + a s'.
 void add_scaled(float* y, const float* x, float alpha, int64_t n);

@@ -1,6 +1,7 @@
 // Exponentials for the softmax. float: Cody-Waite range reduction and a
 // degree-6 polynomial (about 2 ulp near 0, a relative 4e-6 near -87 where
-// the range reduction's error grows; exp(-inf) = 0 exactly), the
+// the range reduction's error grows; exp(-inf) = 0 exactly, exp(NaN) NaN,
+// infinity above simd::kExpOverflow), the
 // scalar form here and its vector form in simd.hpp, dispatched at run time to
 // the CPU's best target. double (tests, the oracle path) uses std::exp.
 #pragma once
@@ -8,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "simd.hpp"
 
@@ -25,6 +27,7 @@ inline float multiply_add(float a, float b, float c) {
 // AVX-512) compute it, else as those without (SSE4, scalar).
 template <bool kFused = true>
 inline float exp_approx(float x) {
+  if (!(x <= simd::kExpOverflow)) return x * std::numeric_limits<float>::infinity();  // NaN stays NaN
   const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   const float k = multiply_add<kFused>(xc, 1.44269504f, 12582912.0f) - 12582912.0f;  // round(x / ln 2)
   float r = multiply_add<kFused>(-k, 0.693359375f, xc);  // ln 2 split in two: exact k * hi
@@ -50,12 +53,18 @@ inline double exp_shifted_sum(const double* x, double shift, double* out, int64_
 
 inline float max_of(const float* x, int64_t n, float init) { return simd::max_of(x, n, init); }
 
+// max(init, x[0], ..., x[n-1]), NaN if any is NaN: a NaN logit makes its row NaN.
 template <class T>
 T max_of(const T* x, int64_t n, T init) {
   T m = init;
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m || std::isnan(x[i]) ? x[i] : m;  // a NaN m stays: NaN > m is false
   return m;
+}
+
+// max(a, b), NaN if either is (std::max returns a when b is NaN).
+template <class T>
+T max_keeping_nan(T a, T b) {
+  return b > a || std::isnan(b) ? b : a;  // a NaN a stays: b > NaN is false
 }
 
 }  // namespace relpos

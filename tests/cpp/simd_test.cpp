@@ -221,8 +221,89 @@ void check_staircase_products() {
                std::logic_error);
 }
 
+// NaN and infinite lanes, at every position of rows around the vector
+// widths: the exponentials keep a NaN (a NaN logit must not become a
+// probability of 0: the clamp to [-87, 88] once turned it into e^-87) and
+// give 0 at -inf and infinity at +inf; a row's maximum is NaN when any of
+// its entries is; the softmax gradient is exactly 0 where p is 0, whatever
+// dP and D hold; every element-wise operation keeps a NaN in its lane and
+// reductions over it are NaN.
+void check_nonfinite_lanes() {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : {1, 5, 8, 16, 17, 33}) {
+    for (int64_t at = 0; at < n; ++at) {
+      SCOPED_TRACE("n = " + std::to_string(n) + ", lane " + std::to_string(at));
+      std::vector<float> x = random_row(n, -5.0f, 0.0f, uint64_t(n * 100 + at)), out(x.size(), 0.0f);
+      for (float special : {nan, inf, -inf}) {
+        x[at] = special;
+        const float sum = relpos::simd::exp_shifted_sum(x.data(), 0.5f, out.data(), n);
+        if (std::isnan(special)) {
+          EXPECT_TRUE(std::isnan(out[at]) && std::isnan(sum));
+          EXPECT_TRUE(std::isnan(relpos::simd::max_of(x.data(), n, -inf)));
+          EXPECT_TRUE(std::isnan(relpos::simd::max_of(x.data(), n, 1e30f)));  // a NaN beside a larger init
+        } else {
+          float largest = -inf;
+          for (float v : x) largest = v > largest ? v : largest;
+          EXPECT_EQ(out[at], special > 0 ? inf : 0.0f);
+          EXPECT_TRUE(special > 0 ? sum == inf : std::isfinite(sum));
+          EXPECT_EQ(relpos::simd::max_of(x.data(), n, -inf), largest);
+        }
+        EXPECT_FALSE(relpos::simd::all_finite(x.data(), 1, n, n));
+        for (int64_t i = 0; i < n; ++i) EXPECT_TRUE(i == at || (std::isfinite(out[i]) && out[i] > 0)) << i;
+        EXPECT_EQ(std::isnan(relpos::exp_approx<true>(special)), std::isnan(special));
+        EXPECT_EQ(relpos::exp_approx<false>(special) == inf, special == inf);
+
+        // element-wise operations: the NaN (or infinity) stays in its lane
+        std::vector<float> y = random_row(n, -1.0f, 1.0f, uint64_t(n + at)), w = y, gy(x.size()), slope(x.size());
+        std::vector<float> scaled = x, shifted = x;
+        relpos::simd::add_scaled(y.data(), x.data(), 0.5f, n);
+        relpos::simd::scale(scaled.data(), 2.0f, n);
+        relpos::simd::add_constant(shifted.data(), 1.0f, n);
+        relpos::simd::multiply(x.data(), w.data(), w.data(), n);
+        relpos::simd::gelu_forward(x.data(), gy.data(), slope.data(), n);
+        for (const std::vector<float>* lane : {&y, &scaled, &shifted, &w}) {
+          EXPECT_EQ(std::isnan((*lane)[at]), std::isnan(special));
+          EXPECT_FALSE(std::isfinite((*lane)[at]));
+        }
+        if (std::isnan(special)) {
+          EXPECT_TRUE(std::isnan(gy[at]) && std::isnan(slope[at]));
+        } else if (special == inf) {
+          EXPECT_EQ(gy[at], inf);  // gelu(x) = x Phi(x); at -inf the formula's inf x 0 is NaN
+        }
+        EXPECT_EQ(std::isnan(relpos::simd::sum_of(x.data(), n)), std::isnan(special));
+      }
+      x[at] = 1.0f;
+      EXPECT_TRUE(relpos::simd::all_finite(x.data(), 1, n, n));
+      x[at] = nan;  // as one of several rows, and outside the rows read
+      std::vector<float> rows(3 * (n + 2), 1.0f);
+      rows[(n + 2) + at] = nan;
+      EXPECT_FALSE(relpos::simd::all_finite(rows.data(), 3, n, n + 2));
+      EXPECT_TRUE(relpos::simd::all_finite(rows.data() + 2 * (n + 2), 1, n, n + 2));
+      rows[(n + 2) + at] = 1.0f, rows[n + 1] = nan;  // padding between rows
+      EXPECT_TRUE(relpos::simd::all_finite(rows.data(), 3, n, n + 2));
+      x[at] = 1.0f;
+
+      // the softmax gradient: p = 0 gives 0 whatever dP (ds) and D are; p > 0 keeps a NaN
+      std::vector<float> p = random_row(n, 0.1f, 1.0f, uint64_t(n + 7 * at)), ds = random_row(n, -1.0f, 1.0f, uint64_t(at));
+      p[at] = 0.0f;
+      ds[at] = inf;
+      relpos::simd::softmax_grad(p.data(), ds.data(), 0.25f, n);
+      EXPECT_EQ(ds[at], 0.0f);
+      std::vector<float> ds_nan_d = ds;
+      relpos::simd::softmax_grad(p.data(), ds_nan_d.data(), nan, n);
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(std::isnan(ds_nan_d[i]), i != at) << i;
+    }
+  }
+  std::vector<float> row = {-1.0f, -2.0f, -3.0f};
+  std::vector<float> out(3);
+  EXPECT_TRUE(std::isnan(relpos::simd::exp_shifted_sum(row.data(), nan, out.data(), 3)));  // a NaN shift (row maximum)
+  EXPECT_TRUE(std::isnan(out[0]) && std::isnan(out[2]));
+  EXPECT_TRUE(std::isnan(relpos::simd::max_of(row.data(), 3, nan)));
+}
+
 template <bool kFused>
 void check_current_target() {
+  check_nonfinite_lanes();
   // Lengths around the vector widths (4, 8, 16 lanes) and a softmax row.
   for (int64_t n : {1, 3, 7, 8, 9, 15, 16, 17, 33, 128, 129}) {
     SCOPED_TRACE("n = " + std::to_string(n));
