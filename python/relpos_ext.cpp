@@ -1,4 +1,4 @@
-// nanobind bridge between relpos/__init__.py and the C++ attention API.
+// nanobind bridge between relpos/_calls.py (the Python argument marshalling) and the C++ attention API.
 //
 // The Python layer allocates every output and passes one dict of named
 // arrays and options; this file only turns those into strided views (no copy)
@@ -45,7 +45,7 @@ V make_view(const Array& arr, const char* key, void* data) {
 }
 
 // bfloat16 and float16 arrive as 16-bit integer views of the same memory
-// (relpos/__init__.py makes them; the "storage" entry names the type), since
+// (relpos/_calls.py makes them; the "storage" entry names the type), since
 // neither NumPy's buffer protocol nor DLPack carries both for every library.
 template <class E>
 bool dtype_is(const nb::dlpack::dtype& got) {
