@@ -21,6 +21,8 @@ constexpr Benchmark kBenchmarks[] = {
 
 int run_bench(int argc, char** argv, int first) {
   const bool help = first < argc && (!std::strcmp(argv[first], "--help") || !std::strcmp(argv[first], "-h"));
+  if (help && first + 1 < argc)  // as `relpos --help extra`: a mistyped command line
+    throw UsageError{std::string(argv[first]) + " takes no arguments, got '" + argv[first + 1] + "'"};
   if (first >= argc || help) {
     std::FILE* to = help ? stdout : stderr;
     std::fprintf(to, "usage: relpos bench <benchmark> [options]\n\nbenchmarks:\n");

@@ -12,6 +12,7 @@
 
 #include "relpos/gemm.hpp"
 #include "commands.hpp"
+#include "fits_memory.hpp"
 #include "json_output.hpp"
 #include "measure.hpp"
 #include "options.hpp"
@@ -20,11 +21,18 @@
 namespace relpos::cli {
 namespace {
 
+// --reps is used as an int; more repetitions would run for days at any length.
+constexpr int64_t kMaxReps = 1 << 20;
 
 std::vector<SchemeCase> cases() {
   SchemeCase shaw{"shaw k=64 K+V", Scheme::shaw}, xl{"transformer-xl", Scheme::xl};
   shaw.shaw_k = 64;
   return cases_of_every_scheme({shaw, xl});
+}
+
+// The bytes of sgemm_gflops' buffers (below): one operand, a result per thread.
+double sgemm_bytes(double m, double n, double k, double threads) {
+  return double(sizeof(float)) * (std::max(m, n) * k + threads * m * n);
 }
 
 // sgemm rate of `count` (m x k)(k x n) products spread over `threads`, one
@@ -88,12 +96,36 @@ void time_fused(Problem<float>& pb, Problem<H>* half, int64_t reps, Row& r) {
   }
 }
 
+// The unfused algorithm that 'auto' picked before the fused kernel.
+Algorithm unfused_algorithm(const SchemeCase& c) {
+  return c.scheme == Scheme::xl ? Algorithm::relshift : Algorithm::gather;
+}
+
+// What one row holds at once: the float32 problem and, with --dtype, the
+// half one, with the largest scratch of the algorithms timed on them.
+double row_bytes(const ProblemShape& shape, const SchemeCase& c, const std::string& dtype, int threads,
+                 bool times_unfused) {
+  std::vector<Algorithm> timed = {Algorithm::fused};
+  if (times_unfused) timed.push_back(unfused_algorithm(c));
+  double buffers = problem_bytes<float>(shape, c), scratch = scratch_bytes<float>(shape, c, timed, threads);
+  const auto add_half = [&](auto half) {
+    using H = decltype(half);
+    buffers += problem_bytes<H>(shape, c);
+    scratch = std::max(scratch, scratch_bytes<H>(shape, c, {Algorithm::fused}, threads));
+  };
+  if (dtype == "bfloat16")
+    add_half(bfloat16());
+  else if (dtype == "float16")
+    add_half(float16());
+  return buffers + scratch;
+}
+
 }  // namespace
 
 int run_bench_attention(int argc, char** argv, int first) {
   ProblemShape shape;
   shape.batch = 1, shape.heads = 8;
-  std::string lengths_text = "512,2048,8192", dims_text = "64,128", threads_text = "1,2";
+  std::vector<int64_t> lengths = {512, 2048, 8192}, dims = {64, 128}, thread_counts = {1, 2};
   std::string json_path = "results/bench_attention.json";
   int64_t reps = 2, unfused_max_length = 2048;
   std::string dtype = "float32";
@@ -104,24 +136,34 @@ int run_bench_attention(int argc, char** argv, int first) {
                "compute-bound 1024^3 squares; each scheme against plain\n"
                "attention; fused against the unfused algorithm that 'auto' picked before the fused kernel\n"
                "(gather, or relshift for Transformer-XL); backward against forward. Writes JSON.");
-  opts.add_string("--lengths", &lengths_text, "comma-separated sequence lengths L");
-  opts.add_string("--dims", &dims_text, "comma-separated head dimensions d");
-  opts.add_string("--threads", &threads_text, "comma-separated thread counts");
-  opts.add_int("--heads", &shape.heads, "attention heads", 1);
-  opts.add_int("--batch", &shape.batch, "batch size", 1);
-  opts.add_int("--reps", &reps, "repetitions per measurement (the best is kept)", 1);
-  opts.add_int("--unfused-max-length", &unfused_max_length, "largest L at which the unfused algorithm is timed", 1);
+  opts.add_int_list("--lengths", &lengths, "sequence lengths L", kMaxLength);
+  opts.add_int_list("--dims", &dims, "head dimensions d (even)", kMaxDim);
+  opts.add_int_list("--threads", &thread_counts, "thread counts", kMaxThreads);
+  opts.add_int("--heads", &shape.heads, "attention heads", 1, kMaxHeads);
+  opts.add_int("--batch", &shape.batch, "batch size", 1, kMaxBatch);
+  opts.add_int("--reps", &reps, "repetitions per measurement (the best is kept)", 1, kMaxReps);
+  opts.add_int("--unfused-max-length", &unfused_max_length, "largest L at which the unfused algorithm is timed", 1,
+               kMaxLength);
   opts.add_string("--dtype", &dtype,
                   "float32, or bfloat16 / float16 (bf16 / fp16) to time that storage too, beside float32");
   opts.add_string("--json", &json_path, "where to write the results (empty: nowhere)");
   if (!opts.parse(argc, argv, first)) return 0;
   dtype = parse_storage_type(dtype, "--dtype");
   const bool half = dtype != "float32";
-  const auto lengths = parse_int_list(lengths_text, "--lengths");
-  const auto dims = parse_int_list(dims_text, "--dims");
-  const auto thread_counts = parse_int_list(threads_text, "--threads", kMaxThreads);
   for (int64_t d : dims)
     if (d % 2) throw UsageError{"--dims: must be even (RoPE rotates pairs)"};
+  // Before the first calibration: every row's sgemm buffers and problems.
+  for (int64_t threads : thread_counts)
+    for (int64_t d : dims)
+      for (int64_t L : lengths) {
+        shape.length = L, shape.dim = d;
+        double need = std::max(sgemm_bytes(1024, 1024, 1024, double(threads)),
+                               sgemm_bytes(double(L), double(L), double(d), double(threads)));
+        for (const SchemeCase& c : cases())
+          need = std::max(need, row_bytes(shape, c, dtype, int(threads), L <= unfused_max_length));
+        check_fits_memory(need, {{"--lengths", L}, {"--dims", d}, {"--heads", shape.heads}, {"--batch", shape.batch},
+                                 {"--threads", threads}});
+      }
 
   std::printf("relpos bench attention: B=%lld H=%lld, causal, float32%s%s, best of %lld\n", (long long)shape.batch,
               (long long)shape.heads, half ? " and " : "", half ? dtype.c_str() : "", (long long)reps);
@@ -168,7 +210,7 @@ int run_bench_attention(int argc, char** argv, int first) {
           if (c.scheme == Scheme::none) plain_ms = r.fwd_ms;
           r.vs_plain = r.fwd_ms / plain_ms;
           if (L <= unfused_max_length) {
-            p.algorithm = c.scheme == Scheme::xl ? Algorithm::relshift : Algorithm::gather;
+            p.algorithm = unfused_algorithm(c);
             r.vs_unfused = best_ms([&] { attention_forward<float>(p); }, int(reps)) / r.fwd_ms;
           }
           char unfused[16] = "-";

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "commands.hpp"
+#include "fits_memory.hpp"
 #include "json_output.hpp"
 #include "measure.hpp"
 #include "options.hpp"
@@ -37,25 +38,36 @@ struct Result {
 int run_bench_memory(int argc, char** argv, int first) {
   ProblemShape shape;
   shape.batch = 1, shape.heads = 8, shape.dim = 64;
-  std::string lengths_text = "256,512,1024,2048,4096,8192", json_path = "results/bench_memory.json";
+  std::vector<int64_t> lengths = {256, 512, 1024, 2048, 4096, 8192};
+  std::string json_path = "results/bench_memory.json";
   double budget_gb = 12;
   bool no_backward = false;
   Options opts("relpos bench memory",
                "Peak memory and time of every position scheme x algorithm, float32, causal, for a range of\n"
                "lengths. Memory is the library's own peak scratch (counted allocations) and how far the\n"
                "process's peak RSS rose above its RSS before the run. Prints a table and writes JSON. Runs whose estimated scratch exceeds\n"
-               "--budget-gb are listed as skipped.");
-  opts.add_string("--lengths", &lengths_text, "comma-separated sequence lengths L");
-  opts.add_int("--heads", &shape.heads, "attention heads", 1);
-  opts.add_int("--dim", &shape.dim, "head dimension d (even)", 2);
-  opts.add_int("--batch", &shape.batch, "batch size", 1);
+               "--budget-gb or this machine's memory are listed as skipped.");
+  opts.add_int_list("--lengths", &lengths, "sequence lengths L", kMaxLength);
+  opts.add_int("--heads", &shape.heads, "attention heads", 1, kMaxHeads);
+  opts.add_int("--dim", &shape.dim, "head dimension d (even)", 2, kMaxDim);
+  opts.add_int("--batch", &shape.batch, "batch size", 1, kMaxBatch);
   opts.add_double("--budget-gb", &budget_gb, "skip runs estimated to need more scratch than this",
                   std::numeric_limits<double>::min());
   opts.add_flag("--no-backward", &no_backward, "measure forward only");
   opts.add_string("--json", &json_path, "where to write the results (empty: nowhere)");
   if (!opts.parse(argc, argv, first)) return 0;
   if (shape.dim % 2) throw UsageError{"--dim: must be even (RoPE rotates pairs)"};
-  const std::vector<int64_t> lengths = parse_int_list(lengths_text, "--lengths");
+  // Every problem's buffers before the first run; a run whose scratch the
+  // library would refuse (more than this machine's memory) is skipped below,
+  // like one over --budget-gb.
+  for (int64_t L : lengths) {
+    shape.length = L;
+    double need = 0;
+    for (const SchemeCase& c : bench_cases()) need = std::max(need, problem_bytes<float>(shape, c));
+    check_fits_memory(need,
+                      {{"--lengths", L}, {"--dim", shape.dim}, {"--heads", shape.heads}, {"--batch", shape.batch}});
+  }
+  const double physical = physical_memory_bytes();
 
   std::printf("relpos bench memory: B=%lld H=%lld d=%lld, causal, float32, %s\n", (long long)shape.batch,
               (long long)shape.heads, (long long)shape.dim, no_backward ? "forward" : "forward + backward");
@@ -70,9 +82,11 @@ int run_bench_memory(int argc, char** argv, int first) {
       for (Algorithm a : serving_algorithms<float>(pb.params)) {
         const char* name = to_string(a);
         pb.params.algorithm = a;
-        if (const double need = estimated_scratch_bytes<float>(pb.params); need > budget_gb * 1e9) {
-          std::printf("%-16s %-18s %6lld   skipped: needs ~%s > --budget-gb\n", c.label.c_str(), name, (long long)L,
-                      human_bytes(need).c_str());
+        const double need = estimated_scratch_bytes<float>(pb.params);
+        const bool over_budget = need > budget_gb * 1e9, over_memory = physical > 0 && need > physical;
+        if (over_budget || over_memory) {
+          std::printf("%-16s %-18s %6lld   skipped: needs ~%s > %s\n", c.label.c_str(), name, (long long)L,
+                      human_bytes(need).c_str(), over_budget ? "--budget-gb" : "this machine's memory");
           continue;
         }
         Result r{c.label, name, L, {}, 0, 0};

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "commands.hpp"
+#include "fits_memory.hpp"
 #include "json_output.hpp"
 #include "measure.hpp"
 #include "options.hpp"
@@ -112,6 +113,37 @@ void check_case(const ProblemShape& shape, const SchemeCase& c, int64_t seed, do
   }
 }
 
+// What check_case<T> holds at once for the case that needs most: its
+// problem, the float64 oracle's and, for a half type, the float32
+// comparator's, and the largest scratch of the algorithms run on them.
+template <class T>
+double check_bytes(const ProblemShape& shape) {
+  double most = 0;
+  for (const SchemeCase& c : check_cases()) {
+    const std::vector<Algorithm> algorithms = serving_algorithms<T>(shape, c);
+    double buffers = problem_bytes<T>(shape, c) + problem_bytes<double>(shape, c);
+    double scratch =
+        std::max(scratch_bytes<T>(shape, c, algorithms), scratch_bytes<double>(shape, c, {Algorithm::reference}));
+    if constexpr (is_half_v<T>) {
+      buffers += problem_bytes<float>(shape, c);
+      scratch = std::max(scratch, scratch_bytes<float>(shape, c, algorithms));
+    }
+    most = std::max(most, buffers + scratch);
+  }
+  return most;
+}
+
+// f(T()) with T the storage type that --dtype names.
+template <class F>
+void in_storage(const std::string& dtype, F&& f) {
+  if (dtype == "bfloat16")
+    f(bfloat16());
+  else if (dtype == "float16")
+    f(float16());
+  else
+    f(float());
+}
+
 }  // namespace
 
 int run_check(int argc, char** argv, int first) {
@@ -125,11 +157,11 @@ int run_check(int argc, char** argv, int first) {
                "every algorithm that serves it on one random problem in float32 (or stored in --dtype), checks\n"
                "forward output and every gradient against the float64 reference, and prints errors, times\n"
                "and peak scratch memory. Exits 1 if any run exceeds the tolerance (for a half type: the rule).");
-  opts.add_int("--batch", &shape.batch, "batch size", 1);
-  opts.add_int("--heads", &shape.heads, "attention heads", 1);
-  opts.add_int("--length", &shape.length, "query length L (Transformer-XL adds L/2 memory keys)", 1);
-  opts.add_int("--dim", &shape.dim, "head dimension d (even, for RoPE)", 2);
-  opts.add_int("--seed", &seed, "random seed", 0);
+  opts.add_int("--batch", &shape.batch, "batch size", 1, kMaxBatch);
+  opts.add_int("--heads", &shape.heads, "attention heads", 1, kMaxHeads);
+  opts.add_int("--length", &shape.length, "query length L (Transformer-XL adds L/2 memory keys)", 1, kMaxLength);
+  opts.add_int("--dim", &shape.dim, "head dimension d (even, for RoPE)", 2, kMaxDim);
+  opts.add_int("--seed", &seed, "random seed", 0, std::numeric_limits<int64_t>::max());
   opts.add_flag("--no-causal", &no_causal, "attend to all keys instead of the causal mask");
   opts.add_double("--tolerance", &tolerance, "largest relative float32 error that passes",
                   std::numeric_limits<double>::min());
@@ -141,6 +173,10 @@ int run_check(int argc, char** argv, int first) {
   dtype = parse_storage_type(dtype, "--dtype");
   if (shape.dim % 2 != 0) throw UsageError{"--dim: must be even (RoPE rotates pairs), got " + std::to_string(shape.dim)};
   shape.causal = !no_causal;
+  in_storage(dtype, [&](auto storage) {
+    check_fits_memory(check_bytes<decltype(storage)>(shape), {{"--batch", shape.batch}, {"--heads", shape.heads},
+                                                              {"--length", shape.length}, {"--dim", shape.dim}});
+  });
 
   std::printf("relpos check: B=%lld H=%lld L=%lld d=%lld, %s mask\n", (long long)shape.batch, (long long)shape.heads,
               (long long)shape.length, (long long)shape.dim, shape.causal ? "causal" : "no");
@@ -155,14 +191,9 @@ int run_check(int argc, char** argv, int first) {
   if (dtype != "float32") std::printf(" %10s %10s", "f32 fwd", "f32 bwd");
   std::printf("  check\n");
   std::vector<Row> rows;
-  for (const SchemeCase& c : check_cases()) {
-    if (dtype == "bfloat16")
-      check_case<bfloat16>(shape, c, seed, tolerance, rows);
-    else if (dtype == "float16")
-      check_case<float16>(shape, c, seed, tolerance, rows);
-    else
-      check_case<float>(shape, c, seed, tolerance, rows);
-  }
+  in_storage(dtype, [&](auto storage) {
+    for (const SchemeCase& c : check_cases()) check_case<decltype(storage)>(shape, c, seed, tolerance, rows);
+  });
   const bool all_ok = std::all_of(rows.begin(), rows.end(), [](const Row& r) { return r.ok; });
   if (dtype == "float32")
     std::printf("\n%s: %zu scheme x algorithm runs, tolerance %.1e\n", all_ok ? "all agree" : "DISAGREEMENT",

@@ -99,7 +99,7 @@ int run_demo(int argc, char** argv, int first) {
   TrainOptions training;
   EvalSettings eval;
   set_preset(full, model, training, eval);
-  std::string data_path, out_dir = "results/demo", positions_text, multiples_text = "1,2,4,8,16", json_path;
+  std::string data_path, out_dir = "results/demo", positions_text, json_path;
   int64_t jobs = 0;
   bool no_sliding = false;
   Options opts("relpos demo",
@@ -115,15 +115,16 @@ int run_demo(int argc, char** argv, int first) {
   opts.add_string("--positions", &positions_text, "comma-separated schemes to train (default: all)");
   model.add_to(opts, false);
   training.add_to(opts);
-  opts.add_int("--jobs", &jobs, "models trained side by side (0 = as many as --threads allows)", 0);
-  opts.add_string("--multiples", &multiples_text, "evaluation lengths as multiples of --length");
-  opts.add_int("--max-bytes", &eval.max_bytes, "validation bytes scored per length (0 = all)", 0);
-  opts.add_int("--stride", &eval.stride, "sliding-window stride in bytes (0 = half the window)", 0);
+  opts.add_int("--jobs", &jobs, "models trained side by side (0 = as many as --threads allows)", 0, kMaxThreads);
+  opts.add_int_list("--multiples", &eval.multiples, "evaluation lengths as multiples of --length", kMaxMultiple);
+  opts.add_int("--max-bytes", &eval.max_bytes, "validation bytes scored per length (0 = all)", 0,
+               std::numeric_limits<int64_t>::max());
+  opts.add_int("--stride", &eval.stride, "sliding-window stride in bytes (0 = half the window)", 0,
+               std::numeric_limits<int>::max());
   opts.add_flag("--no-sliding", &no_sliding, "skip the sliding-window evaluation");
   opts.add_string("--out", &out_dir, "folder for demo.json, bits_per_byte.svg and the checkpoints");
   opts.add_string("--json", &json_path, "write the results here instead of <out>/demo.json");
   if (!opts.parse(argc, argv, first)) return 0;
-  eval.multiples = parse_int_list(multiples_text, "--multiples", kMaxMultiple);
   eval.sliding = !no_sliding;
   std::vector<nn::PositionKind> kinds = nn::all_position_kinds();
   if (!positions_text.empty()) {
@@ -135,23 +136,26 @@ int run_demo(int argc, char** argv, int first) {
     }
   }
   const train::TrainConfig train_config = training.config();
-  for (nn::PositionKind k : kinds) model.config(k, uint64_t(training.seed));  // refuse bad sizes before training
+  std::vector<nn::ModelConfig> configs;  // refuse bad sizes before training
+  for (nn::PositionKind k : kinds) configs.push_back(model.config(k, uint64_t(training.seed)));
   const int threads = training.threads > 0 ? int(training.threads) : int(std::thread::hardware_concurrency());
   // Small models use one core poorly: training several side by side with
   // fewer threads each finishes sooner than one after another.
   const int workers = int(std::clamp<int64_t>(jobs > 0 ? jobs : threads, 1, int64_t(kinds.size())));
   const int threads_each = std::max(1, threads / workers);
+  check_training_fits(configs, train_config, workers);
 
   // Refuse before training what would fail after it.
   train::check_writable_file(out_dir + "/demo.json");
   if (!json_path.empty()) train::check_writable_file(json_path);
   const train::Corpus corpus = train::load_corpus(data_path);
   const train::Split split = train::split_corpus(corpus.bytes);
-  check_evaluation_fits(split.validation.size(), eval, model.length);
+  for (const nn::ModelConfig& config : configs) check_evaluation_fits(split.validation.size(), eval, config);
   std::printf("relpos demo: train at length %lld, evaluate at %s x; %lld layers, width %lld, %lld heads; %lld steps "
               "of batch %lld; %s\ndata: %s (%zu training, %zu validation bytes)\n",
-              (long long)model.length, multiples_text.c_str(), (long long)model.layers, (long long)model.width,
-              (long long)model.heads, (long long)train_config.steps, (long long)train_config.batch,
+              (long long)model.length, joined_list(eval.multiples).c_str(), (long long)model.layers,
+              (long long)model.width, (long long)model.heads, (long long)train_config.steps,
+              (long long)train_config.batch,
               precision_text(training.dtype, train_config.precision).c_str(), corpus.source.c_str(),
               split.train.size(), split.validation.size());
   std::printf("%zu models, %d at a time with %d thread%s each\n", kinds.size(), workers, threads_each,

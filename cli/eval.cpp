@@ -14,7 +14,7 @@
 namespace relpos::cli {
 
 int run_eval(int argc, char** argv, int first) {
-  std::string checkpoint_path, data_path, json_path, multiples_text = "1,2,4,8,16";
+  std::string checkpoint_path, data_path, json_path;
   EvalSettings settings;
   bool no_sliding = false;
   int threads = 0;
@@ -27,16 +27,18 @@ int run_eval(int argc, char** argv, int first) {
                "  memory   Transformer-XL only: segments of L with a memory of (n - 1) L, as in its paper.");
   opts.add_string("--checkpoint", &checkpoint_path, "checkpoint written by 'relpos train' (required)");
   opts.add_string("--data", &data_path, "evaluate on this file's validation split (default: the checkpoint's data)");
-  opts.add_string("--multiples", &multiples_text, "evaluation lengths as multiples of the training length");
-  opts.add_int("--stride", &settings.stride, "sliding-window stride in bytes (0 = half the window)", 0);
+  opts.add_int_list("--multiples", &settings.multiples, "evaluation lengths as multiples of the training length",
+                    kMaxMultiple);
+  opts.add_int("--stride", &settings.stride, "sliding-window stride in bytes (0 = half the window)", 0,
+               std::numeric_limits<int>::max());
   opts.add_flag("--no-sliding", &no_sliding, "skip the sliding-window evaluation");
-  opts.add_int("--batch", &settings.batch, "windows per forward pass", 1);
-  opts.add_int("--max-bytes", &settings.max_bytes, "score only the first N validation bytes (0 = all)", 0);
+  opts.add_int("--batch", &settings.batch, "windows per forward pass", 1, kMaxEvalBatch);
+  opts.add_int("--max-bytes", &settings.max_bytes, "score only the first N validation bytes (0 = all)", 0,
+               std::numeric_limits<int64_t>::max());
   opts.add_int("--threads", &threads, "threads (0 = all cores)", 0, kMaxThreads);
   opts.add_string("--json", &json_path, "also write the results to this JSON file");
   if (!opts.parse(argc, argv, first)) return 0;
   if (checkpoint_path.empty()) throw UsageError{"--checkpoint: required"};
-  settings.multiples = parse_int_list(multiples_text, "--multiples", kMaxMultiple);
   settings.sliding = !no_sliding;
 
   const train::Checkpoint checkpoint = train::load_checkpoint(checkpoint_path);

@@ -1,31 +1,72 @@
 #include "extrapolation.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <stdexcept>
+
+#include "fits_memory.hpp"
+#include "model_memory.hpp"
 
 namespace relpos::cli {
 
 namespace {
+
 size_t capped(size_t bytes, const EvalSettings& s) {
   return s.max_bytes > 0 && int64_t(bytes) > s.max_bytes ? size_t(s.max_bytes) : bytes;
 }
+
+// The sliding windows' stride at evaluation length `length`.
+int64_t stride_at(const EvalSettings& s, int64_t length) {
+  return s.stride > 0 ? std::min(s.stride, length) : std::max<int64_t>(1, length / 2);
+}
+
+// What evaluate_lengths holds at once at the multiple that needs most: the
+// model, and for evaluate_windows the tokens of a pass (`batch` rows of a
+// window and one byte) and the activations of a pass's rows (no more than
+// the windows there are); for Transformer-XL's memory evaluation the same
+// over `batch` streams of segments, with their key/value cache.
+double evaluation_bytes(double bytes, const EvalSettings& s, const nn::ModelConfig& c) {
+  const double batch = double(s.batch), segment = double(c.context);
+  double most = 0;
+  for (int64_t multiple : s.multiples) {
+    const double length = double(multiple) * segment;
+    double windows = std::floor((bytes - 1) / length);  // non-overlapping: windows of length + 1 share a byte
+    if (s.sliding)
+      windows = std::max(windows, 1 + std::floor((bytes - 1 - length) / double(stride_at(s, int64_t(length)))));
+    double need = batch * (length + 1) + model_bytes(c, std::min(batch, std::max(windows, 1.0)), length, false);
+    if (c.position == "xl")
+      need = std::max(need, batch * (segment + 1) + cache_bytes(c, batch, length - segment) +
+                                model_bytes(c, batch, segment, false));
+    most = std::max(most, need);
+  }
+  return most;
+}
+
 }  // namespace
 
-void check_evaluation_fits(size_t validation_bytes, const EvalSettings& s, int64_t train_length) {
+void check_evaluation_fits(size_t validation_bytes, const EvalSettings& s, const nn::ModelConfig& config) {
   const size_t bytes = capped(validation_bytes, s);
-  const int64_t longest = *std::max_element(s.multiples.begin(), s.multiples.end()) * train_length;
+  const int64_t multiple = *std::max_element(s.multiples.begin(), s.multiples.end()),
+                longest = multiple * int64_t(config.context);
   if (int64_t(bytes) < longest + 1)
     throw std::invalid_argument("the validation data (the last 10% of the data" +
                                 std::string(bytes < validation_bytes ? ", capped by the byte limit" : "") + ") has " +
                                 std::to_string(bytes) + " bytes, fewer than the longest evaluation window + 1 = " +
                                 std::to_string(longest + 1) + ": use more data or shorter lengths");
+  if (longest > std::numeric_limits<int>::max())
+    throw std::invalid_argument("the longest evaluation window, " + std::to_string(longest) +
+                                " bytes, is longer than a model reads at once (2147483647): use shorter lengths");
+  check_fits_memory(evaluation_bytes(double(bytes), s, config),
+                    {{"windows per pass", s.batch}, {"--multiples", multiple}, {"training length", config.context},
+                     {"width", config.width}, {"layers", config.layers}});
 }
 
 std::vector<LengthScore> evaluate_lengths(nn::Model& model, std::span<const uint8_t> validation,
                                           const EvalSettings& s, const std::function<void(size_t)>& on_done) {
   const int64_t train_length = model.config().context;
-  check_evaluation_fits(validation.size(), s, train_length);
+  check_evaluation_fits(validation.size(), s, model.config());
   const auto data = validation.first(capped(validation.size(), s));
   const bool xl = model.config().position == "xl";
   std::vector<LengthScore> out;
@@ -37,7 +78,7 @@ std::vector<LengthScore> evaluate_lengths(nn::Model& model, std::span<const uint
     r.windows = train::evaluate_windows(model, data, length, train::nonoverlapping_windows(int64_t(data.size()), length),
                                         batch);
     if (s.sliding) {
-      r.stride = s.stride > 0 ? std::min(s.stride, r.length) : std::max<int64_t>(1, r.length / 2);
+      r.stride = stride_at(s, r.length);
       r.sliding = train::evaluate_windows(model, data, length,
                                           train::sliding_windows(int64_t(data.size()), length, int(r.stride)), batch);
     }

@@ -19,6 +19,9 @@ namespace relpos::cli {
 // Evaluation lengths are multiples of the training length; more than this
 // would not fit any corpus relpos reads (and could overflow the window size).
 inline constexpr int64_t kMaxMultiple = int64_t(1) << 20;
+// Windows per forward pass (an int where the model reads it), as many as a
+// training batch may hold.
+inline constexpr int64_t kMaxEvalBatch = int64_t(1) << 20;
 
 struct EvalSettings {
   std::vector<int64_t> multiples{1, 2, 4, 8, 16};
@@ -38,9 +41,12 @@ struct LengthScore {
 };
 
 // Throws std::invalid_argument when `validation_bytes` (as capped by
-// settings.max_bytes) are too few for the longest window; commands call it
-// before training so that a bad setting fails at once.
-void check_evaluation_fits(size_t validation_bytes, const EvalSettings& settings, int64_t train_length);
+// settings.max_bytes) are too few for the longest window or that window is
+// longer than a model reads at once (an int), and UsageError
+// (check_fits_memory) when what evaluate_lengths would hold at once for a
+// model of `config` exceeds this machine's memory; commands call it before
+// training so that a bad setting fails at once.
+void check_evaluation_fits(size_t validation_bytes, const EvalSettings& settings, const nn::ModelConfig& config);
 
 // Throws std::invalid_argument when the validation bytes are too few for the
 // longest window. `on_done(i)` runs after multiple i (progress).

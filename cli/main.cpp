@@ -45,13 +45,26 @@ void print_usage(std::FILE* to) {
 int main(int argc, char** argv) {
   relpos::cli::use_passive_openmp_wait(argv);
   relpos::cli::take_signals_on_their_own_thread();
-  if (argc >= 2 && (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V"))) {
+  if (argc < 2) {
+    print_usage(stderr);
+    return 2;
+  }
+  const bool version = !std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "-V");
+  const bool help = !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help");
+  if ((version || help) && argc > 2) {  // a mistyped command line, not a request to ignore the rest
+    std::fprintf(stderr,
+                 "relpos: %s takes no arguments, got '%s'\n"
+                 "(see 'relpos --help'; 'relpos <command> --help' for a command's options)\n",
+                 argv[1], argv[2]);
+    return 2;
+  }
+  if (version) {
     std::printf("relpos %s\n", relpos::build_info().version.c_str());
     return 0;
   }
-  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "help")) {
-    print_usage(argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+  if (help) {
+    print_usage(stdout);
+    return 0;
   }
   for (const Command& c : kCommands) {
     if (std::strcmp(argv[1], c.name) != 0) continue;

@@ -4,6 +4,8 @@
 #include <stdexcept>
 
 #include "../src/schemes/registry.hpp"
+#include "fits_memory.hpp"
+#include "model_memory.hpp"
 #include "relpos/gemm.hpp"
 
 namespace relpos::cli {
@@ -11,11 +13,11 @@ namespace relpos::cli {
 void ModelOptions::add_to(Options& o, bool with_position) {
   if (with_position)
     o.add_string("--position", &position, "position scheme: " + nn::position_kind_names());
-  o.add_int("--length", &length, "training length (bytes per sequence; the model's context)", 1);
-  o.add_int("--layers", &layers, "transformer blocks", 1);
-  o.add_int("--width", &width, "model width (heads x head dimension)", 1);
-  o.add_int("--heads", &heads, "attention heads", 1);
-  o.add_int("--ffn", &ffn, "hidden width of the feed-forward block", 1);
+  o.add_int("--length", &length, "training length (bytes per sequence; the model's context)", 1, kMaxContext);
+  o.add_int("--layers", &layers, "transformer blocks", 1, kMaxLayers);
+  o.add_int("--width", &width, "model width (heads x head dimension)", 1, kMaxWidth);
+  o.add_int("--heads", &heads, "attention heads (at most --width)", 1, kMaxWidth);
+  o.add_int("--ffn", &ffn, "hidden width of the feed-forward block", 1, kMaxFfn);
   for_each_model_option([&](const ModelOption& option) {  // "shaw_k" -> --shaw-k
     std::string flag = std::string("--") + option.key;
     std::replace(flag.begin(), flag.end(), '_', '-');
@@ -68,14 +70,15 @@ TrainOptions TrainOptions::from_config(const train::TrainConfig& c) {
 }
 
 void TrainOptions::add_to(Options& o) {
-  o.add_int("--steps", &steps, "optimizer steps", 1);
-  o.add_int("--batch", &batch, "sequences per step", 1);
-  o.add_double("--lr", &lr, "peak learning rate (AdamW)", 0.0);
-  o.add_int("--warmup", &warmup, "linear warmup steps, then cosine decay", 0);
+  o.add_int("--steps", &steps, "optimizer steps", 1, kMaxSteps);
+  o.add_int("--batch", &batch, "sequences per step", 1, kMaxTrainBatch);
+  o.add_double("--lr", &lr, "peak learning rate (AdamW)", std::numeric_limits<double>::min());
+  o.add_int("--warmup", &warmup, "linear warmup steps, then cosine decay", 0, kMaxSteps);
   o.add_double("--min-lr-ratio", &min_lr_ratio, "the cosine ends at this fraction of --lr", 0.0, 1.0);
   o.add_double("--weight-decay", &weight_decay, "decoupled weight decay of the weight matrices", 0.0);
   o.add_double("--clip", &clip, "global gradient-norm limit (0 = none)", 0.0);
-  o.add_int("--seed", &seed, "seed of the initialisation and the batch sampling", 0);
+  o.add_int("--seed", &seed, "seed of the initialisation and the batch sampling", 0,
+            std::numeric_limits<int64_t>::max());
   o.add_int("--threads", &threads, "threads (0 = all cores)", 0, kMaxThreads);
   o.add_string("--dtype", &dtype,
                "float32; bf16: mixed precision (GEMM and attention operands rounded to bfloat16, float32 "
@@ -107,6 +110,20 @@ train::TrainConfig TrainOptions::config() const {
     throw UsageError{e.what()};
   }
   return c;
+}
+
+void check_training_fits(const std::vector<nn::ModelConfig>& models, const train::TrainConfig& training,
+                         int side_by_side) {
+  double most = 0;
+  const nn::ModelConfig* largest = &models.front();
+  for (const nn::ModelConfig& m : models)
+    if (const double need = model_bytes(m, double(training.batch), m.context, true); need > most)
+      most = need, largest = &m;
+  std::vector<SizeOption> sizes = {{"--layers", largest->layers}, {"--width", largest->width},
+                                   {"--ffn", largest->ffn},       {"--batch", training.batch},
+                                   {"--length", largest->context}};
+  if (side_by_side > 1) sizes.push_back({"models side by side", side_by_side});
+  check_fits_memory(most * side_by_side, sizes);
 }
 
 }  // namespace relpos::cli

@@ -3,12 +3,19 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "options.hpp"
 #include "relpos/nn/model.hpp"
 #include "relpos/train/trainer.hpp"
 
 namespace relpos::cli {
+
+// ModelConfig::validate's and TrainConfig::validate's limits, declared with
+// the options so that --help shows them and a value beyond is refused naming
+// the option; more steps than kMaxSteps would not end in a lifetime.
+inline constexpr int kMaxLayers = 1024, kMaxWidth = 1 << 16, kMaxFfn = 1 << 20, kMaxContext = 1 << 24;
+inline constexpr int64_t kMaxTrainBatch = int64_t(1) << 20, kMaxSteps = int64_t(1) << 40;
 
 struct ModelOptions {
   // int, as ModelConfig holds them: a value beyond int is refused, not narrowed.
@@ -34,5 +41,10 @@ struct TrainOptions {
   train::TrainConfig config() const;
   static TrainOptions from_config(const train::TrainConfig& c);
 };
+
+// Refuses (check_fits_memory, naming the options) training `side_by_side`
+// models of the largest of `models` at once with `training`'s batches.
+void check_training_fits(const std::vector<nn::ModelConfig>& models, const train::TrainConfig& training,
+                         int side_by_side);
 
 }  // namespace relpos::cli

@@ -1,7 +1,14 @@
 // Command-line options of the relpos subcommands, parsed by CLI11: `--name
-// value` or `--name=value`, flags, `--help`. Every value is parsed into the
-// type it is used as and checked against its range, so a number that does not
-// fit is refused naming the option (exit status 2), never narrowed.
+// value` or `--name=value`, flags, `--help`.
+//
+// Numbers are read here, not by CLI11 (whose integers take 0x, 0o and 0b
+// prefixes and read a leading 0 as octal): std::from_chars in base 10 reads
+// decimal digits, with a '-' in front for a negative value. Leading zeros
+// mean nothing ("016" is 16); a '+', a 0x / 0o / 0b prefix, spaces, an empty
+// value or anything after the number are refused. Every value is parsed into
+// the type it is used as and checked against the option's declared range, so
+// a number that does not fit is refused naming the option and the range
+// (exit status 2), never clamped or narrowed.
 #pragma once
 
 #include <cstdint>
@@ -25,10 +32,6 @@ struct UsageError {
 
 using relpos::kMaxThreads;
 
-// "256,512,1024" -> {256, 512, 1024}, each in [1, max_value]; UsageError naming `option` otherwise.
-std::vector<int64_t> parse_int_list(const std::string& text, const std::string& option,
-                                    int64_t max_value = std::numeric_limits<int64_t>::max());
-
 // --dtype: "float32", "bfloat16" (or "bf16"), "float16" (or "fp16") -> the
 // canonical name; UsageError naming `option` otherwise.
 std::string parse_storage_type(const std::string& text, const std::string& option);
@@ -38,22 +41,31 @@ class Options {
   Options(const std::string& command, const std::string& summary);
   ~Options();
 
-  void add_int(const std::string& name, int* target, const std::string& help, int min_value,
-               int max_value = std::numeric_limits<int>::max());
+  // A decimal integer in [min_value, max_value].
+  void add_int(const std::string& name, int* target, const std::string& help, int min_value, int max_value);
   void add_int(const std::string& name, int64_t* target, const std::string& help, int64_t min_value,
-               int64_t max_value = std::numeric_limits<int64_t>::max());
-  // Finite numbers in [min_value, max_value].
+               int64_t max_value);
+  // "256,512,1024": decimal integers in [1, max_value], comma-separated; no
+  // item may be empty ("8,", ",8", "8,,16" and "" are refused).
+  void add_int_list(const std::string& name, std::vector<int64_t>* target, const std::string& help,
+                    int64_t max_value);
+  // A finite decimal number in [min_value, max_value]; min_value =
+  // numeric_limits<double>::min() means > 0.
   void add_double(const std::string& name, double* target, const std::string& help,
                   double min_value = -std::numeric_limits<double>::max(),
                   double max_value = std::numeric_limits<double>::max());
   void add_string(const std::string& name, std::string* target, const std::string& help);
   void add_flag(const std::string& name, bool* target, const std::string& help);
 
-  // Parses argv[first..argc). Returns false when --help was printed.
+  // Parses argv[first..argc). Returns false when --help was printed; with
+  // --help, an argument that is not an option is still refused.
   bool parse(int argc, char** argv, int first);
 
  private:
   std::unique_ptr<CLI::App> app_;
 };
+
+// "8192,16384" (for headers and messages).
+std::string joined_list(const std::vector<int64_t>& values);
 
 }  // namespace relpos::cli

@@ -17,6 +17,13 @@ struct ProblemShape {
   bool causal = true;
 };
 
+// The largest batch, heads, length and head dimension `relpos check` and the
+// benchmarks accept: heads x dim is the width the scheme tables are shaped
+// for (an int), and a table's size stays within int64. Their product may
+// not: check_fits_memory refuses it, from the estimates below.
+inline constexpr int64_t kMaxBatch = int64_t(1) << 20, kMaxHeads = int64_t(1) << 16,
+                         kMaxLength = int64_t(1) << 24, kMaxDim = int64_t(1) << 14;
+
 // One row of the check: a scheme and its options.
 struct SchemeCase {
   std::string label;
@@ -72,5 +79,22 @@ void copy_inputs(Problem<From>& from, Problem<To>& to) {
 
 template <class T>
 Problem<T> make_problem(const ProblemShape& shape, const SchemeCase& c, uint64_t seed);
+
+// What make_problem<T>(shape, c) and the calls on it will need, from the
+// shapes alone, before anything is allocated (for check_fits_memory):
+//   problem_bytes      the bytes of its buffers;
+//   serving_algorithms the algorithms that serve it (measure.hpp's);
+//   scratch_bytes      the largest of the library's scratch estimates
+//                      (forward + backward) of `algorithms` on it with
+//                      `threads` (0: OpenMP's).
+// Where a buffer's element count would overflow int64, no algorithm and no
+// scratch: problem_bytes is then beyond any machine's memory.
+template <class T>
+double problem_bytes(const ProblemShape& shape, const SchemeCase& c);
+template <class T>
+std::vector<Algorithm> serving_algorithms(const ProblemShape& shape, const SchemeCase& c);
+template <class T>
+double scratch_bytes(const ProblemShape& shape, const SchemeCase& c, const std::vector<Algorithm>& algorithms,
+                     int threads = 0);
 
 }  // namespace relpos::cli

@@ -8,13 +8,18 @@
 
 #include "commands.hpp"
 #include "extrapolation.hpp"
+#include "fits_memory.hpp"
 #include "measure.hpp"
+#include "model_memory.hpp"
 #include "options.hpp"
 #include "relpos/train/checkpoint.hpp"
 
 namespace relpos::cli {
 
 namespace {
+
+// Bytes a cache holds per row: prompt and generated text (an int for the model).
+constexpr int64_t kMaxCapacity = int64_t(1) << 24;
 
 // Draws a byte from softmax(logits / temperature) restricted to the top_k
 // largest logits (top_k 0 = all); temperature 0 takes the largest.
@@ -49,10 +54,10 @@ int run_sample(int argc, char** argv, int first) {
                "decoding one byte at a time with a key/value cache. Writes prompt + text to stdout.");
   opts.add_string("--checkpoint", &checkpoint_path, "checkpoint written by 'relpos train' (required)");
   opts.add_string("--prompt", &prompt, "text to continue (at least one byte)");
-  opts.add_int("--length", &length, "bytes to generate (prompt + length at most 2^24)", 1, int64_t(1) << 24);
+  opts.add_int("--length", &length, "bytes to generate (prompt + length at most 2^24)", 1, kMaxCapacity);
   opts.add_double("--temperature", &temperature, "sampling temperature (0 = always the most likely byte)", 0.0);
   opts.add_int("--top-k", &top_k, "sample among the k most likely bytes only (0 = all 256)", 0, 256);
-  opts.add_int("--seed", &seed, "sampling seed", 0);
+  opts.add_int("--seed", &seed, "sampling seed", 0, std::numeric_limits<int64_t>::max());
   opts.add_int("--threads", &threads, "threads (0 = all cores)", 0, kMaxThreads);
   opts.add_string("--json", &json_path, "also write prompt and text to this JSON file");
   if (!opts.parse(argc, argv, first)) return 0;
@@ -61,11 +66,17 @@ int run_sample(int argc, char** argv, int first) {
   if (!(temperature >= 0) || !std::isfinite(temperature))
     throw UsageError{"--temperature: must be a finite number >= 0"};
 
+  const int64_t capacity = int64_t(prompt.size()) + length;
+  if (capacity > kMaxCapacity) throw UsageError{"--length: prompt + length must be at most 16777216 bytes"};
+
   const train::Checkpoint checkpoint = train::load_checkpoint(checkpoint_path);
+  const nn::ModelConfig config = nn::ModelConfig::from_text(checkpoint.model_config);
+  // The prompt's pass and the key/value cache of every position.
+  check_fits_memory(model_bytes(config, 1, double(prompt.size()), false) + cache_bytes(config, 1, double(capacity)),
+                    {{"--length", length}, {"prompt bytes", int64_t(prompt.size())}, {"width", config.width},
+                     {"layers", config.layers}});
   nn::Model model = train::model_from_checkpoint(checkpoint);
   model.num_threads = int(threads);
-  const int64_t capacity = int64_t(prompt.size()) + length;
-  if (capacity > (1 << 24)) throw UsageError{"--length: prompt + length must be at most 16777216 bytes"};
   nn::KVCache cache = model.make_cache(1, int(capacity));
   std::vector<float> logits(256);
   train::Rng rng{uint64_t(seed)};

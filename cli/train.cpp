@@ -43,14 +43,15 @@ struct TrainCommand {
     training.add_to(opts);
     opts.add_string("--checkpoint", &checkpoint_path, "checkpoint file (default results/train/<position>.ckpt)");
     opts.add_int("--checkpoint-every", &checkpoint_every, "also write the checkpoint every N steps (0 = at the end only)",
-                 0);
+                 0, kMaxSteps);
     opts.add_flag("--resume", &resume,
                   "continue --checkpoint with the options stored in it; options given again must agree, but for "
                   "--steps, which may extend a run (the cosine schedule then spans the new count)");
     opts.add_flag("--force", &force, "overwrite an existing --checkpoint of another run");
     opts.add_int("--stop-after", &stop_after, "stop after N steps of this invocation, checkpointed (0 = run to --steps)",
-                 0);
-    opts.add_int("--eval-bytes", &eval_bytes, "validation bytes scored after training (0 = all)", 0);
+                 0, kMaxSteps);
+    opts.add_int("--eval-bytes", &eval_bytes, "validation bytes scored after training (0 = all)", 0,
+                 std::numeric_limits<int64_t>::max());
     opts.add_string("--json", &json_path, "also write the results (and every step's loss) to this JSON file");
     return opts.parse(argc, argv, first);
   }
@@ -93,6 +94,7 @@ int run_train(int argc, char** argv, int first) {
   const nn::PositionKind kind = cmd.model.parsed_position();
   const nn::ModelConfig model_config = cmd.model.config(kind, uint64_t(cmd.training.seed));
   const train::TrainConfig train_config = cmd.training.config();
+  check_training_fits({model_config}, train_config, 1);
   if (cmd.resume) {
     if (const std::string d = train::config_difference(stored.model_config, model_config.to_text()); !d.empty())
       throw UsageError{"--resume: the options given disagree with the checkpoint's model (" + d + ")"};
@@ -106,7 +108,7 @@ int run_train(int argc, char** argv, int first) {
   eval.multiples = {1};
   eval.sliding = false;
   eval.max_bytes = cmd.eval_bytes;
-  check_evaluation_fits(split.validation.size(), eval, model_config.context);
+  check_evaluation_fits(split.validation.size(), eval, model_config);
   train::Trainer trainer(model_config, train_config, split.train, corpus.source);
   trainer.set_threads(cmd.training.threads);
   if (cmd.resume) trainer.resume(stored);
