@@ -1,0 +1,331 @@
+"""Triton kernels of relpos's GPU path: one forward and a two-kernel backward
+(FlashAttention-2's order), specialised by ``tl.constexpr`` switches for the
+kinds of term a call has, never by scheme:
+
+- a bias per (head, distance) ``BIAS``: a row of values per head read by the
+  distance (``BIAS_ROW``: T5's table gathered through its buckets), or one made
+  in the kernel from per-head parameters (ALiBi's slope, KERPLE's r1 and r2);
+- an extra dot product ``HAS_X``: query features ``qx (B, H, Lq, dx)`` read
+  against key features ``kx (Lk, dx)`` shared by heads, inside the scale (the
+  form Transformer-XL's sinusoidal term takes, ``relpos.gpu.terms``);
+- causal cut and key padding; grouped-query heads (query head ``h`` reads key
+  head ``h // GROUP``).
+
+Semantics are the library's (docs/design.md, section 1): query row ``i`` at
+``q_offset + i``, key row ``j`` at ``k_offset + j``, distance
+``r = (k_offset + j) - (q_offset + i)`` (``delta = k_offset - q_offset``);
+``logits = scale * (q . k + qx . kx) + bias(r)``; a fully masked row gives zeros
+and ``lse = -inf``.
+
+Determinism: no atomics anywhere. The backward's key-tile programs own their dk,
+dv rows; its query-tile programs own their dq rows and write the gradient of
+every positional parameter as a partial sum per (batch, head, query tile),
+which the caller reduces in a fixed order.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# Kinds of bias per (head, distance); the int travels as a tl.constexpr.
+BIAS_NONE, BIAS_ROW, BIAS_ALIBI, BIAS_KERPLE_LOG, BIAS_KERPLE_POWER = range(5)
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS: tl.constexpr):
+    """The bias of head ``h`` at the distances ``rel`` (an int64 tile), in natural units."""
+    if BIAS == 1:
+        idx = tl.minimum(tl.maximum(rel - r_min, 0), R - 1)  # pairs outside the call are masked anyway
+        value = tl.load(bias_row + h * R + idx).to(tl.float32)
+    else:
+        a = tl.abs(rel).to(tl.float32)
+        r1 = tl.load(p1 + h).to(tl.float32)
+        if BIAS == 2:
+            value = -r1 * a
+        elif BIAS == 3:
+            r2 = tl.load(p2 + h).to(tl.float32)
+            value = -r1 * tl.log(1.0 + r2 * a)
+        else:
+            r2 = tl.load(p2 + h).to(tl.float32)
+            value = tl.where(a > 0, -r1 * tl.exp2(r2 * tl.log2(tl.maximum(a, 1.0))), 0.0)
+    return value
+
+
+@triton.jit
+def _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr):
+    """Which pairs of the tile a query sees: keys inside the call, not in its future under a
+    causal mask, not padded."""
+    ok = (offs_n[None, :] < Lk) & (offs_m[:, None] >= 0)
+    if CAUSAL:
+        ok = ok & (rel <= 0)
+    if HAS_PAD:
+        padded = tl.load(pad + b * stride_pb + offs_n * stride_pn, mask=offs_n < Lk, other=1)
+        ok = ok & (padded == 0)[None, :]
+    return ok
+
+
+@triton.jit
+def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
+            bias_row, p1, p2, pad, stride_pb, stride_pn,
+            BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+            PRECISION: tl.constexpr):
+    """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile."""
+    k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if HAS_X:
+        kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
+        s += tl.dot(qx, tl.trans(kx), input_precision=PRECISION)
+    s = s * qk_scale
+    rel = offs_n[None, :].to(tl.int64) - offs_m[:, None] + delta
+    if BIAS != 0:
+        s += _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS) * 1.4426950408889634
+    ok = _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL, HAS_PAD)
+    return tl.where(ok, s, float("-inf")), ok, rel
+
+
+@triton.jit
+def _causal_key_end(m_start, Lk, delta, BM: tl.constexpr, CAUSAL: tl.constexpr):
+    """One past the last key a query tile starting at ``m_start`` can see."""
+    if CAUSAL:
+        # key j is visible to row i when j - i + delta <= 0; the tile's last row is m_start + BM - 1
+        end = tl.minimum(tl.maximum(m_start + BM - delta.to(tl.int64), 0), Lk).to(tl.int32)
+    else:
+        end = Lk
+    return end
+
+
+@triton.jit
+def attention_forward_kernel(
+        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        stride_xb, stride_xh, stride_xm, stride_xd,
+        stride_kxn, stride_kxd, stride_pb, stride_pn,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, qk_scale,
+        D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+        BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+        PRECISION: tl.constexpr):
+    m_start = tl.program_id(0) * BM
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    offs_m = m_start + tl.arange(0, BM)
+    offs_n0 = tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    offs_v = tl.arange(0, DV)
+    offs_x = tl.arange(0, DX)
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < d), other=0.0)
+    qx = q
+    if HAS_X:
+        qx = tl.load(QX + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xm + offs_x[None, :] * stride_xd,
+                     mask=(offs_m[:, None] < Lq) & (offs_x[None, :] < dx), other=0.0)
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    row_max = tl.full([BM], float("-inf"), tl.float32)
+    row_sum = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, DV], tl.float32)
+    for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
+        offs_n = n_start + offs_n0
+        s, ok, rel = _logits(q, qx, k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+                             KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
+                             offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
+                             BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION)
+        new_max = tl.maximum(row_max, tl.max(s, 1))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
+        p = tl.exp2(s - shift[:, None])
+        rescale = tl.exp2(row_max - shift)
+        row_sum = row_sum * rescale + tl.sum(p, 1)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
+                    mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
+        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        row_max = new_max
+    seen = row_sum > 0
+    out = acc / tl.where(seen, row_sum, 1.0)[:, None]
+    lse = tl.where(seen, (row_max + tl.log2(tl.where(seen, row_sum, 1.0))) * 0.6931471805599453, float("-inf"))
+    tl.store(O + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
+             out.to(O.dtype.element_ty), mask=(offs_m[:, None] < Lq) & (offs_v[None, :] < dv))
+    tl.store(LSE + bh * Lq + offs_m, lse, mask=offs_m < Lq)
+
+
+@triton.jit
+def _probabilities(s, ok, lse_ptr, dlt_ptr, offs_m, Lq):
+    """P of the tile from its base-2 logits and the rows' logsumexp, and the rows' D = dout . out."""
+    lse = tl.load(lse_ptr + offs_m, mask=offs_m < Lq, other=float("-inf")) * 1.4426950408889634
+    p = tl.where(ok & (lse[:, None] > float("-inf")), tl.exp2(s - lse[:, None]), 0.0)
+    return p, tl.load(dlt_ptr + offs_m, mask=offs_m < Lq, other=0.0)
+
+
+@triton.jit
+def attention_backward_kv_kernel(
+        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        stride_xb, stride_xh, stride_xm, stride_xd,
+        stride_kxn, stride_kxd, stride_pb, stride_pn,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, qk_scale, scale,
+        D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+        BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+        PRECISION: tl.constexpr):
+    """dk, dv of one key tile of one key head, over the query tiles of every query head
+    that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
+    n_start = tl.program_id(0) * BN
+    bhk = tl.program_id(1)
+    Hkv = H // GROUP
+    b = bhk // Hkv
+    hk = bhk % Hkv
+    offs_n = n_start + tl.arange(0, BN)
+    offs_m0 = tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    offs_v = tl.arange(0, DV)
+    offs_x = tl.arange(0, DX)
+    k_ptrs = K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    kx_ptrs = KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd
+    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
+                mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
+    dk = tl.zeros([BN, D], tl.float32)
+    dvv = tl.zeros([BN, DV], tl.float32)
+    # under a causal mask, the first query that sees key n_start is at row n_start + delta
+    first = 0
+    if CAUSAL:
+        first = (tl.minimum(tl.maximum(n_start + delta.to(tl.int64), 0), Lq).to(tl.int32) // BM) * BM
+    for g in range(0, GROUP):
+        h = hk * GROUP + g
+        for m_start in range(first, Lq, BM):
+            offs_m = m_start + offs_m0
+            row = (offs_m[:, None] < Lq)
+            q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                        mask=row & (offs_d[None, :] < d), other=0.0)
+            qx = q
+            if HAS_X:
+                qx = tl.load(QX + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xm
+                             + offs_x[None, :] * stride_xd, mask=row & (offs_x[None, :] < dx), other=0.0)
+            s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
+                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn,
+                                 BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION)
+            p, dlt = _probabilities(s, ok, LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
+            do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
+                         mask=row & (offs_v[None, :] < dv), other=0.0)
+            dvv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+    out_mask = (offs_n[:, None] < Lk)
+    tl.store(DK + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
+             (dk * scale).to(DK.dtype.element_ty), mask=out_mask & (offs_d[None, :] < d))
+    tl.store(DVV + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
+             dvv.to(DVV.dtype.element_ty), mask=out_mask & (offs_v[None, :] < dv))
+
+
+@triton.jit
+def _bias_grads(ds, rel, ok, h, bucket, r_min, R, p1, p2, g1, g2, gt, NB: tl.constexpr, BIAS: tl.constexpr):
+    """The tile's contribution to the bias parameters' gradients: ``g1``, ``g2`` per row
+    (slope or r1, r2), ``gt`` per table entry (bucketed rows)."""
+    if BIAS == 1:
+        idx = tl.minimum(tl.maximum(rel - r_min, 0), R - 1)
+        which = tl.load(bucket + idx)
+        lo = tl.min(tl.where(ok, which, NB))
+        hi = tl.max(tl.where(ok, which, -1))
+        entries = tl.arange(0, NB)
+        for e in range(lo, hi + 1):  # one bucket for most tiles, a few near the diagonal
+            gt += tl.where(entries == e, tl.sum(tl.sum(tl.where(which == e, ds, 0.0), 1), 0), 0.0)
+    elif BIAS >= 2:
+        a = tl.abs(rel).to(tl.float32)
+        if BIAS == 2:
+            g1 += tl.sum(-ds * a, 1)
+        elif BIAS == 3:
+            r1 = tl.load(p1 + h).to(tl.float32)
+            r2 = tl.load(p2 + h).to(tl.float32)
+            g1 += tl.sum(-ds * tl.log(1.0 + r2 * a), 1)
+            g2 += tl.sum(-ds * r1 * a / (1.0 + r2 * a), 1)
+        else:
+            r1 = tl.load(p1 + h).to(tl.float32)
+            r2 = tl.load(p2 + h).to(tl.float32)
+            log_a = tl.log(tl.maximum(a, 1.0))
+            power = tl.where(a > 0, tl.exp(r2 * log_a), 0.0)
+            g1 += tl.sum(-ds * power, 1)
+            g2 += tl.sum(-ds * r1 * power * log_a, 1)
+    return g1, g2, gt
+
+
+@triton.jit
+def attention_backward_q_kernel(
+        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX,
+        stride_qb, stride_qh, stride_qm, stride_qd,
+        stride_kb, stride_kh, stride_kn, stride_kd,
+        stride_vb, stride_vh, stride_vn, stride_vd,
+        stride_ob, stride_oh, stride_om, stride_od,
+        stride_xb, stride_xh, stride_xm, stride_xd,
+        stride_kxn, stride_kxd, stride_pb, stride_pn,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, qk_scale, scale, n_parts,
+        D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr,
+        BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
+        PRECISION: tl.constexpr):
+    """dq (and dqx) of one query tile, and its partial sums of the bias parameters'
+    gradients, PARTS[(b * H + h) * tiles + tile, :] (DQ, DQX contiguous like their inputs'
+    shapes; DO shares the output's strides)."""
+    tile = tl.program_id(0)
+    m_start = tile * BM
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    offs_m = m_start + tl.arange(0, BM)
+    offs_n0 = tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    offs_v = tl.arange(0, DV)
+    offs_x = tl.arange(0, DX)
+    row = offs_m[:, None] < Lq
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=row & (offs_d[None, :] < d), other=0.0)
+    qx = q
+    if HAS_X:
+        qx = tl.load(QX + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xm + offs_x[None, :] * stride_xd,
+                     mask=row & (offs_x[None, :] < dx), other=0.0)
+    do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
+                 mask=row & (offs_v[None, :] < dv), other=0.0)
+    k_base = K + b * stride_kb + hk * stride_kh
+    v_base = V + b * stride_vb + hk * stride_vh
+    dq = tl.zeros([BM, D], tl.float32)
+    dqx = tl.zeros([BM, DX], tl.float32)
+    g1 = tl.zeros([BM], tl.float32)
+    g2 = tl.zeros([BM], tl.float32)
+    gt = tl.zeros([NB], tl.float32)
+    for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
+        offs_n = n_start + offs_n0
+        kx_ptrs = KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
+                             r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn,
+                             BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION)
+        p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
+        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
+                    mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
+        k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        if HAS_X:
+            kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
+            dqx += tl.dot(ds.to(kx.dtype), kx, input_precision=PRECISION)
+        g1, g2, gt = _bias_grads(ds, rel, ok, h, BUCKET, r_min, R, P1, P2, g1, g2, gt, NB, BIAS)
+    tl.store(DQ + (bh * Lq + offs_m[:, None]) * d + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=row & (offs_d[None, :] < d))
+    if HAS_X:
+        tl.store(DQX + (bh * Lq + offs_m[:, None]) * dx + offs_x[None, :], (dqx * scale).to(DQX.dtype.element_ty),
+                 mask=row & (offs_x[None, :] < dx))
+    parts = PARTS + (bh * tl.num_programs(0) + tile) * n_parts
+    if BIAS == 1:
+        tl.store(parts + tl.arange(0, NB), gt)
+    elif BIAS >= 2:
+        tl.store(parts, tl.sum(g1, 0))
+        if BIAS >= 3:
+            tl.store(parts + 1, tl.sum(g2, 0))

@@ -1,0 +1,149 @@
+"""Each scheme's parameters as the kinds of term the GPU kernels know (kernels.py).
+
+The one place where a scheme meets the kernels: a scheme becomes a bias per
+(head, distance) of one kind, an extra query/key dot product, a rotation of q
+and k, or a bias on the query, built from its parameters with differentiable
+torch operations where the kernels do not take the parameter itself. Imports
+NumPy, torch and relpos.schemes only, never the compiled CPU extension, so the
+GPU path loads where that extension was not built.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from relpos.schemes import ALiBi, KERPLE, KERPLEPower, NoPosition, RoPE, T5, TransformerXL
+
+from . import kernels
+
+# Largest distance any bias formula is asked for; T5's buckets and ALiBi's |r| are
+# exact below it (relpos's kMaxPosition).
+MAX_POSITION = 1 << 40
+
+
+@dataclass
+class Terms:
+    """What the kernels receive for one call: q and k as the dot product reads them,
+    optional query / key features (``qx`` per head, ``kx`` shared), and a bias kind
+    with its per-head parameters ``p1``, ``p2`` (learnable, their gradients computed
+    by the kernels) or a bucketed table (``table`` ``(H, buckets)`` read through
+    ``bucket``, an int32 bucket per distance of the call)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    bias: int = kernels.BIAS_NONE
+    p1: Optional[torch.Tensor] = None
+    p2: Optional[torch.Tensor] = None
+    table: Optional[torch.Tensor] = None
+    bucket: Optional[torch.Tensor] = None
+    qx: Optional[torch.Tensor] = None
+    kx: Optional[torch.Tensor] = None
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """ALiBi's slopes for any head count (the paper's geometric sequence for a power
+    of two; otherwise the next lower power's, then every other slope of twice it)."""
+
+    def power_of_two(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    below = 1 << (heads.bit_length() - 1)
+    if below == heads:
+        return power_of_two(heads)
+    return power_of_two(below) + power_of_two(2 * below)[0::2][: heads - below]
+
+
+def t5_buckets(distances: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """Hugging Face's ``_relative_position_bucket`` of each distance (key minus query), with
+    the float32 logarithm rounded once from double, as relpos.t5_bucket computes it."""
+    r = distances.clamp(-MAX_POSITION, MAX_POSITION)
+    bucket = torch.zeros_like(r)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (r > 0).long() * num_buckets
+        n = r.abs()
+    else:
+        n = (-r).clamp(min=0)
+    max_exact = num_buckets // 2
+    log_ratio = torch.tensor(math.log(max_distance / max_exact), dtype=torch.float32)
+    ratio = (n.double() / max_exact).clamp(min=1.0)
+    scaled = torch.log(ratio).float() / log_ratio * torch.tensor(float(num_buckets - max_exact), dtype=torch.float32)
+    large = (max_exact + scaled.long()).clamp(max=num_buckets - 1)
+    return bucket + torch.where(n < max_exact, n, large)
+
+
+def _positions(length: int, offset: int, device) -> torch.Tensor:
+    return torch.arange(length, dtype=torch.float64, device=device) + float(offset)
+
+
+def _rotate(x: torch.Tensor, offset: int, rope: RoPE) -> torch.Tensor:
+    """x ``(B, H, L, d)`` with each row rotated by its absolute position (angles in float64)."""
+    d = x.shape[-1]
+    dims = d if rope.dims is None else int(rope.dims)
+    half = dims // 2
+    inv_freq = 1.0 / torch.tensor(float(rope.base), dtype=torch.float64) ** (
+        torch.arange(half, dtype=torch.float64) * 2 / dims)
+    angle = _positions(x.shape[2], offset, "cpu")[:, None] * inv_freq[None, :]
+    cos, sin = (f(angle).to(device=x.device, dtype=torch.float32) for f in (torch.cos, torch.sin))
+    xf = x.float()
+    if rope.style == "half_split":
+        a, b = xf[..., :half], xf[..., half:dims]
+        rotated = torch.cat((a * cos - b * sin, b * cos + a * sin), -1)
+    else:
+        a, b = xf[..., 0:dims:2], xf[..., 1:dims:2]
+        rotated = torch.stack((a * cos - b * sin, b * cos + a * sin), -1).flatten(-2)
+    return torch.cat((rotated, xf[..., dims:]), -1).to(x.dtype)
+
+
+def _xl_features(q: torch.Tensor, xl: TransformerXL, q_offset: int, Lk: int, k_offset: int):
+    """Transformer-XL's positional score ``(q_i + v) . W_R R(p)``, ``p = q_pos - k_pos``, as a
+    dot product of query and key features: with ``c = (q + v) W_R = [A, B]`` (the sine and
+    cosine halves), ``A sin(wp) + B cos(wp)`` splits by the angle-difference formulas into
+    ``[A sin(w q_pos) + B cos(w q_pos), B sin(w q_pos) - A cos(w q_pos)]`` read against
+    ``[cos(w k_pos), sin(w k_pos)]``, so no (distance x d) table is made."""
+    pos_dim = xl.w_r.shape[-1]
+    half = pos_dim // 2
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(half, dtype=torch.float64) * 2 / pos_dim)
+    qa = _positions(q.shape[2], q_offset, "cpu")[:, None] * inv_freq
+    ka = _positions(Lk, k_offset, "cpu")[:, None] * inv_freq
+    sq, cq = (f(qa).to(device=q.device, dtype=torch.float32) for f in (torch.sin, torch.cos))
+    c = torch.einsum("bhid,hde->bhie", q.float() + xl.v.float()[None, :, None, :], xl.w_r.float())
+    A, B = c[..., :half], c[..., half:]
+    qx = torch.cat((A * sq + B * cq, B * sq - A * cq), -1)
+    kx = torch.cat((torch.cos(ka), torch.sin(ka)), -1).to(device=q.device, dtype=torch.float32)
+    return qx, kx
+
+
+def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
+    """The kernels' terms for a scheme record whose arrays are torch tensors on q's device."""
+    H, Lq, Lk = q.shape[1], q.shape[2], k.shape[2]
+    if isinstance(scheme, NoPosition):
+        return Terms(q, k)
+    if isinstance(scheme, RoPE):
+        return Terms(_rotate(q, q_offset, scheme), _rotate(k, k_offset, scheme))
+    if isinstance(scheme, ALiBi):
+        slopes = scheme.slopes
+        if slopes is None:
+            slopes = torch.tensor(alibi_slopes(H), dtype=torch.float32, device=q.device)
+        return Terms(q, k, kernels.BIAS_ALIBI, p1=slopes)
+    if isinstance(scheme, KERPLE):
+        return Terms(q, k, kernels.BIAS_KERPLE_LOG, p1=scheme.r1, p2=scheme.r2)
+    if isinstance(scheme, KERPLEPower):
+        return Terms(q, k, kernels.BIAS_KERPLE_POWER, p1=scheme.r1, p2=scheme.r2)
+    if isinstance(scheme, T5):
+        delta = k_offset - q_offset
+        distances = torch.arange(delta - (Lq - 1), delta + Lk, dtype=torch.int64)
+        bucket = t5_buckets(distances, bool(scheme.bidirectional), scheme.table.shape[-1], int(scheme.max_distance))
+        return Terms(q, k, kernels.BIAS_ROW, table=scheme.table, bucket=bucket.to(torch.int32).to(q.device))
+    if isinstance(scheme, TransformerXL):
+        if scheme.clamp_len:
+            raise ValueError("relpos: xl.clamp_len: the GPU path does not clamp Transformer-XL's distances yet "
+                             "(clamp_len=0 only); CPU tensors run every clamp_len")
+        qx, kx = _xl_features(q, scheme, q_offset, Lk, k_offset)
+        return Terms(q + scheme.u[None, :, None, :].to(q.dtype), k, qx=qx.to(q.dtype), kx=kx.to(q.dtype))
+    raise ValueError(f"relpos: scheme: {getattr(scheme, 'name', type(scheme).__name__)} has no GPU kernel yet; "
+                     "its CPU tensors run on the C++ kernels")
