@@ -15,6 +15,7 @@ import torch
 import triton
 
 from . import kernels
+from .config import Launch, launch_for, padded
 from .terms import Terms, terms_of
 
 __all__ = ["attention"]
@@ -28,15 +29,8 @@ def _interpreting() -> bool:
     return not isinstance(kernels.attention_forward_kernel, triton.runtime.JITFunction)
 
 
-def _padded(n: int) -> int:
-    """A head or feature size as the kernels' tiles hold it: a power of two, at least 16 (tl.dot)."""
-    return max(16, triton.next_power_of_2(n))
-
-
-def _tiles(q: torch.Tensor) -> tuple[int, int]:
-    """(BM, BN): small tiles in the interpreter, where every tile costs Python time and tests
-    must span several tiles; 64 x 64 on a GPU."""
-    return (16, 16) if q.device.type == "cpu" else (64, 64)
+def _launch(q: torch.Tensor, v: torch.Tensor) -> Launch:
+    return launch_for(max(q.shape[3], v.shape[3]), q.device.type == "cuda")
 
 
 def _precision(q: torch.Tensor) -> str:
@@ -56,7 +50,7 @@ class _Attention(torch.autograd.Function):
         B, H, Lq, d = q.shape
         Hkv, Lk, dv = k.shape[1], k.shape[2], v.shape[3]
         dx = qx.shape[3] if qx is not None else 0
-        BM, BN = _tiles(q)
+        cfg = _launch(q, v)
         out = torch.empty(B, H, Lq, dv, dtype=q.dtype, device=q.device)
         lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
         R = Lq + Lk - 1
@@ -64,32 +58,32 @@ class _Attention(torch.autograd.Function):
         meta = dict(H=H, GROUP=H // Hkv, Lq=Lq, Lk=Lk, d=d, dv=dv, dx=dx, delta=delta, r_min=delta - (Lq - 1), R=R)
         if Lq and Lk:
             attention_forward_kernel_launch(q, k, v, out, lse, pad, bias_rows, p1, p2, qx, kx, meta,
-                                            scale, bias, causal, BM, BN)
+                                            scale, bias, causal, cfg)
         elif Lq:
             out.zero_()
             lse.fill_(-math.inf)
         ctx.save_for_backward(q, k, v, out, lse, qx, kx, p1, p2, table, bucket, pad, bias_rows)
-        ctx.options = (causal, delta, scale, bias, meta, BM, BN)
+        ctx.options = (causal, delta, scale, bias, meta, cfg)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k, v, out, lse, qx, kx, p1, p2, table, bucket, pad, bias_rows = ctx.saved_tensors
-        causal, delta, scale, bias, meta, BM, BN = ctx.options
+        causal, delta, scale, bias, meta, cfg = ctx.options
         B, H, Lq, d = q.shape
         dq = torch.zeros(B, H, Lq, d, dtype=q.dtype, device=q.device)
         dk, dvv = torch.zeros_like(k), torch.zeros_like(v)
         dqx = torch.zeros(qx.shape, dtype=qx.dtype, device=qx.device) if qx is not None else None
-        nb = _padded(table.shape[-1]) if table is not None else 16
+        nb = padded(table.shape[-1]) if table is not None else 16
         n_parts = {kernels.BIAS_NONE: 1, kernels.BIAS_ROW: nb, kernels.BIAS_ALIBI: 1}.get(bias, 2)
-        tiles = triton.cdiv(Lq, BM)
+        tiles = triton.cdiv(Lq, cfg.block_m)
         parts = torch.zeros(B * H, tiles, n_parts, dtype=torch.float32, device=q.device)
         if Lq and meta["Lk"]:
             dout = dout.to(q.dtype)
             delta_rows = (dout.float() * out.float()).sum(-1).contiguous()
             attention_backward_launch(q, k, v, dout, lse, delta_rows, dq, dk, dvv, dqx, parts, pad, bias_rows,
-                                      bucket, p1, p2, qx, kx, meta, scale, bias, causal, BM, BN, nb, n_parts)
+                                      bucket, p1, p2, qx, kx, meta, scale, bias, causal, cfg, nb, n_parts)
         per_head = parts.view(B, H, tiles, n_parts).sum(dim=(0, 2))  # a fixed order: the same bits every run
         dp1 = dp2 = dtable = None
         if bias == kernels.BIAS_ROW:
@@ -114,33 +108,34 @@ def _common(q, k, v, out_or_do, pad, bias_rows, p1, p2, qx, kx, meta):
     return ptrs, strides, sizes
 
 
-def _switches(q, v, qx, bias, causal, pad, BM, BN):
-    return dict(D=_padded(q.shape[3]), DV=_padded(v.shape[3]), DX=_padded(qx.shape[3] if qx is not None else 1),
-                BM=BM, BN=BN, BIAS=bias, HAS_X=qx is not None, CAUSAL=bool(causal), HAS_PAD=pad is not None,
+def _switches(q, v, qx, bias, causal, pad, cfg: Launch):
+    return dict(D=padded(q.shape[3]), DV=padded(v.shape[3]), DX=padded(qx.shape[3] if qx is not None else 1),
+                BM=cfg.block_m, BN=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, BIAS=bias,
+                HAS_X=qx is not None, CAUSAL=bool(causal), HAS_PAD=pad is not None,
                 PRECISION=_precision(q))
 
 
 def attention_forward_kernel_launch(q, k, v, out, lse, pad, bias_rows, p1, p2, qx, kx, meta, scale, bias,
-                                    causal, BM, BN):
+                                    causal, cfg):
     B, H, Lq = q.shape[:3]
     ptrs, strides, sizes = _common(q, k, v, out, pad, bias_rows, p1, p2, qx, kx, meta)
     pad_p, rows_p, p1_p, p2_p, qx_p, kx_p = ptrs
-    grid = (triton.cdiv(Lq, BM), B * H)
+    grid = (triton.cdiv(Lq, cfg.block_m), B * H)
     kernels.attention_forward_kernel[grid](q, k, v, out, lse, pad_p, rows_p, p1_p, p2_p, qx_p, kx_p, *strides, *sizes,
-                                           scale * kernels.LOG2E, **_switches(q, v, qx, bias, causal, pad, BM, BN))
+                                           scale * kernels.LOG2E, **_switches(q, v, qx, bias, causal, pad, cfg))
 
 
 def attention_backward_launch(q, k, v, dout, lse, delta_rows, dq, dk, dvv, dqx, parts, pad, bias_rows, bucket, p1,
-                              p2, qx, kx, meta, scale, bias, causal, BM, BN, nb, n_parts):
+                              p2, qx, kx, meta, scale, bias, causal, cfg, nb, n_parts):
     B, H, Lq = q.shape[:3]
     Hkv, Lk = k.shape[1], k.shape[2]
     ptrs, strides, sizes = _common(q, k, v, dout, pad, bias_rows, p1, p2, qx, kx, meta)
     pad_p, rows_p, p1_p, p2_p, qx_p, kx_p = ptrs
-    switches = _switches(q, v, qx, bias, causal, pad, BM, BN)
-    kernels.attention_backward_kv_kernel[(triton.cdiv(Lk, BN), B * Hkv)](
+    switches = _switches(q, v, qx, bias, causal, pad, cfg)
+    kernels.attention_backward_kv_kernel[(triton.cdiv(Lk, cfg.block_n), B * Hkv)](
         q, k, v, dout, lse, delta_rows, dk, dvv, pad_p, rows_p, p1_p, p2_p, qx_p, kx_p, *strides, *sizes,
         scale * kernels.LOG2E, scale, **switches)
-    kernels.attention_backward_q_kernel[(triton.cdiv(Lq, BM), B * H)](
+    kernels.attention_backward_q_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
         q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
         bucket if bucket is not None else q, p1_p, p2_p, qx_p, kx_p, *strides, *sizes,
         scale * kernels.LOG2E, scale, n_parts, NB=nb, **switches)

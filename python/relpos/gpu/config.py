@@ -1,0 +1,38 @@
+"""Launch configuration of the GPU kernels: tile sizes, warps and pipeline stages per
+head size, in one place for the kernels' launches and the ahead-of-time compile check.
+
+In Triton's interpreter (CPU tensors) tiles are 16 x 16: every tile costs Python
+time there, and the tests' sizes must span several tiles. On a GPU, 64 x 64 tiles;
+the compile check (compile_check.py) tells when a configuration no longer fits a
+card's shared memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+
+@dataclass(frozen=True)
+class Launch:
+    block_m: int  # query rows per tile
+    block_n: int  # key rows per tile
+    num_warps: int
+    num_stages: int
+
+
+INTERPRETER = Launch(16, 16, 4, 1)
+
+
+def padded(n: int) -> int:
+    """A head or feature size as the kernels' tiles hold it: a power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(n))
+
+
+def launch_for(head_dim: int, on_gpu: bool) -> Launch:
+    """The configuration for a call with head size ``head_dim`` (the larger of d and dv)."""
+    if not on_gpu:
+        return INTERPRETER
+    if padded(head_dim) <= 64:
+        return Launch(64, 64, 4, 2)
+    return Launch(64, 64, 8, 2)
