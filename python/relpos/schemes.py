@@ -1,19 +1,36 @@
 """Position schemes: small records holding each scheme's options and parameters.
 
-Each scheme knows how to describe itself to the C++ core (``_args``), which of
-its arrays are learnable (``_tensors``, passed as ``<name>_<field>``), and how
-its options travel through the registered torch ops (``_op_options`` /
-``_from_op``), so ``relpos.forward``/``backward`` and ``relpos.torch`` stay
-scheme-agnostic. A new scheme is one class here, listed in ``SCHEMES``.
+A record declares each of its options once, on its dataclass field: ``option(core
+name, kind, default, range)`` gives the name the C++ core reads (``shaw_k``), the
+kind (``"int"``, ``"float"``, ``"bool"``, or ``"choice"`` with its allowed strings),
+the valid range where one exists and the default. ``_Scheme`` derives everything
+else from that table (``option_table()``): the checked dict the core reads
+(``_args``, errors naming ``<scheme>.<field>``), and the packing of the options into
+the int and float lists of the registered torch ops (``_op_options`` /
+``_from_op``). Its learnable arrays are the fields named in ``_tensors`` (passed as
+``<name>_<field>``). For ``relpos.torch.RelativeMultiheadAttention`` a record also
+creates its learnable tensors for H heads (``init_params``) and builds the record
+the module computes with (``module_record``: the module's options, its tensors,
+clamped into ``_clamps``). So ``relpos.forward``/``backward``, ``relpos.torch`` and
+the module stay scheme-agnostic: a new scheme is one class here, listed in
+``SCHEMES``. This module needs NumPy only; ``init_params`` imports torch when called.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, ClassVar, Optional, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import numpy as np
 
+from relpos import _relpos
+
 __all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL", "KERPLE", "KERPLEPower"]
+
+MAX_POSITION = 2**40  # the core's bound on positions and distances (kMaxPosition)
+KERPLE_MIN = 0.01  # the floor at which RelativeMultiheadAttention keeps KERPLE's r1 and r2
 
 
 def integer(x: Any, name: str) -> int:
@@ -41,26 +58,142 @@ def choice(x: Any, name: str, allowed: tuple[str, ...]) -> str:
     return x
 
 
+def _bound(x: float) -> str:
+    """A range bound as the messages print it: 2^40, not 1099511627776; 1, not 1.0."""
+    if x >= 2**16 and float(x).is_integer() and int(x) & (int(x) - 1) == 0:
+        return f"2^{int(x).bit_length() - 1}"
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of a scheme: what the core reads and what values it takes."""
+
+    core: str  # the name the core reads ("shaw_k"); also RelativeMultiheadAttention's argument
+    kind: str  # "int", "float" (finite), "bool" or "choice"
+    default: Any  # the record field's default (dataclasses.MISSING: the field is required)
+    choices: tuple[str, ...] = ()  # a choice's allowed strings; ops carry the index
+    low: Optional[float] = None  # the smallest value allowed (exclusive with low_open)
+    high: Optional[float] = None  # the largest value allowed
+    low_open: bool = False
+    even: bool = False
+    core_none: Optional[int] = None  # an int that may be None: the value the core reads for None
+    note: str = ""  # said after the range in errors: what a special value means
+    field: str = ""  # the record's field, filled in by option_table()
+
+    def check(self, value: Any, label: str) -> Any:
+        """``value`` as a Python bool, int, float or str (None for an absent optional
+        int), or a ValueError naming ``label``."""
+        if self.kind == "bool":
+            return bool(value)
+        if self.kind == "choice":
+            return choice(value, label, self.choices)
+        if value is None and self.core_none is not None:
+            return None
+        x = integer(value, label) if self.kind == "int" else number(value, label)
+        if not self.allows(x):
+            note = f" ({self.note})" if self.note else ""
+            raise ValueError(f"relpos: {label}: must be {self.range_text()}{note}, got {x}")
+        return x
+
+    def allows(self, x: float) -> bool:
+        """Whether the number ``x`` lies in the option's range (NaN never does)."""
+        above = self.low is None or (x > self.low if self.low_open else x >= self.low)
+        below = self.high is None or x <= self.high
+        return above and below and not (self.even and x % 2) and (self.kind != "float" or math.isfinite(x))
+
+    def range_text(self) -> str:
+        parts = ["finite"] if self.kind == "float" else []
+        parts += ["even"] if self.even else []
+        if self.low is not None:
+            parts.append(f"{'>' if self.low_open else '>='} {_bound(self.low)}")
+        if self.high is not None:
+            parts.append(f"<= {_bound(self.high)}")
+        return " and ".join(parts)
+
+
+def option(core: str, kind: str, default: Any = dataclasses.MISSING, **limits: Any) -> Any:
+    """A record field that is an option of the core (``Option``'s fields as keywords)."""
+    return dataclasses.field(default=default, metadata={"relpos": Option(core, kind, default, **limits)})
+
+
 class _Scheme:
-    """What every scheme record shares: its learnable tensors by field name, and
-    the packing of its options into the ints and floats of a torch op."""
+    """What every scheme record shares: its options' table and their packing into the
+    core's dict and a torch op's ints and floats, its learnable tensors by field name,
+    and how RelativeMultiheadAttention creates and uses them."""
 
     name: ClassVar[str]
     _tensors: ClassVar[tuple[str, ...]] = ()  # learnable fields, in the order the ops take them
+    # The (min, max) a module keeps a learnable tensor in, by field (None: unbounded).
+    _clamps: ClassVar[dict[str, tuple[Optional[float], Optional[float]]]] = {}
+
+    @classmethod
+    @functools.cache
+    def option_table(cls) -> tuple[Option, ...]:
+        """The record's options in field order, the order the ops pack them in."""
+        return tuple(replace(f.metadata["relpos"], field=f.name)
+                     for f in dataclasses.fields(cls) if "relpos" in f.metadata)
+
+    def _options(self) -> list[tuple[Option, Any]]:
+        """Each option with this record's value, checked (errors name ``<scheme>.<field>``)."""
+        return [(o, o.check(getattr(self, o.field), f"{self.name}.{o.field}")) for o in self.option_table()]
 
     def _args(self) -> dict[str, Any]:
-        return {}
+        """The options as the core reads them, by its names."""
+        return {o.core: o.core_none if x is None else x for o, x in self._options()}
 
     def _params(self) -> dict[str, Any]:
         """The learnable tensors given, as the core names them (``t5_table``)."""
         return {f"{self.name}_{f}": getattr(self, f) for f in self._tensors if getattr(self, f) is not None}
 
     def _op_options(self) -> tuple[list[int], list[float]]:
-        return [], []
+        """The options as a torch op's ints and floats: floats in the second list, every
+        other kind an int (a bool as 0 / 1, a choice as its index, an optional int's None
+        as -1, which its range never allows), each list in field order."""
+        ints: list[int] = []
+        floats: list[float] = []
+        for o, x in self._options():
+            if o.kind == "float":
+                floats.append(x)
+            else:
+                ints.append(o.choices.index(x) if o.kind == "choice" else -1 if x is None else int(x))
+        return ints, floats
 
     @classmethod
     def _from_op(cls, tensors: Sequence[Any], ints: Sequence[int], floats: Sequence[float]) -> "_Scheme":
-        return cls(*tensors)
+        """The record that ``_op_options`` packed, with ``tensors`` in ``_tensors`` order."""
+        next_int, next_float = iter(ints).__next__, iter(floats).__next__
+        values: dict[str, Any] = {}
+        for o in cls.option_table():
+            if o.kind == "float":
+                values[o.field] = next_float()
+                continue
+            i = next_int()
+            if o.kind == "choice":
+                values[o.field] = o.choices[i]
+            elif o.kind == "bool":
+                values[o.field] = bool(i)
+            else:
+                values[o.field] = None if i < 0 and o.core_none is not None else i
+        return cls(**dict(zip(cls._tensors, tensors)), **values)
+
+    @classmethod
+    def init_params(cls, heads: int, head_dim: int, embed_dim: int, options: Mapping[str, Any], *,
+                    dtype=None, device=None) -> dict[str, Any]:
+        """The learnable torch tensors RelativeMultiheadAttention creates for this scheme,
+        by field (None: the module has none; fields left out have none either), for
+        ``heads`` heads of ``head_dim`` features in a module of width ``embed_dim``;
+        ``options`` holds the module's arguments for the scheme by name (``shaw_k``,
+        ``shaw_tables``, ...). ``dtype`` and ``device`` as in torch's factories."""
+        return {}
+
+    @classmethod
+    def module_record(cls, options: Mapping[str, Any], params: Mapping[str, Any]) -> "_Scheme":
+        """The record a module computes with: its options by core name, its tensors by
+        field, each clamped into ``_clamps`` (a parameter stepped out of its range keeps
+        the bound, with a zero gradient)."""
+        params = {f: t if t is None or f not in cls._clamps else t.clamp(*cls._clamps[f]) for f, t in params.items()}
+        return cls(**{o.field: options[o.core] for o in cls.option_table()}, **params)
 
     def _per_head(self, field: str) -> bool:
         """Whether learnable tensor ``field`` holds one slice per head (its first dimension)."""
@@ -69,6 +202,12 @@ class _Scheme:
     def _for_heads(self, part: Callable[[Any, bool], Any]) -> "_Scheme":
         """The record with each learnable tensor t replaced by ``part(t, per_head)``."""
         return replace(self, **{f: part(getattr(self, f), self._per_head(f)) for f in self._tensors})
+
+
+def _randn(shape: tuple[int, ...], std: float, dtype, device):
+    import torch  # only when a module creates its tensors: this module needs NumPy alone
+
+    return torch.randn(shape, dtype=dtype, device=device) * std
 
 
 @dataclass
@@ -89,23 +228,28 @@ class Shaw(_Scheme):
     Transformer in tensor2tensor) instead of the edge row.
     """
 
-    k: int
+    k: int = option("shaw_k", "int", low=0, high=MAX_POSITION)
     wk: Optional[np.ndarray] = None
     wv: Optional[np.ndarray] = None
-    beyond: str = "clip"
+    beyond: str = option("shaw_beyond", "choice", "clip", choices=("clip", "zero"))
     name = "shaw"
     _tensors = ("wk", "wv")
-    _BEYOND = ("clip", "zero")
-
-    def _args(self) -> dict[str, Any]:
-        return {"shaw_k": integer(self.k, "shaw.k"), "shaw_beyond": choice(self.beyond, "shaw.beyond", self._BEYOND)}
-
-    def _op_options(self):
-        return [self.k, self._BEYOND.index(self.beyond)], []
 
     @classmethod
-    def _from_op(cls, tensors, ints, floats):
-        return cls(k=ints[0], wk=tensors[0], wv=tensors[1], beyond=cls._BEYOND[ints[1]])
+    def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
+        """``(2k+1, head_dim)`` tables shared by the heads (``(H, 2k+1, head_dim)`` with
+        ``shaw_per_head``), N(0, 1/head_dim): the ones ``shaw_tables`` names, or with
+        ``shaw_tied`` one table, wk, for keys and values."""
+        shape = ((heads,) if options["shaw_per_head"] else ()) + (2 * options["shaw_k"] + 1, head_dim)
+        tables, tied = options["shaw_tables"], options["shaw_tied"]
+        wk = _randn(shape, head_dim**-0.5, dtype, device) if "k" in tables or tied else None
+        wv = _randn(shape, head_dim**-0.5, dtype, device) if "v" in tables and not tied else None
+        return {"wk": wk, "wv": wv}
+
+    @classmethod
+    def module_record(cls, options, params):
+        # A tied module holds one table for keys and values (OpenNMT-py's).
+        return super().module_record(options, dict(params, wv=params["wk"]) if options["shaw_tied"] else params)
 
     def _per_head(self, field):
         table = getattr(self, field)
@@ -122,23 +266,16 @@ class T5(_Scheme):
     """
 
     table: np.ndarray
-    bidirectional: bool = True
-    max_distance: int = 128
+    bidirectional: bool = option("t5_bidirectional", "bool", True)
+    # Its lower bound depends on the table's bucket count: the core checks it.
+    max_distance: int = option("t5_max_distance", "int", 128, high=MAX_POSITION)
     name = "t5"
     _tensors = ("table",)
 
-    def _args(self) -> dict[str, Any]:
-        return {
-            "t5_bidirectional": bool(self.bidirectional),
-            "t5_max_distance": integer(self.max_distance, "t5.max_distance"),
-        }
-
-    def _op_options(self):
-        return [int(bool(self.bidirectional)), self.max_distance], []
-
     @classmethod
-    def _from_op(cls, tensors, ints, floats):
-        return cls(tensors[0], bidirectional=bool(ints[0]), max_distance=ints[1])
+    def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
+        """``(H, t5_num_buckets)``, N(0, 0.1^2)."""
+        return {"table": _randn((heads, options["t5_num_buckets"]), 0.1, dtype, device)}
 
 
 @dataclass
@@ -150,6 +287,16 @@ class ALiBi(_Scheme):
     name = "alibi"
     _tensors = ("slopes",)
 
+    @classmethod
+    def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
+        """With ``alibi_learnable``, the paper's slopes ``(H,)`` as a tensor to train."""
+        if not options["alibi_learnable"]:
+            return {}
+        import torch  # only when a module creates its tensors: this module needs NumPy alone
+
+        return {"slopes": torch.tensor(_relpos.alibi_slopes(heads), dtype=dtype or torch.get_default_dtype(),
+                                       device=device)}
+
 
 @dataclass
 class RoPE(_Scheme):
@@ -159,32 +306,12 @@ class RoPE(_Scheme):
     ``"half_split"`` (GPT-NeoX, Llama) or ``"interleaved"`` (GPT-J).
     """
 
-    base: float = 10000.0
-    dims: Optional[int] = None
-    style: str = "half_split"
+    base: float = option("rope_base", "float", 10000.0, low=1, low_open=True)
+    # The core reads 0 as "all of d"; here that is None, and 0 a mistake. d bounds it too (the core checks).
+    dims: Optional[int] = option("rope_dims", "int", None, low=2, even=True, core_none=0,
+                                 note="None rotates all of d")
+    style: str = option("rope_style", "choice", "half_split", choices=("half_split", "interleaved"))
     name = "rope"
-    _STYLES = ("half_split", "interleaved")
-
-    def _args(self) -> dict[str, Any]:
-        return {
-            "rope_base": number(self.base, "rope.base"),
-            "rope_dims": 0 if self.dims is None else self._rotary_dims(),
-            "rope_style": choice(self.style, "rope.style", self._STYLES),
-        }
-
-    def _op_options(self):
-        return [-1 if self.dims is None else self.dims, self._STYLES.index(self.style)], [float(self.base)]
-
-    @classmethod
-    def _from_op(cls, tensors, ints, floats):
-        return cls(base=floats[0], dims=None if ints[0] < 0 else ints[0], style=cls._STYLES[ints[1]])
-
-    def _rotary_dims(self) -> int:
-        # The core reads 0 as "all of d"; here that is None, and 0 a mistake.
-        dims = integer(self.dims, "rope.dims")
-        if dims < 2 or dims % 2:
-            raise ValueError(f"relpos: rope.dims: must be even and >= 2 (None rotates all of d), got {dims}")
-        return dims
 
 
 @dataclass
@@ -200,19 +327,26 @@ class TransformerXL(_Scheme):
     u: np.ndarray
     v: np.ndarray
     w_r: np.ndarray
-    clamp_len: int = 0
+    clamp_len: int = option("xl_clamp_len", "int", 0, low=0, high=MAX_POSITION, note="0 = unclamped")
     name = "xl"
     _tensors = ("u", "v", "w_r")
 
-    def _args(self) -> dict[str, Any]:
-        return {"xl_clamp_len": integer(self.clamp_len, "xl.clamp_len")}
-
-    def _op_options(self):
-        return [self.clamp_len], []
-
     @classmethod
-    def _from_op(cls, tensors, ints, floats):
-        return cls(*tensors, clamp_len=ints[0])
+    def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
+        """``u``, ``v`` ``(H, head_dim)``, N(0, 0.02^2); ``w_r`` ``(H, head_dim, pos_dim)``,
+        N(0, 1/pos_dim), ``pos_dim`` = ``xl_pos_dim`` (default ``embed_dim``)."""
+        pos_dim = options["xl_pos_dim"] or embed_dim
+        return {"u": _randn((heads, head_dim), 0.02, dtype, device),
+                "v": _randn((heads, head_dim), 0.02, dtype, device),
+                "w_r": _randn((heads, head_dim, pos_dim), pos_dim**-0.5, dtype, device)}
+
+
+def _kerple_init(heads: int, dtype, device) -> dict[str, Any]:
+    """r1 uniform in (0, 2), r2 in (0, 1), as the paper initialises both variants."""
+    import torch  # only when a module creates its tensors: this module needs NumPy alone
+
+    r1 = torch.rand(heads, dtype=dtype, device=device) * 2
+    return {"r1": r1, "r2": torch.rand(heads, dtype=dtype, device=device)}
 
 
 @dataclass
@@ -228,6 +362,11 @@ class KERPLE(_Scheme):
     r2: np.ndarray
     name = "kerple"
     _tensors = ("r1", "r2")
+    _clamps = {"r1": (KERPLE_MIN, None), "r2": (KERPLE_MIN, None)}
+
+    @classmethod
+    def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
+        return _kerple_init(heads, dtype, device)
 
 
 @dataclass
@@ -243,6 +382,11 @@ class KERPLEPower(_Scheme):
     r2: np.ndarray
     name = "kerple_power"
     _tensors = ("r1", "r2")
+    _clamps = {"r1": (KERPLE_MIN, None), "r2": (KERPLE_MIN, 2.0)}
+
+    @classmethod
+    def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
+        return _kerple_init(heads, dtype, device)
 
 
 # Every scheme record by its name.

@@ -14,6 +14,7 @@ mappings).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Optional, Union
@@ -23,14 +24,13 @@ from torch import nn
 
 import relpos
 from relpos._calls import check_threads
-from relpos.schemes import integer
+from relpos.schemes import KERPLE_MIN, integer  # noqa: F401  (rt.KERPLE_MIN: the floor the records clamp at)
 from relpos.torch.context_parallel import ring_attention
 from relpos.torch.functional import attention
 
 __all__ = ["RelativeMultiheadAttention", "from_hf_t5", "from_transformer_xl", "from_opennmt"]
 
 SCHEMES = tuple(relpos.schemes.SCHEMES)  # the names the module's ``scheme`` argument takes
-KERPLE_MIN = 0.01  # the floor of KERPLE's r1 and r2 in the module
 
 
 class RelativeMultiheadAttention(nn.Module):
@@ -68,6 +68,8 @@ class RelativeMultiheadAttention(nn.Module):
              and clamped at ``KERPLE_MIN`` = 0.01 in forward, as in the paper's code.
       kerple_power  ``kerple_power_r1``, ``kerple_power_r2`` ``(H,)``, the same, ``r2`` also
              clamped at 2 (the power variant's range).
+    Each scheme's record creates its tensors (``init_params`` in ``relpos/schemes.py``) and
+    checks its options; the module keeps the scheme's arguments in ``scheme_options``.
     """
 
     def __init__(
@@ -100,9 +102,12 @@ class RelativeMultiheadAttention(nn.Module):
         threads: Optional[int] = None,
         context_parallel=None,
     ):
+        # The arguments by name: the scheme's record reads its own (shaw_k, xl_pos_dim, ...).
+        arguments = dict(locals())
         super().__init__()
         if scheme not in SCHEMES:
             raise ValueError(f"relpos: scheme: must be one of {', '.join(SCHEMES)}; got {scheme!r}")
+        record = relpos.schemes.SCHEMES[scheme]
         for arg, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("head_dim", head_dim),
                            ("num_kv_heads", num_kv_heads), ("kdim", kdim), ("vdim", vdim), ("xl_pos_dim", xl_pos_dim)):
             if value is not None and integer(value, arg) < 1:
@@ -110,8 +115,12 @@ class RelativeMultiheadAttention(nn.Module):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"relpos: num_kv_heads: must divide num_heads {num_heads}, got {num_kv_heads}")
-        if scheme == "shaw" and integer(shaw_k, "shaw_k") < 0:
-            raise ValueError(f"relpos: shaw_k: must be >= 0, got {shaw_k}")
+        # The scheme's arguments (its options' defaults where the module takes none for one),
+        # its options checked here under the module's names for them.
+        defaults = {o.core: o.default for o in record.option_table() if o.default is not dataclasses.MISSING}
+        self.scheme_options = {**defaults, **{n: x for n, x in arguments.items() if n.startswith(f"{scheme}_")}}
+        for o in record.option_table():
+            o.check(self.scheme_options[o.core], o.core)
         if threads is not None:
             check_threads(threads)
         if head_dim is None:
@@ -132,54 +141,22 @@ class RelativeMultiheadAttention(nn.Module):
         self.v_proj = nn.Linear(vdim or embed_dim, num_kv_heads * head_dim, bias=bias)
         self.out_proj = nn.Linear(inner, embed_dim, bias=bias)
 
-        H, d = num_heads, head_dim
-        self.shaw_wk = self.shaw_wv = self.t5_table = self.alibi_slopes = None
-        self.xl_u = self.xl_v = self.xl_w_r = None
-        self.kerple_r1 = self.kerple_r2 = self.kerple_power_r1 = self.kerple_power_r2 = None
-        if scheme == "shaw":
-            self.shaw_k, self.shaw_beyond, self.shaw_tied = shaw_k, shaw_beyond, shaw_tied
-            shape = ((H,) if shaw_per_head else ()) + (2 * shaw_k + 1, d)
-            if "k" in shaw_tables or shaw_tied:
-                self.shaw_wk = nn.Parameter(torch.randn(shape) * d**-0.5)
-            if "v" in shaw_tables and not shaw_tied:
-                self.shaw_wv = nn.Parameter(torch.randn(shape) * d**-0.5)
-        elif scheme == "t5":
-            self.t5_bidirectional, self.t5_max_distance = t5_bidirectional, t5_max_distance
-            self.t5_table = nn.Parameter(torch.randn(H, t5_num_buckets) * 0.1)
-        elif scheme == "alibi" and alibi_learnable:
-            self.alibi_slopes = nn.Parameter(torch.tensor(relpos.alibi_slopes(H), dtype=torch.get_default_dtype()))
-        elif scheme == "rope":
-            self.rope = relpos.RoPE(base=rope_base, dims=rope_dims, style=rope_style)
-        elif scheme == "xl":
-            pos_dim = xl_pos_dim or embed_dim
-            self.xl_clamp_len = xl_clamp_len
-            self.xl_u = nn.Parameter(torch.randn(H, d) * 0.02)
-            self.xl_v = nn.Parameter(torch.randn(H, d) * 0.02)
-            self.xl_w_r = nn.Parameter(torch.randn(H, d, pos_dim) * pos_dim**-0.5)
-        elif scheme in ("kerple", "kerple_power"):
-            setattr(self, f"{scheme}_r1", nn.Parameter(torch.rand(H) * 2))
-            setattr(self, f"{scheme}_r2", nn.Parameter(torch.rand(H)))
+        # Every scheme's tensor attribute exists, None where this module has no such tensor:
+        # position_scheme, the loaders below and users read them by name (``layer.shaw_wv``).
+        for cls in relpos.schemes.SCHEMES.values():
+            for field in cls._tensors:
+                setattr(self, f"{cls.name}_{field}", None)
+        params = record.init_params(num_heads, head_dim, embed_dim, self.scheme_options)
+        for field, tensor in params.items():
+            if tensor is not None:
+                setattr(self, f"{scheme}_{field}", nn.Parameter(tensor))
 
     def position_scheme(self):
-        """The relpos scheme record holding this module's parameters (not copies)."""
-        s = self.scheme
-        if s == "shaw":
-            wv = self.shaw_wk if self.shaw_tied else self.shaw_wv
-            return relpos.Shaw(k=self.shaw_k, wk=self.shaw_wk, wv=wv, beyond=self.shaw_beyond)
-        if s == "t5":
-            return relpos.T5(self.t5_table, bidirectional=self.t5_bidirectional, max_distance=self.t5_max_distance)
-        if s == "alibi":
-            return relpos.ALiBi(slopes=self.alibi_slopes)
-        if s == "rope":
-            return self.rope
-        if s == "xl":
-            return relpos.TransformerXL(self.xl_u, self.xl_v, self.xl_w_r, clamp_len=self.xl_clamp_len)
-        if s == "kerple":  # a parameter stepped below the floor keeps it, with a zero gradient
-            return relpos.KERPLE(self.kerple_r1.clamp(min=KERPLE_MIN), self.kerple_r2.clamp(min=KERPLE_MIN))
-        if s == "kerple_power":
-            return relpos.KERPLEPower(self.kerple_power_r1.clamp(min=KERPLE_MIN),
-                                      self.kerple_power_r2.clamp(min=KERPLE_MIN, max=2.0))
-        return relpos.NoPosition()
+        """The relpos scheme record holding this module's parameters (not copies; KERPLE's
+        clamped into their range)."""
+        record = relpos.schemes.SCHEMES[self.scheme]
+        params = {field: getattr(self, f"{record.name}_{field}") for field in record._tensors}
+        return record.module_record(self.scheme_options, params)
 
     def _heads(self, x: torch.Tensor, heads: Optional[int] = None) -> torch.Tensor:
         """(B, L, heads * d) -> (B, heads, L, d) as a strided view (the core reads it in place);
