@@ -34,10 +34,21 @@ def _launch(q: torch.Tensor, v: torch.Tensor) -> Launch:
 
 
 def _precision(q: torch.Tensor) -> str:
-    """float32 follows torch's TF32 switch for matrix products, as torch's own kernels do."""
+    """float32 follows torch's TF32 switch for matrix products, as torch's own kernels do;
+    the interpreter multiplies half inputs as float32 (kernels._dot)."""
+    if _interpreting():
+        return "upcast"
     if q.dtype == torch.float32 and q.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
         return "tf32"
     return "ieee"
+
+
+def _feature_precision(q: torch.Tensor) -> str:
+    """The query / key features stay float32 (terms.py); on a GPU their product runs in TF32
+    unless float32 calls have TF32 switched off."""
+    if _interpreting() or (q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32):
+        return "ieee"
+    return "tf32"
 
 
 def _strides(x: Optional[torch.Tensor], n: int) -> list[int]:
@@ -112,7 +123,7 @@ def _switches(q, v, qx, bias, causal, pad, cfg: Launch):
     return dict(D=padded(q.shape[3]), DV=padded(v.shape[3]), DX=padded(qx.shape[3] if qx is not None else 1),
                 BM=cfg.block_m, BN=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, BIAS=bias,
                 HAS_X=qx is not None, CAUSAL=bool(causal), HAS_PAD=pad is not None,
-                PRECISION=_precision(q))
+                PRECISION=_precision(q), X_PRECISION=_feature_precision(q))
 
 
 def attention_forward_kernel_launch(q, k, v, out, lse, pad, bias_rows, p1, p2, qx, kx, meta, scale, bias,

@@ -5,9 +5,11 @@ kinds of term a call has, never by scheme:
 - a bias per (head, distance) ``BIAS``: a row of values per head read by the
   distance (``BIAS_ROW``: T5's table gathered through its buckets), or one made
   in the kernel from per-head parameters (ALiBi's slope, KERPLE's r1 and r2);
-- an extra dot product ``HAS_X``: query features ``qx (B, H, Lq, dx)`` read
-  against key features ``kx (Lk, dx)`` shared by heads, inside the scale (the
-  form Transformer-XL's sinusoidal term takes, ``relpos.gpu.terms``);
+- an extra dot product ``HAS_X``: float32 query features ``qx (B, H, Lq, dx)``
+  read against float32 key features ``kx (Lk, dx)`` shared by heads, inside the
+  scale (the form Transformer-XL's sinusoidal term takes, ``relpos.gpu.terms``),
+  multiplied with ``X_PRECISION`` (TF32 on a GPU: sines and cosines rounded to
+  bfloat16 would cost more accuracy than the content term loses);
 - causal cut and key padding; grouped-query heads (query head ``h`` reads key
   head ``h // GROUP``).
 
@@ -32,6 +34,18 @@ BIAS_NONE, BIAS_ROW, BIAS_ALIBI, BIAS_KERPLE_LOG, BIAS_KERPLE_POWER = range(5)
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _dot(a, b, PRECISION: tl.constexpr):
+    """a @ b accumulated in float32. PRECISION "upcast" multiplies float32 copies of half
+    inputs (their products are exact in float32, as on tensor cores): Triton's interpreter
+    has no bfloat16 matrix product, so the tests run the kernels that way."""
+    if PRECISION == "upcast":
+        result = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        result = tl.dot(a, b, input_precision=PRECISION)
+    return result
 
 
 @triton.jit
@@ -71,13 +85,13 @@ def _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL: tl.c
 def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
             bias_row, p1, p2, pad, stride_pb, stride_pn,
             BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-            PRECISION: tl.constexpr):
+            PRECISION: tl.constexpr, X_PRECISION: tl.constexpr):
     """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile."""
     k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    s = _dot(q, tl.trans(k), PRECISION)
     if HAS_X:
         kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
-        s += tl.dot(qx, tl.trans(kx), input_precision=PRECISION)
+        s += _dot(qx, tl.trans(kx), X_PRECISION)
     s = s * qk_scale
     rel = offs_n[None, :].to(tl.int64) - offs_m[:, None] + delta
     if BIAS != 0:
@@ -109,7 +123,7 @@ def attention_forward_kernel(
         H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, qk_scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-        PRECISION: tl.constexpr):
+        PRECISION: tl.constexpr, X_PRECISION: tl.constexpr):
     m_start = tl.program_id(0) * BM
     bh = tl.program_id(1)
     b = bh // H
@@ -136,7 +150,7 @@ def attention_forward_kernel(
         s, ok, rel = _logits(q, qx, k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                              KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
                              offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-                             BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION)
+                             BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
         p = tl.exp2(s - shift[:, None])
@@ -144,7 +158,7 @@ def attention_forward_kernel(
         row_sum = row_sum * rescale + tl.sum(p, 1)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                     mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
-        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v, PRECISION)
         row_max = new_max
     seen = row_sum > 0
     out = acc / tl.where(seen, row_sum, 1.0)[:, None]
@@ -174,7 +188,7 @@ def attention_backward_kv_kernel(
         H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, qk_scale, scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-        PRECISION: tl.constexpr):
+        PRECISION: tl.constexpr, X_PRECISION: tl.constexpr):
     """dk, dv of one key tile of one key head, over the query tiles of every query head
     that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
     n_start = tl.program_id(0) * BN
@@ -210,14 +224,14 @@ def attention_backward_kv_kernel(
                              + offs_x[None, :] * stride_xd, mask=row & (offs_x[None, :] < dx), other=0.0)
             s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
                                  r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn,
-                                 BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION)
+                                 BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION)
             p, dlt = _probabilities(s, ok, LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
             do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
                          mask=row & (offs_v[None, :] < dv), other=0.0)
-            dvv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            dvv += _dot(tl.trans(p).to(do.dtype), do, PRECISION)
+            dp = _dot(do, tl.trans(v), PRECISION)
             ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
-            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+            dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION)
     out_mask = (offs_n[:, None] < Lk)
     tl.store(DK + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
              (dk * scale).to(DK.dtype.element_ty), mask=out_mask & (offs_d[None, :] < d))
@@ -268,7 +282,7 @@ def attention_backward_q_kernel(
         H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, qk_scale, scale, n_parts,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-        PRECISION: tl.constexpr):
+        PRECISION: tl.constexpr, X_PRECISION: tl.constexpr):
     """dq (and dqx) of one query tile, and its partial sums of the bias parameters'
     gradients, PARTS[(b * H + h) * tiles + tile, :] (DQ, DQX contiguous like their inputs'
     shapes; DO shares the output's strides)."""
@@ -305,17 +319,17 @@ def attention_backward_q_kernel(
         k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
         s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
                              r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn,
-                             BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION)
+                             BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION)
         p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                     mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        dp = _dot(do, tl.trans(v), PRECISION)
         ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
         k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        dq += _dot(ds.to(k.dtype), k, PRECISION)
         if HAS_X:
             kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
-            dqx += tl.dot(ds.to(kx.dtype), kx, input_precision=PRECISION)
+            dqx += _dot(ds, kx, X_PRECISION)
         g1, g2, gt = _bias_grads(ds, rel, ok, h, BUCKET, r_min, R, P1, P2, g1, g2, gt, NB, BIAS)
     tl.store(DQ + (bh * Lq + offs_m[:, None]) * d + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=row & (offs_d[None, :] < d))

@@ -70,8 +70,9 @@ def t5_buckets(distances: torch.Tensor, bidirectional: bool, num_buckets: int, m
         n = (-r).clamp(min=0)
     max_exact = num_buckets // 2
     log_ratio = torch.tensor(math.log(max_distance / max_exact), dtype=torch.float32)
-    ratio = (n.double() / max_exact).clamp(min=1.0)
-    scaled = torch.log(ratio).float() / log_ratio * torch.tensor(float(num_buckets - max_exact), dtype=torch.float32)
+    # float32 n / max_exact as upstream divides, then its logarithm rounded once to float32
+    ratio = (n.float() / float(max_exact)).clamp(min=1.0)
+    scaled = torch.log(ratio.double()).float() / log_ratio * torch.tensor(float(num_buckets - max_exact), dtype=torch.float32)
     large = (max_exact + scaled.long()).clamp(max=num_buckets - 1)
     return bucket + torch.where(n < max_exact, n, large)
 
@@ -144,6 +145,6 @@ def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
             raise ValueError("relpos: xl.clamp_len: the GPU path does not clamp Transformer-XL's distances yet "
                              "(clamp_len=0 only); CPU tensors run every clamp_len")
         qx, kx = _xl_features(q, scheme, q_offset, Lk, k_offset)
-        return Terms(q + scheme.u[None, :, None, :].to(q.dtype), k, qx=qx.to(q.dtype), kx=kx.to(q.dtype))
+        return Terms(q + scheme.u[None, :, None, :].to(q.dtype), k, qx=qx, kx=kx)
     raise ValueError(f"relpos: scheme: {getattr(scheme, 'name', type(scheme).__name__)} has no GPU kernel yet; "
                      "its CPU tensors run on the C++ kernels")
