@@ -196,5 +196,21 @@ def info() -> dict:
     loops run on, chosen at run time; the environment variable RELPOS_SIMD limits
     it), ``simd_compiled``, ``simd_supported``, ``gemm`` and ``gemm_isa`` (oneDNN and
     the instruction set it uses), ``half_storage`` (how bfloat16 / float16 calls compute)
-    and ``cpu_avx512_bf16``, ``threads`` and ``openmp_wait_policy``."""
-    return _relpos.build_info()
+    and ``cpu_avx512_bf16``, ``threads`` and ``openmp_wait_policy``; ``gpu``: what the GPU
+    path (``relpos.gpu``, Triton kernels for CUDA tensors) finds here."""
+    return {**_relpos.build_info(), "gpu": _gpu_info()}
+
+
+def _gpu_info() -> str:
+    """One line on the GPU path: Triton's version and the CUDA device, or what is missing."""
+    try:
+        import triton
+    except ImportError:
+        return "relpos.gpu: Triton is not installed (pip install triton); CUDA tensors cannot run"
+    try:
+        import torch
+    except ImportError:
+        return f"relpos.gpu: Triton {triton.__version__}; torch is not installed"
+    if not torch.cuda.is_available():
+        return f"relpos.gpu: Triton {triton.__version__}, no CUDA device (torch {torch.__version__}); CPU tensors run the C++ kernels"
+    return f"relpos.gpu: Triton {triton.__version__} on {torch.cuda.get_device_name()} (torch {torch.__version__})"

@@ -220,3 +220,9 @@ def test_bad_input_is_refused_by_name(bad, message):
     args.update(bad)
     with pytest.raises(ValueError, match=message):
         gpu().attention(args["q"], args["k"], args["v"], args["scheme"], key_padding=args["key_padding"])
+
+
+def test_info_names_the_gpu_path():
+    line = relpos.info()["gpu"]
+    assert line.startswith("relpos.gpu: Triton ") and triton.__version__ in line
+    assert ("no CUDA device" in line) != torch.cuda.is_available()

@@ -23,6 +23,17 @@ from relpos.torch.ops import encode
 __all__ = ["attention"]
 
 
+def _on_gpu(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm):
+    """CUDA tensors run relpos.gpu's Triton kernels (one fused algorithm; ``threads`` is a CPU
+    setting and has no effect there)."""
+    if algorithm not in ("auto", "fused"):
+        raise ValueError(f"relpos: algorithm: CUDA tensors run the fused Triton kernels only, got {algorithm!r}")
+    from relpos import gpu  # imported on first use: it needs Triton, which CPU users may not have
+
+    return gpu.attention(q, k, v, scheme, causal=causal, key_padding=key_padding, q_offset=q_offset,
+                         k_offset=k_offset, scale=scale, return_lse=True)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -48,7 +59,8 @@ def attention(
     positions); ``threads`` defaults to ``torch.get_num_threads()``.
     ``return_lse=True`` returns ``(out, lse)``, the row logsumexp ``(B, H, Lq)``
     as a constant (no gradient flows through it), e.g. to merge attention over
-    key chunks."""
+    key chunks. CUDA tensors run the Triton kernels of ``relpos.gpu`` (``algorithm``
+    "auto" or "fused"); CPU tensors the C++ kernels."""
     scheme = NoPosition() if scheme is None else scheme
     if not hasattr(scheme, "_params"):
         raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
@@ -57,6 +69,10 @@ def attention(
             raise ValueError(f"relpos: {arg}: expected a 4-dimensional torch tensor, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     q, k, v = (heads_first(x, layout) for x in (q, k, v))
+    if q.device.type == "cuda":
+        out, lse = _on_gpu(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm)
+        out = heads_first(out, layout)
+        return (out, lse.detach()) if return_lse else out
     q_offset = resolve_q_offset(q_offset, q.shape[2], k.shape[2], k_offset)
     name, params, ints, floats = encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads)
     out, lse = torch.ops.relpos.attention_forward(q, k, v, key_padding, params, name, ints, floats)
