@@ -1,9 +1,9 @@
 """Position schemes: small records holding each scheme's options and parameters.
 
-A record declares each of its options once, on its dataclass field: ``option(core
-name, kind, default, range)`` gives the name the C++ core reads (``shaw_k``), the
-kind (``"int"``, ``"float"``, ``"bool"``, or ``"choice"`` with its allowed strings),
-the valid range where one exists and the default. ``_Scheme`` derives everything
+A record (a dataclass made by ``@record``) declares each of its options once, on its
+field: ``option(core name, kind, default, range)`` gives the name the C++ core reads
+(``shaw_k``), the kind (``"int"``, ``"float"``, ``"bool"``, or ``"choice"`` with its
+allowed strings), the valid range where one exists and the default. ``_Scheme`` derives everything
 else from that table (``option_table()``): the checked dict the core reads
 (``_args``, errors naming ``<scheme>.<field>``), and the packing of the options into
 the int and float lists of the registered torch ops (``_op_options`` /
@@ -18,7 +18,6 @@ the module stay scheme-agnostic: a new scheme is one class here, listed in
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
@@ -126,13 +125,12 @@ class _Scheme:
     _tensors: ClassVar[tuple[str, ...]] = ()  # learnable fields, in the order the ops take them
     # The (min, max) a module keeps a learnable tensor in, by field (None: unbounded).
     _clamps: ClassVar[dict[str, tuple[Optional[float], Optional[float]]]] = {}
+    _option_table: ClassVar[tuple[Option, ...]]  # set by @record
 
     @classmethod
-    @functools.cache
     def option_table(cls) -> tuple[Option, ...]:
         """The record's options in field order, the order the ops pack them in."""
-        return tuple(replace(f.metadata["relpos"], field=f.name)
-                     for f in dataclasses.fields(cls) if "relpos" in f.metadata)
+        return cls.__dict__["_option_table"]  # the record's own (a subclass has its own fields)
 
     def _options(self) -> list[tuple[Option, Any]]:
         """Each option with this record's value, checked (errors name ``<scheme>.<field>``)."""
@@ -204,20 +202,29 @@ class _Scheme:
         return replace(self, **{f: part(getattr(self, f), self._per_head(f)) for f in self._tensors})
 
 
+def record(cls: type) -> type:
+    """A scheme record: ``cls`` as a dataclass, with its option table read from its fields
+    once (a plain attribute, which torch.compile traces through; functools' caches it cannot)."""
+    cls = dataclass(cls)
+    cls._option_table = tuple(replace(f.metadata["relpos"], field=f.name)
+                              for f in dataclasses.fields(cls) if "relpos" in f.metadata)
+    return cls
+
+
 def _randn(shape: tuple[int, ...], std: float, dtype, device):
     import torch  # only when a module creates its tensors: this module needs NumPy alone
 
     return torch.randn(shape, dtype=dtype, device=device) * std
 
 
-@dataclass
+@record
 class NoPosition(_Scheme):
     """Plain attention: no relative term (absolute embeddings, if any, live in the model)."""
 
     name = "none"
 
 
-@dataclass
+@record
 class Shaw(_Scheme):
     """Shaw et al. 2018: score ``q_i . wk[c(r)]`` and value ``wv[c(r)]``,
     ``c(r) = clip(r, -k, k) + k``.
@@ -256,7 +263,7 @@ class Shaw(_Scheme):
         return table is not None and table.ndim == 3  # (2k+1, d) is shared by the heads
 
 
-@dataclass
+@record
 class T5(_Scheme):
     """T5 bucketed bias ``table[h, bucket(r)]``, ``table`` of shape ``(H, num_buckets)``.
 
@@ -278,7 +285,7 @@ class T5(_Scheme):
         return {"table": _randn((heads, options["t5_num_buckets"]), 0.1, dtype, device)}
 
 
-@dataclass
+@record
 class ALiBi(_Scheme):
     """ALiBi bias ``-m_h * |r|``. ``slopes=None`` uses the paper's slopes for
     the head count (any count); explicit ``slopes`` of shape ``(H,)`` are learnable."""
@@ -298,7 +305,7 @@ class ALiBi(_Scheme):
                                        device=device)}
 
 
-@dataclass
+@record
 class RoPE(_Scheme):
     """Rotary embeddings: q rotated by its absolute position, k by its.
 
@@ -314,7 +321,7 @@ class RoPE(_Scheme):
     name = "rope"
 
 
-@dataclass
+@record
 class TransformerXL(_Scheme):
     """Transformer-XL: score ``(q_i + u) . k_j + (q_i + v) . W_R R(-r)``.
 
@@ -349,7 +356,7 @@ def _kerple_init(heads: int, dtype, device) -> dict[str, Any]:
     return {"r1": r1, "r2": torch.rand(heads, dtype=dtype, device=device)}
 
 
-@dataclass
+@record
 class KERPLE(_Scheme):
     """KERPLE (Chi et al. 2022), logarithmic variant: bias ``-r1_h * log(1 + r2_h * |r|)``.
 
@@ -369,7 +376,7 @@ class KERPLE(_Scheme):
         return _kerple_init(heads, dtype, device)
 
 
-@dataclass
+@record
 class KERPLEPower(_Scheme):
     """KERPLE (Chi et al. 2022), power variant: bias ``-r1_h * |r|**r2_h``.
 
