@@ -1,0 +1,137 @@
+"""relpos.gpu's kernels compiled ahead of time for sm_80 and sm_90 without a GPU
+(relpos.gpu.compile_check): every specialisation of the default covering set compiles
+and fits the card's shared memory per block, and the checker does fail on a tile that
+cannot fit.
+
+Why a subprocess: conftest.py sets TRITON_INTERPRET=1 for the interpreter tests, which
+turns the kernels into interpreter functions for the whole process; compiling needs
+them as Triton JIT functions, so the check runs as ``python -m
+relpos.gpu.compile_check`` in a process of its own, with the same relpos on its path.
+The default run takes about 1.5 to 3 minutes on two cores (bench/results/gpu_compile.md).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton")
+
+import relpos.gpu.compile_check as cc  # noqa: E402  (the pure-Python parts run here)
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    # the directory holding the relpos this process imported (.../relpos/gpu/compile_check.py)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(cc.__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _run(args, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(), timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """One default run (covering set, sm_80 and sm_90), shared by the tests below."""
+    path = tmp_path_factory.mktemp("compile") / "results.json"
+    done = _run(["-m", "relpos.gpu.compile_check", "--arch", "80,90", "--json", str(path)])
+    assert path.exists(), f"no results (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done, json.loads(path.read_text())
+
+
+def test_pairwise_covers_every_pair():
+    rows = cc.pairwise(cc.FACTORS)
+    for a, b in itertools.combinations(cc.FACTORS, 2):
+        for va, vb in itertools.product(cc.FACTORS[a], cc.FACTORS[b]):
+            assert any(r[a] == va and r[b] == vb for r in rows), (a, va, b, vb)
+    assert len(rows) < len(cc.full_specs()) // 20  # a covering set, not the product (720)
+
+
+def test_specs_match_the_launcher():
+    from relpos.gpu.config import launch_for
+
+    specs = cc.covering_specs()
+    assert len({s.name for s in specs}) == len(specs)
+    for s in specs:
+        assert s.cfg == launch_for(s.head, True)
+        consts = s.constexprs(["D", "DV", "DX", "NB", "PRECISION", "X_PRECISION"])
+        assert consts["D"] == consts["DV"] == s.head
+        assert consts["DX"] == (s.head if s.has_x else 16)
+        assert consts["NB"] == (32 if s.bias == 1 else 16)
+        assert consts["PRECISION"] == ("tf32" if s.dtype == "float32" else "ieee")
+    with pytest.raises(KeyError, match="NEW_SWITCH"):
+        specs[0].constexprs(["D", "NEW_SWITCH"])
+
+
+def test_ptxas_log_parsing():
+    log = ("ptxas info    : Function properties for attention_forward_kernel\n"
+           "    160 bytes stack frame, 152 bytes spill stores, 148 bytes spill loads\n"
+           "ptxas info    : Used 255 registers, used 1 barriers, 160 bytes cumulative stack size, 1024 bytes smem\n")
+    assert cc.parse_ptxas(log) == dict(registers=255, spill_stores=152, spill_loads=148, static_smem=1024)
+    with pytest.raises(ValueError):
+        cc.parse_ptxas("ptxas fatal   : Unsupported .version 9.4")
+
+
+def test_default_set_compiles_and_fits(default_run):
+    done, doc = default_run
+    results = doc["results"]
+    specs = cc.covering_specs()
+    assert {(r["spec"], r["arch"]) for r in results} == {(s.name, a) for s in specs for a in (80, 90)}
+    failed = [f"{r['spec']} sm_{r['arch']}: {r['error'][:2000]}" for r in results if r["error"]]
+    assert not failed, "kernels that do not compile:\n" + "\n".join(failed)
+    over = [f"{r['spec']} sm_{r['arch']}: {r['shared']} > {r['limit']} bytes" for r in results
+            if r["shared"] > r["limit"]]
+    assert not over, "shared memory over the card's limit per block:\n" + "\n".join(over)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_default_run_numbers_are_parsed(default_run):
+    _, doc = default_run
+    compiled = [r for r in doc["results"] if not r["error"]]
+    assert compiled, "nothing compiled"
+    for r in compiled:
+        assert r["limit"] == cc.SHARED_LIMIT[r["arch"]]
+        assert r["shared"] > 0, r  # every kernel stages tiles through shared memory
+        assert 0 < r["registers"] <= 255, r
+        assert r["spill_stores"] >= 0 and r["spill_loads"] >= 0, r
+        assert r["ptxas_log"] in ("triton", "rerun"), r
+
+
+_OVERSIZED = """
+import json, sys
+from relpos.gpu import compile_check as cc
+from relpos.gpu.config import Launch
+spec = cc.Spec("forward", "bfloat16", 0, False, False, False, 128, launch=Launch(256, 256, 8, 2))
+results = cc.run([spec], archs=(80,), jobs=1)
+try:
+    cc.check(results)
+    message = ""
+except cc.CompileCheckError as e:
+    message = str(e)
+print(json.dumps(dict(name=spec.name, shared=results[0].shared, error=results[0].error, message=message)))
+"""
+
+
+def test_checker_fails_on_an_oversized_tile():
+    """256 x 256 tiles of a 128-wide head: q, k and v tiles alone need more than an A100's
+    166,912 bytes, so check() must raise and name the specialisation."""
+    done = _run(["-c", _OVERSIZED])
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not out["error"], out["error"]
+    assert out["shared"] > cc.SHARED_LIMIT[80]
+    assert out["name"] in out["message"] and "exceeds" in out["message"] and "sm_80" in out["message"]
+
+
+def test_cli_exits_nonzero_on_an_oversized_tile():
+    done = _run(["-m", "relpos.gpu.compile_check", "--arch", "80", "--launch", "256,256,8,2", "--jobs", "1",
+                 "--quiet", "--only", "kernel=forward", "--only", "dtype=bfloat16", "--only", "bias=none",
+                 "--only", "has_x=0", "--only", "causal=0", "--only", "has_pad=0", "--only", "head=128"])
+    assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
+    assert "forward/bfloat16/none/d128/256x256w8s2 sm_80: shared memory" in done.stderr
