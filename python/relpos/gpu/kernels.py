@@ -101,6 +101,20 @@ def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d,
 
 
 @triton.jit
+def _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_xb, stride_xh, stride_xm, stride_xd, HAS_X: tl.constexpr):
+    """A query tile's rows of q and, with HAS_X, of its features qx (else q again, unread)."""
+    row = offs_m[:, None] < Lq
+    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=row & (offs_d[None, :] < d), other=0.0)
+    qx = q
+    if HAS_X:
+        qx = tl.load(QX + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xm + offs_x[None, :] * stride_xd,
+                     mask=row & (offs_x[None, :] < dx), other=0.0)
+    return q, qx
+
+
+@triton.jit
 def _causal_key_end(m_start, Lk, delta, BM: tl.constexpr, CAUSAL: tl.constexpr):
     """One past the last key a query tile starting at ``m_start`` can see."""
     if CAUSAL:
@@ -134,12 +148,8 @@ def attention_forward_kernel(
     offs_d = tl.arange(0, D)
     offs_v = tl.arange(0, DV)
     offs_x = tl.arange(0, DX)
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=(offs_m[:, None] < Lq) & (offs_d[None, :] < d), other=0.0)
-    qx = q
-    if HAS_X:
-        qx = tl.load(QX + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xm + offs_x[None, :] * stride_xd,
-                     mask=(offs_m[:, None] < Lq) & (offs_x[None, :] < dx), other=0.0)
+    q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm, stride_qd,
+                        stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
     row_max = tl.full([BM], float("-inf"), tl.float32)
@@ -216,12 +226,8 @@ def attention_backward_kv_kernel(
         for m_start in range(first, Lq, BM):
             offs_m = m_start + offs_m0
             row = (offs_m[:, None] < Lq)
-            q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                        mask=row & (offs_d[None, :] < d), other=0.0)
-            qx = q
-            if HAS_X:
-                qx = tl.load(QX + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xm
-                             + offs_x[None, :] * stride_xd, mask=row & (offs_x[None, :] < dx), other=0.0)
+            q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
+                                stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
             s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
                                  r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn,
                                  BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION)
@@ -298,12 +304,8 @@ def attention_backward_q_kernel(
     offs_v = tl.arange(0, DV)
     offs_x = tl.arange(0, DX)
     row = offs_m[:, None] < Lq
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=row & (offs_d[None, :] < d), other=0.0)
-    qx = q
-    if HAS_X:
-        qx = tl.load(QX + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xm + offs_x[None, :] * stride_xd,
-                     mask=row & (offs_x[None, :] < dx), other=0.0)
+    q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm, stride_qd,
+                        stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
     do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
                  mask=row & (offs_v[None, :] < dv), other=0.0)
     k_base = K + b * stride_kb + hk * stride_kh
