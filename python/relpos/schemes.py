@@ -24,7 +24,6 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import numpy as np
 
-from relpos import _relpos
 
 __all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL", "KERPLE", "KERPLEPower"]
 
@@ -114,6 +113,22 @@ class Option:
 def option(core: str, kind: str, default: Any = dataclasses.MISSING, **limits: Any) -> Any:
     """A record field that is an option of the core (``Option``'s fields as keywords)."""
     return dataclasses.field(default=default, metadata={"relpos": Option(core, kind, default, **limits)})
+
+
+def alibi_slopes(heads: int) -> list[float]:
+    """ALiBi's slopes for any head count, in Python (the GPU path and the module use them
+    without the compiled extension; relpos.alibi_slopes is the C++ form, tested equal): the
+    paper's geometric sequence 2^(-8/n)... for a power of two n, otherwise the next lower
+    power's slopes followed by every other slope of twice that power."""
+
+    def power_of_two(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    below = 1 << (heads.bit_length() - 1)
+    if below == heads:
+        return power_of_two(heads)
+    return power_of_two(below) + power_of_two(2 * below)[0::2][: heads - below]
 
 
 class _Scheme:
@@ -301,7 +316,7 @@ class ALiBi(_Scheme):
             return {}
         import torch  # only when a module creates its tensors: this module needs NumPy alone
 
-        return {"slopes": torch.tensor(_relpos.alibi_slopes(heads), dtype=dtype or torch.get_default_dtype(),
+        return {"slopes": torch.tensor(alibi_slopes(heads), dtype=dtype or torch.get_default_dtype(),
                                        device=device)}
 
 

@@ -175,7 +175,7 @@ def test_gradients_repeat_bit_for_bit():
 
 
 def test_alibi_default_slopes_are_the_papers():
-    from relpos.gpu.terms import alibi_slopes
+    from relpos.schemes import alibi_slopes
 
     for heads in (1, 2, 3, 5, 8, 12, 16, 24, 31):
         np.testing.assert_allclose(alibi_slopes(heads), relpos.alibi_slopes(heads), rtol=1e-15)

@@ -15,6 +15,12 @@ SOURCES = Path(__file__).resolve().parents[2] / "python" / "relpos"
 # Every module of the package, each allowed to import only those before it.
 ORDER = (
     "relpos.schemes",
+    "relpos.gpu.config",  # the GPU path: Triton kernels, needing relpos.schemes alone
+    "relpos.gpu.kernels",
+    "relpos.gpu.terms",
+    "relpos.gpu.attention",
+    "relpos.gpu",
+    "relpos.gpu.compile_check",
     "relpos._calls",
     "relpos",  # the public API: forward, backward, the scheme records
     "relpos.torch.ops",

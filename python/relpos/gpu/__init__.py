@@ -2,9 +2,23 @@
 backward, with deterministic gradients of every positional parameter.
 
 ``relpos.gpu.attention(q, k, v, scheme, ...)`` takes ``relpos.torch.attention``'s
-arguments. It needs torch and Triton, never the compiled CPU extension: this
-package imports relpos.schemes (NumPy) and its own modules only.
+arguments (which sends CUDA tensors here). It needs torch and Triton, never the
+compiled CPU extension: its modules import relpos.schemes (NumPy) and each other
+only. Without Triton installed this package still imports (relpos.torch imports
+it), and ``attention`` refuses with a message saying what to install.
 """
-from .attention import attention
+from __future__ import annotations
 
-__all__ = ["attention"]
+import importlib.util
+
+__all__ = ["attention", "AVAILABLE"]
+
+# Whether Triton is installed: the kernels need it; CPU users of relpos.torch do not.
+AVAILABLE = importlib.util.find_spec("triton") is not None
+
+if AVAILABLE:
+    from .attention import attention
+else:
+    def attention(q, k, v, scheme=None, **options):
+        raise ValueError("relpos: relpos.gpu needs Triton for CUDA tensors (pip install triton); "
+                         "CPU tensors run the C++ kernels")

@@ -14,6 +14,8 @@ from typing import Optional
 import torch
 import triton
 
+from relpos.schemes import NoPosition, T5
+
 from . import kernels
 from .config import Launch, launch_for, padded
 from .terms import Terms, terms_of
@@ -185,8 +187,6 @@ def attention(q, k, v, scheme=None, *, causal: bool = False, key_padding=None, q
     differentiable in q, k, v and every learnable tensor of the scheme. Runs on CUDA tensors;
     on CPU tensors only under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the
     tests check the kernels without a GPU."""
-    from relpos.schemes import NoPosition, T5
-
     scheme = NoPosition() if scheme is None else scheme
     _check(q, k, v, key_padding)
     if q.device.type != "cuda" and not _interpreting():

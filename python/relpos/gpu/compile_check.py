@@ -55,6 +55,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
+from . import kernels
 from .config import Launch, launch_for, padded
 
 __all__ = ["Spec", "Result", "CompileCheckError", "SHARED_LIMIT", "covering_specs", "full_specs", "pairwise",
@@ -340,8 +341,6 @@ def compile_spec(spec: Spec, arch: int) -> Result:
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
-
-        from . import kernels
 
         fn = getattr(kernels, _KERNEL_FN[spec.kernel])
         if not isinstance(fn, triton.runtime.JITFunction):

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from relpos.schemes import ALiBi, KERPLE, KERPLEPower, NoPosition, RoPE, T5, TransformerXL
+from relpos.schemes import ALiBi, KERPLE, KERPLEPower, NoPosition, RoPE, T5, TransformerXL, alibi_slopes
 
 from . import kernels
 
@@ -41,20 +41,6 @@ class Terms:
     bucket: Optional[torch.Tensor] = None
     qx: Optional[torch.Tensor] = None
     kx: Optional[torch.Tensor] = None
-
-
-def alibi_slopes(heads: int) -> list[float]:
-    """ALiBi's slopes for any head count (the paper's geometric sequence for a power
-    of two; otherwise the next lower power's, then every other slope of twice it)."""
-
-    def power_of_two(n):
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
-
-    below = 1 << (heads.bit_length() - 1)
-    if below == heads:
-        return power_of_two(heads)
-    return power_of_two(below) + power_of_two(2 * below)[0::2][: heads - below]
 
 
 def t5_buckets(distances: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from relpos import gpu
 from relpos._calls import heads_first, resolve_q_offset
 from relpos.schemes import NoPosition
 from relpos.torch.ops import encode
@@ -28,8 +29,6 @@ def _on_gpu(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, alg
     setting and has no effect there)."""
     if algorithm not in ("auto", "fused"):
         raise ValueError(f"relpos: algorithm: CUDA tensors run the fused Triton kernels only, got {algorithm!r}")
-    from relpos import gpu  # imported on first use: it needs Triton, which CPU users may not have
-
     return gpu.attention(q, k, v, scheme, causal=causal, key_padding=key_padding, q_offset=q_offset,
                          k_offset=k_offset, scale=scale, return_lse=True)
 
