@@ -32,7 +32,7 @@ def _interpreting() -> bool:
 
 
 def _launch(q: torch.Tensor, v: torch.Tensor) -> Launch:
-    return launch_for(max(q.shape[3], v.shape[3]), q.device.type == "cuda")
+    return launch_for(max(q.shape[3], v.shape[3]), q.device.type == "cuda", q.element_size())
 
 
 def _precision(q: torch.Tensor) -> str:

@@ -95,12 +95,13 @@ class Spec:
     causal: bool
     has_pad: bool
     head: int
-    launch: Optional[Launch] = None  # None: config.launch_for(head, on_gpu=True)
+    launch: Optional[Launch] = None  # None: config.launch_for(head, on_gpu=True, the dtype's size)
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
 
     @property
     def cfg(self) -> Launch:
-        return self.launch if self.launch is not None else launch_for(self.head, True)
+        element_bytes = 4 if self.dtype == "float32" else 2
+        return self.launch if self.launch is not None else launch_for(self.head, True, element_bytes)
 
     @property
     def nb(self) -> int:

@@ -29,10 +29,15 @@ def padded(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def launch_for(head_dim: int, on_gpu: bool) -> Launch:
-    """The configuration for a call with head size ``head_dim`` (the larger of d and dv)."""
+def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2) -> Launch:
+    """The configuration for a call with head size ``head_dim`` (the larger of d and dv) and
+    inputs of ``element_bytes`` each. float32 tiles of head 128 take twice the shared memory
+    of half ones: 64 x 64 with two stages needs up to 295 KB on sm_90 (232 KB available), so
+    they run smaller tiles in one stage (the compile check measures each)."""
     if not on_gpu:
         return INTERPRETER
     if padded(head_dim) <= 64:
         return Launch(64, 64, 4, 2)
+    if element_bytes > 2:
+        return Launch(32, 32, 4, 1)
     return Launch(64, 64, 8, 2)
