@@ -1,0 +1,56 @@
+"""bench/gpu.py --smoke: the GPU benchmark's every step (correctness against the float64
+oracle under the bfloat16 rule, bitwise repeat, the timing rows of SDPA, relpos.gpu and the
+PyTorch forms, the targets, the markdown) at tiny sizes on CPU tensors, so that the one run
+on a lent GPU does not fail on a mistake a CPU could have caught. It runs in a subprocess:
+the script sets TRITON_INTERPRET itself and imports the repository's python/relpos by its
+own path, whatever relpos this process imports."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytest.importorskip("triton")
+
+
+def _table(text: str, heading: str) -> list[dict]:
+    """The rows of the first markdown table under ``## heading``, by column name."""
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def test_smoke_run_checks_times_and_writes_the_table(tmp_path):
+    out = tmp_path / "gpu_smoke.md"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--smoke", "--out", str(out)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    assert f"relpos.gpu from {ROOT / 'python' / 'relpos' / 'gpu'}" in run.stdout  # the repository's package
+    text = out.read_text()
+    assert "Triton's interpreter truncated" not in text  # the smoke run rounds to nearest, as a GPU
+
+    checks = _table(text, "Correctness")
+    schemes = {r["scheme"] for r in checks}
+    assert {"none", "alibi", "t5", "kerple", "kerple_power", "rope", "xl"} <= schemes
+    assert all(r["rule"] == "met" for r in checks), [r for r in checks if r["rule"] != "met"]
+    assert all(r["bitwise repeat"] in ("identical", "-") for r in checks)
+    assert {r["tensor"] for r in checks if r["scheme"] == "xl"} >= {"out", "dq", "dk", "dv", "dxl_u", "dxl_v",
+                                                                   "dxl_w_r"}
+    assert "every check met" in text
+
+    rows = _table(text, "Timing")
+    timed = {r["row"] for r in rows if r["fwd+bwd ms"] != "-"}
+    assert {"SDPA flash", "relpos plain", "relpos T5 (learned table)", "SDPA + T5 bias (Hugging Face)",
+            "rotation + SDPA flash", "PyTorch XL, memory L/2 (rel-shift + SDPA bias)"} <= timed
+    assert any(r.startswith("OpenNMT Shaw") for r in timed)
+    # each PyTorch form computes relpos's function: its forward agrees to bfloat16 accuracy
+    diffs = [float(r["diff"]) for r in rows if r["diff"] != "-"]
+    assert len(diffs) >= 6 and max(diffs) < 0.1, diffs
+    assert _table(text, "Targets")
