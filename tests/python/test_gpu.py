@@ -42,6 +42,7 @@ SCHEMES = {
     "kerple_power": {},
     "rope": {"dims": 8},
     "xl": {"pos_dim": 12},
+    "shaw": {"k": 5},
 }
 MASKS = [dict(causal=False), dict(causal=True), dict(causal=False, padding="batch"), dict(causal=True, padding="random")]
 SHAPES = [dict(Lq=37, Lk=37), dict(Lq=21, Lk=50, q_offset=29), dict(Lq=40, Lk=25, q_offset=3, k_offset=11),
@@ -53,7 +54,7 @@ def _cases():
         combos = itertools.product(SCHEMES, range(len(MASKS)), range(len(SHAPES)))
     else:  # each scheme meets every mask and every shape once, in rotation
         combos = [(s, i % len(MASKS), (i + n) % len(SHAPES)) for n, s in enumerate(SCHEMES) for i in range(2)]
-        combos += [("t5", 3, 0), ("xl", 1, 1), ("rope", 2, 2)]
+        combos += [("t5", 3, 0), ("xl", 1, 1), ("rope", 2, 2), ("shaw", 1, 3), ("shaw", 3, 2)]
     cases = []
     for scheme, m, s in combos:
         opts = dict(SCHEMES[scheme])
@@ -61,6 +62,9 @@ def _cases():
             opts["bidirectional"] = False
         if scheme == "rope" and s % 2:
             opts["style"] = "interleaved"
+        if scheme == "shaw":  # per-head or shared tables, K+V / K / V, clip or zero beyond, k past the tiles
+            opts.update(per_head=bool(s % 2), tables=("kv", "k", "v")[m % 3], beyond=("clip", "zero")[m % 2],
+                        k=(5, 40)[s % 2])
         cases.append(Case(f"{scheme}_m{m}_s{s}", scheme, B=2, H=2, d=16, **MASKS[m], **SHAPES[s], opts=opts))
     return list({c.id: c for c in cases}.values())
 
@@ -92,6 +96,7 @@ def test_float32_matches_the_float64_oracle(case):
 @pytest.mark.parametrize("case", [Case("t5_bf16", "t5", causal=True, Lq=33, Lk=40, q_offset=7,
                                        opts={"num_buckets": 8, "max_distance": 20, "bidirectional": False}),
                                   Case("kerple_bf16", "kerple", padding="random", Lq=30, Lk=30),
+                                  Case("shaw_bf16", "shaw", causal=True, Lq=48, Lk=64, q_offset=16, opts={"k": 6}),
                                   Case("xl_bf16", "xl", causal=True, Lq=64, Lk=96, q_offset=32, opts={"pos_dim": 16})],
                          ids=lambda c: c.id)
 def test_bfloat16_meets_flash_attentions_error_rule(case):
@@ -146,7 +151,7 @@ def _grads(fn, tensors, scheme_fields, dout, **kw):
     return [out.detach().double()] + [x.grad.double() for x in leaves] + [f.grad.double() for f in fields.values()]
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5"])
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "shaw"])
 def test_grouped_query_heads_and_blhd_views_match_the_cpu_kernels(scheme):
     g = torch.Generator().manual_seed(5)
     B, H, Hkv, Lq, Lk, d = 2, 4, 2, 29, 35, 16
@@ -156,8 +161,11 @@ def test_grouped_query_heads_and_blhd_views_match_the_cpu_kernels(scheme):
     dout = torch.randn(B, H, Lq, 24, generator=g)
     if scheme == "alibi":
         make = (lambda slopes: relpos.ALiBi(slopes), {"slopes": torch.rand(H, generator=g)})
-    else:
+    elif scheme == "t5":
         make = (lambda table: relpos.T5(table, max_distance=30), {"table": torch.randn(H, 32, generator=g)})
+    else:
+        make = (lambda wk, wv: relpos.Shaw(k=6, wk=wk, wv=wv),
+                {"wk": torch.randn(H, 13, d, generator=g), "wv": torch.randn(13, 24, generator=g)})
     kw = dict(causal=True, q_offset="end", key_padding=torch.rand(B, Lk, generator=g) < 0.2)
     got = _grads(gpu().attention, [x.float() for x in (q, k, v)], (make[0], {n: t.float() for n, t in make[1].items()}),
                  dout, **kw)
@@ -210,7 +218,6 @@ def test_fully_masked_rows_and_empty_calls():
      "heads must divide"),
     (dict(v=torch.randn(1, 2, 5, 16, dtype=torch.float32)), "do not match"),
     (dict(key_padding=torch.zeros(1, 3, dtype=torch.bool)), "key_padding"),
-    (dict(scheme=relpos.Shaw(k=2, wk=torch.randn(5, 16, dtype=torch.float32))), "no GPU kernel"),
     (dict(scheme=relpos.TransformerXL(*(torch.zeros(s, dtype=torch.float32) for s in ((2, 16), (2, 16), (2, 16, 4))),
                                       clamp_len=3)), "clamp_len"),
 ])

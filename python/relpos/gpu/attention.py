@@ -9,6 +9,7 @@ bits on every run).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -57,101 +58,141 @@ def _strides(x: Optional[torch.Tensor], n: int) -> list[int]:
     return list(x.stride()) if x is not None else [0] * n
 
 
+@dataclass
+class _Call:
+    """One call's tensors and sizes as the kernels take them (absent inputs: None)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    terms: Terms
+    bias_rows: Optional[torch.Tensor]  # (H, Lq + Lk - 1) float32: a table gathered through its buckets
+    pad: Optional[torch.Tensor]
+    causal: bool
+    delta: int
+    scale: float
+
+    def pointers(self) -> list[torch.Tensor]:
+        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV; q's where an input is absent (never read)."""
+        t = self.terms
+        return [x if x is not None else self.q for x in (self.pad, self.bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv)]
+
+    def strides(self, out_or_dout: torch.Tensor) -> list[int]:
+        return [*self.q.stride(), *self.k.stride(), *self.v.stride(), *out_or_dout.stride(),
+                *_strides(self.terms.qx, 4), *_strides(self.terms.kx, 2), *_strides(self.pad, 2)]
+
+    def sizes(self) -> list[int]:
+        """H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh."""
+        (B, H, Lq, d), Hkv, Lk, dv = self.q.shape, self.k.shape[1], self.k.shape[2], self.v.shape[3]
+        t = self.terms
+
+        def head_stride(table):  # a table shared by the heads is read with head stride 0
+            return table.stride(0) if table is not None and table.dim() == 3 else 0
+
+        return [H, H // Hkv, Lq, Lk, d, dv, t.qx.shape[3] if t.qx is not None else 0, self.delta,
+                self.delta - (Lq - 1), Lq + Lk - 1, t.shaw_k, head_stride(t.wk), head_stride(t.wv)]
+
+    def switches(self, cfg: Launch) -> dict:
+        t = self.terms
+        return dict(D=padded(self.q.shape[3]), DV=padded(self.v.shape[3]),
+                    DX=padded(t.qx.shape[3] if t.qx is not None else 1), BM=cfg.block_m, BN=cfg.block_n,
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages, BIAS=t.bias, HAS_X=t.qx is not None,
+                    CAUSAL=self.causal, HAS_PAD=self.pad is not None, PRECISION=_precision(self.q),
+                    X_PRECISION=_feature_precision(self.q), KEMB=t.wk is not None, VEMB=t.wv is not None,
+                    ZERO_BEYOND=t.zero_beyond)
+
+    def table_rows(self) -> int:
+        """Rows of a Shaw table as the backward's partial sums hold them (a power of two)."""
+        return padded(2 * self.terms.shaw_k + 1)
+
+
+def _forward(call: _Call, out, lse, cfg: Launch):
+    B, H, Lq = call.q.shape[:3]
+    kernels.attention_forward_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
+        call.q, call.k, call.v, out, lse, *call.pointers(), *call.strides(out), *call.sizes(),
+        call.scale * kernels.LOG2E, **call.switches(cfg))
+
+
+def _backward(call: _Call, out, lse, dout, cfg: Launch):
+    """(dq, dk, dv, dqx, per-head sums of the bias parameters' gradients (H, parts), of the
+    Shaw tables' (H, rows, d) and (H, rows, dv))."""
+    q, k, v, t = call.q, call.k, call.v, call.terms
+    (B, H, Lq, d), Hkv, Lk = q.shape, k.shape[1], k.shape[2]
+    dq = torch.zeros(B, H, Lq, d, dtype=q.dtype, device=q.device)
+    dk, dvv = torch.zeros_like(k), torch.zeros_like(v)
+    dqx = torch.zeros(t.qx.shape, dtype=t.qx.dtype, device=q.device) if t.qx is not None else None
+    nb = padded(t.table.shape[-1]) if t.table is not None else 16
+    n_parts = {kernels.BIAS_NONE: 1, kernels.BIAS_ROW: nb, kernels.BIAS_ALIBI: 1}.get(t.bias, 2)
+    tiles, cp = triton.cdiv(Lq, cfg.block_m), call.table_rows()
+    switches = call.switches(cfg)
+
+    def partials(*shape):  # one partial sum per (batch, head, query tile), summed below in a fixed order
+        return torch.zeros(B * H, tiles, *shape, dtype=torch.float32, device=q.device)
+
+    parts = partials(n_parts)
+    dwk = partials(cp, switches["D"]) if t.wk is not None else None
+    dwv = partials(cp, switches["DV"]) if t.wv is not None else None
+    if Lq and Lk:
+        dout = dout.to(q.dtype)
+        delta_rows = (dout.float() * out.float()).sum(-1).contiguous()
+        pointers, strides, sizes = call.pointers(), call.strides(dout), call.sizes()
+        kernels.attention_backward_kv_kernel[(triton.cdiv(Lk, cfg.block_n), B * Hkv)](
+            q, k, v, dout, lse, delta_rows, dk, dvv, *pointers, *strides, *sizes,
+            call.scale * kernels.LOG2E, call.scale, **switches)
+        pad_p, rows_p, p1_p, p2_p, qx_p, kx_p, wk_p, wv_p = pointers
+        kernels.attention_backward_q_kernel[(tiles, B * H)](
+            q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
+            t.bucket if t.bucket is not None else q, p1_p, p2_p, qx_p, kx_p, wk_p, wv_p,
+            dwk if dwk is not None else parts, dwv if dwv is not None else parts, *strides, *sizes,
+            call.scale * kernels.LOG2E, call.scale, n_parts, NB=nb, CP=cp, **switches)
+
+    def per_head(x):  # the same bits on every run
+        return x.view(B, H, tiles, *x.shape[2:]).sum(dim=(0, 2)) if x is not None else None
+
+    return dq, dk, dvv, dqx, per_head(parts), per_head(dwk), per_head(dwv)
+
+
+def _table_grad(per_head: Optional[torch.Tensor], table: Optional[torch.Tensor]):
+    """A Shaw table's gradient from its per-head sums (rows and width padded): summed over the
+    heads for a table they share."""
+    if table is None:
+        return None
+    g = per_head[:, : table.shape[-2], : table.shape[-1]]
+    return (g if table.dim() == 3 else g.sum(0)).to(table.dtype)
+
+
 class _Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, qx, kx, p1, p2, table, bucket, pad, causal, delta, scale, bias):
-        B, H, Lq, d = q.shape
-        Hkv, Lk, dv = k.shape[1], k.shape[2], v.shape[3]
-        dx = qx.shape[3] if qx is not None else 0
+    def forward(ctx, q, k, v, qx, kx, p1, p2, table, wk, wv, call):
+        B, H, Lq = q.shape[:3]
+        Lk = k.shape[2]
         cfg = _launch(q, v)
-        out = torch.empty(B, H, Lq, dv, dtype=q.dtype, device=q.device)
+        out = torch.empty(B, H, Lq, v.shape[3], dtype=q.dtype, device=q.device)
         lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
-        R = Lq + Lk - 1
-        bias_rows = table.float()[:, bucket.long()].contiguous() if table is not None else None
-        meta = dict(H=H, GROUP=H // Hkv, Lq=Lq, Lk=Lk, d=d, dv=dv, dx=dx, delta=delta, r_min=delta - (Lq - 1), R=R)
         if Lq and Lk:
-            attention_forward_kernel_launch(q, k, v, out, lse, pad, bias_rows, p1, p2, qx, kx, meta,
-                                            scale, bias, causal, cfg)
+            _forward(call, out, lse, cfg)
         elif Lq:
             out.zero_()
             lse.fill_(-math.inf)
-        ctx.save_for_backward(q, k, v, out, lse, qx, kx, p1, p2, table, bucket, pad, bias_rows)
-        ctx.options = (causal, delta, scale, bias, meta, cfg)
+        ctx.save_for_backward(out, lse)
+        ctx.call, ctx.cfg = call, cfg
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, qx, kx, p1, p2, table, bucket, pad, bias_rows = ctx.saved_tensors
-        causal, delta, scale, bias, meta, cfg = ctx.options
-        B, H, Lq, d = q.shape
-        dq = torch.zeros(B, H, Lq, d, dtype=q.dtype, device=q.device)
-        dk, dvv = torch.zeros_like(k), torch.zeros_like(v)
-        dqx = torch.zeros(qx.shape, dtype=qx.dtype, device=qx.device) if qx is not None else None
-        nb = padded(table.shape[-1]) if table is not None else 16
-        n_parts = {kernels.BIAS_NONE: 1, kernels.BIAS_ROW: nb, kernels.BIAS_ALIBI: 1}.get(bias, 2)
-        tiles = triton.cdiv(Lq, cfg.block_m)
-        parts = torch.zeros(B * H, tiles, n_parts, dtype=torch.float32, device=q.device)
-        if Lq and meta["Lk"]:
-            dout = dout.to(q.dtype)
-            delta_rows = (dout.float() * out.float()).sum(-1).contiguous()
-            attention_backward_launch(q, k, v, dout, lse, delta_rows, dq, dk, dvv, dqx, parts, pad, bias_rows,
-                                      bucket, p1, p2, qx, kx, meta, scale, bias, causal, cfg, nb, n_parts)
-        per_head = parts.view(B, H, tiles, n_parts).sum(dim=(0, 2))  # a fixed order: the same bits every run
+        out, lse = ctx.saved_tensors
+        call = ctx.call
+        t = call.terms
+        dq, dk, dvv, dqx, bias_sums, wk_sums, wv_sums = _backward(call, out, lse, dout, ctx.cfg)
         dp1 = dp2 = dtable = None
-        if bias == kernels.BIAS_ROW:
-            dtable = per_head[:, : table.shape[-1]].to(table.dtype)
-        elif bias != kernels.BIAS_NONE:
-            dp1 = per_head[:, 0].to(p1.dtype)
-            if p2 is not None:
-                dp2 = per_head[:, 1].to(p2.dtype)
-        return dq, dk, dvv, dqx, None, dp1, dp2, dtable, None, None, None, None, None, None
-
-
-def _common(q, k, v, out_or_do, pad, bias_rows, p1, p2, qx, kx, meta):
-    """Pointers (q's where an input is absent: the constexpr switches never read it), the
-    strides every kernel takes and the sizes, in the kernels' order."""
-    dummy = q
-    strides = [*q.stride(), *k.stride(), *v.stride(), *out_or_do.stride(), *_strides(qx, 4), *_strides(kx, 2),
-               *_strides(pad, 2)]
-    ptrs = [pad if pad is not None else dummy, bias_rows if bias_rows is not None else dummy,
-            p1 if p1 is not None else dummy, p2 if p2 is not None else dummy,
-            qx if qx is not None else dummy, kx if kx is not None else dummy]
-    sizes = [meta[n] for n in ("H", "GROUP", "Lq", "Lk", "d", "dv", "dx", "delta", "r_min", "R")]
-    return ptrs, strides, sizes
-
-
-def _switches(q, v, qx, bias, causal, pad, cfg: Launch):
-    return dict(D=padded(q.shape[3]), DV=padded(v.shape[3]), DX=padded(qx.shape[3] if qx is not None else 1),
-                BM=cfg.block_m, BN=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages, BIAS=bias,
-                HAS_X=qx is not None, CAUSAL=bool(causal), HAS_PAD=pad is not None,
-                PRECISION=_precision(q), X_PRECISION=_feature_precision(q))
-
-
-def attention_forward_kernel_launch(q, k, v, out, lse, pad, bias_rows, p1, p2, qx, kx, meta, scale, bias,
-                                    causal, cfg):
-    B, H, Lq = q.shape[:3]
-    ptrs, strides, sizes = _common(q, k, v, out, pad, bias_rows, p1, p2, qx, kx, meta)
-    pad_p, rows_p, p1_p, p2_p, qx_p, kx_p = ptrs
-    grid = (triton.cdiv(Lq, cfg.block_m), B * H)
-    kernels.attention_forward_kernel[grid](q, k, v, out, lse, pad_p, rows_p, p1_p, p2_p, qx_p, kx_p, *strides, *sizes,
-                                           scale * kernels.LOG2E, **_switches(q, v, qx, bias, causal, pad, cfg))
-
-
-def attention_backward_launch(q, k, v, dout, lse, delta_rows, dq, dk, dvv, dqx, parts, pad, bias_rows, bucket, p1,
-                              p2, qx, kx, meta, scale, bias, causal, cfg, nb, n_parts):
-    B, H, Lq = q.shape[:3]
-    Hkv, Lk = k.shape[1], k.shape[2]
-    ptrs, strides, sizes = _common(q, k, v, dout, pad, bias_rows, p1, p2, qx, kx, meta)
-    pad_p, rows_p, p1_p, p2_p, qx_p, kx_p = ptrs
-    switches = _switches(q, v, qx, bias, causal, pad, cfg)
-    kernels.attention_backward_kv_kernel[(triton.cdiv(Lk, cfg.block_n), B * Hkv)](
-        q, k, v, dout, lse, delta_rows, dk, dvv, pad_p, rows_p, p1_p, p2_p, qx_p, kx_p, *strides, *sizes,
-        scale * kernels.LOG2E, scale, **switches)
-    kernels.attention_backward_q_kernel[(triton.cdiv(Lq, cfg.block_m), B * H)](
-        q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
-        bucket if bucket is not None else q, p1_p, p2_p, qx_p, kx_p, *strides, *sizes,
-        scale * kernels.LOG2E, scale, n_parts, NB=nb, **switches)
+        if t.bias == kernels.BIAS_ROW:
+            dtable = bias_sums[:, : t.table.shape[-1]].to(t.table.dtype)
+        elif t.bias != kernels.BIAS_NONE:
+            dp1 = bias_sums[:, 0].to(t.p1.dtype)
+            if t.p2 is not None:
+                dp2 = bias_sums[:, 1].to(t.p2.dtype)
+        return dq, dk, dvv, dqx, None, dp1, dp2, dtable, _table_grad(wk_sums, t.wk), _table_grad(wv_sums, t.wv), None
 
 
 def _check(q, k, v, key_padding):
@@ -199,11 +240,22 @@ def attention(q, k, v, scheme=None, *, causal: bool = False, key_padding=None, q
     if scale is None:
         scale = 1.0 if isinstance(scheme, T5) else 1.0 / math.sqrt(q.shape[3])
     terms: Terms = terms_of(scheme, q, k, int(q_offset), int(k_offset))
-    bias_dtype = torch.float32
-    p1 = terms.p1.to(bias_dtype) if terms.p1 is not None and terms.p1.dtype != bias_dtype else terms.p1
-    p2 = terms.p2.to(bias_dtype) if terms.p2 is not None and terms.p2.dtype != bias_dtype else terms.p2
     pad = key_padding.to(torch.uint8) if key_padding is not None else None
-    out, lse = _Attention.apply(_same_strides_as_grad(terms.q), _same_strides_as_grad(terms.k),
-                                _same_strides_as_grad(v), terms.qx, terms.kx, p1, p2, terms.table, terms.bucket, pad,
-                                bool(causal), delta, float(scale), terms.bias)
+    q_, k_, v_ = (_same_strides_as_grad(x) for x in (terms.q, terms.k, v))
+    terms = replace(terms, q=q_, k=k_, **{n: _float32(getattr(terms, n)) for n in ("p1", "p2")},
+                    **{n: _contiguous(getattr(terms, n), q.dtype) for n in ("wk", "wv")})
+    bias_rows = terms.table.float()[:, terms.bucket.long()].contiguous() if terms.table is not None else None
+    call = _Call(q_, k_, v_, terms, bias_rows, pad, bool(causal), delta, float(scale))
+    out, lse = _Attention.apply(q_, k_, v_, terms.qx, terms.kx, terms.p1, terms.p2, terms.table, terms.wk, terms.wv,
+                                call)
     return (out, lse) if return_lse else out
+
+
+def _float32(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A per-head bias parameter as the kernels read it (autograd passes its gradient back)."""
+    return x.float() if x is not None and x.dtype != torch.float32 else x
+
+
+def _contiguous(x: Optional[torch.Tensor], dtype) -> Optional[torch.Tensor]:
+    """A Shaw table in the inputs' dtype with contiguous rows, as the kernels index it."""
+    return x.to(dtype).contiguous() if x is not None else None

@@ -75,8 +75,12 @@ BIAS_NAMES = ("none", "row", "alibi", "kerple_log", "kerple_power")  # kernels.B
 HEADS = (64, 128)
 
 # The switches the covering set is built over, with their values.
+# Shaw's tables a call has: none, keys and values, keys only, values only (k = SHAW_K).
+SHAW_TABLES = ("", "kv", "k", "v")
+SHAW_K = 16  # the smaller k of the GPU targets; the backward's table partials hold padded(2k + 1) rows
+
 FACTORS = {"kernel": KERNELS, "dtype": DTYPES, "bias": tuple(range(5)), "has_x": (False, True),
-           "causal": (False, True), "has_pad": (False, True), "head": HEADS}
+           "causal": (False, True), "has_pad": (False, True), "head": HEADS, "shaw": SHAW_TABLES}
 
 
 class CompileCheckError(RuntimeError):
@@ -95,6 +99,7 @@ class Spec:
     causal: bool
     has_pad: bool
     head: int
+    shaw: str = ""  # one of SHAW_TABLES
     launch: Optional[Launch] = None  # None: config.launch_for(head, on_gpu=True, the dtype's size)
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
 
@@ -110,7 +115,8 @@ class Spec:
     @property
     def name(self) -> str:
         c = self.cfg
-        flags = "".join(f for f, on in (("+x", self.has_x), ("+causal", self.causal), ("+pad", self.has_pad)) if on)
+        flags = "".join(f for f, on in (("+x", self.has_x), ("+causal", self.causal), ("+pad", self.has_pad),
+                                        (f"+shaw_{self.shaw}", bool(self.shaw))) if on)
         tail = "" if self.aligned else "/generic"
         return (f"{self.kernel}/{self.dtype}/{BIAS_NAMES[self.bias]}{flags}/d{self.head}/"
                 f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{tail}")
@@ -124,7 +130,8 @@ class Spec:
         known = dict(D=padded(self.head), DV=padded(self.head), DX=padded(self.head if self.has_x else 1),
                      BM=c.block_m, BN=c.block_n, NB=self.nb, BIAS=self.bias, HAS_X=self.has_x, CAUSAL=self.causal,
                      HAS_PAD=self.has_pad, PRECISION="tf32" if self.dtype == "float32" else "ieee",
-                     X_PRECISION="tf32")
+                     X_PRECISION="tf32", KEMB="k" in self.shaw, VEMB="v" in self.shaw, ZERO_BEYOND=False,
+                     CP=padded(2 * SHAW_K + 1))
         unknown = [n for n in names if n not in known]
         if unknown:
             raise KeyError(f"{self.kernel}: switches {unknown} unknown to compile_check.Spec.constexprs: "
@@ -138,11 +145,13 @@ class Spec:
         t = "*" + _TRITON_DTYPE[self.dtype]
         present = {"PAD": self.has_pad, "BIAS_ROWS": self.bias == 1, "BUCKET": self.bias == 1,
                    "P1": self.bias >= 2, "P2": self.bias >= 3, "QX": self.has_x, "KX": self.has_x,
-                   "DQX": self.has_x}
+                   "DQX": self.has_x, "WK": "k" in self.shaw, "DWK": "k" in self.shaw, "WV": "v" in self.shaw,
+                   "DWV": "v" in self.shaw}
         # float32 whatever q's dtype: row sums, partial gradients, bias parameters and the
         # Transformer-XL features (terms.py keeps them float32; dqx is made like qx)
         own_type = {"LSE": "*fp32", "DLT": "*fp32", "PARTS": "*fp32", "PAD": "*u8", "BIAS_ROWS": "*fp32",
-                    "BUCKET": "*i32", "P1": "*fp32", "P2": "*fp32", "QX": "*fp32", "KX": "*fp32", "DQX": "*fp32"}
+                    "BUCKET": "*i32", "P1": "*fp32", "P2": "*fp32", "QX": "*fp32", "KX": "*fp32", "DQX": "*fp32",
+                    "WK": t, "WV": t, "DWK": "*fp32", "DWV": "*fp32"}
         n_parts = {0: 1, 1: self.nb, 2: 1}.get(self.bias, 2)
         sig, ones, div16 = {}, {}, []
         constexpr_names = set(constexpr_names)
@@ -236,7 +245,7 @@ def pairwise(factors: dict) -> list[dict]:
 # present (shared memory grows with dtype, head and the features' tiles). Pairs alone
 # need not meet it, and an overflow hides in exactly such a corner. (One corner a
 # kernel: each costs two of the slowest compiles, and the default run must stay short.)
-CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128},)
+CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128, "shaw": "kv"},)
 
 
 def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:

@@ -10,6 +10,11 @@ kinds of term a call has, never by scheme:
   scale (the form Transformer-XL's sinusoidal term takes, ``relpos.gpu.terms``),
   multiplied with ``X_PRECISION`` (TF32 on a GPU: sines and cosines rounded to
   bfloat16 would cost more accuracy than the content term loses);
+- Shaw's tables: a key embedding per distance read by the query (``KEMB``) and a
+  value embedding per distance (``VEMB``), rows ``clip(r, -k, k) + k`` (zero beyond
+  +-k with ``ZERO_BEYOND``), computed per tile: the query tile times the rows of the
+  tile's BM + BN - 1 distances, and P's sums per distance times the value rows, each
+  a product of the tile laid out by distance (``tl.gather``), never an L x L x d tensor;
 - causal cut and key padding; grouped-query heads (query head ``h`` reads key
   head ``h // GROUP``).
 
@@ -69,6 +74,38 @@ def _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS: tl.constexpr):
 
 
 @triton.jit
+def _table_band(table, h, t0, shaw_k, stride_th, width, offs_c, W: tl.constexpr, ZERO_BEYOND: tl.constexpr):
+    """A Shaw table's rows for the W distances ``t0 .. t0 + W - 1`` that a tile pair reaches
+    (row ``clip(r, -k, k) + k``; zero beyond +-k with ZERO_BEYOND), and the rows' indices
+    (-1 where a row is zero)."""
+    r = t0 + tl.arange(0, W)
+    c = tl.minimum(tl.maximum(r, -shaw_k), shaw_k) + shaw_k
+    if ZERO_BEYOND:
+        c = tl.where(tl.abs(r) <= shaw_k, c, -1)
+    rows = tl.load(table + h * stride_th + c[:, None] * width + offs_c[None, :],
+                   mask=(c[:, None] >= 0) & (offs_c[None, :] < width), other=0.0)
+    return rows, c
+
+
+@triton.jit
+def _by_distance(x, BM: tl.constexpr, BN: tl.constexpr):
+    """A tile ``(BM, BN)`` laid out by distance, ``(BM, BM + BN)``: entry (i, t) holds the pair
+    (i, t - (BM - 1) + i), the one at the tile's t-th distance, or 0 where that key is outside."""
+    t = tl.arange(0, BM + BN)
+    j = t[None, :] - (BM - 1) + tl.arange(0, BM)[:, None]
+    inside = (j >= 0) & (j < BN)
+    return tl.where(inside, tl.gather(x, tl.minimum(tl.maximum(j, 0), BN - 1), axis=1), 0.0)
+
+
+@triton.jit
+def _table_grad(acc, band_grad, c, CP: tl.constexpr):
+    """acc ``(CP, w)`` plus the gradient of the band's rows ``(W, w)`` added to the table rows
+    ``c`` they read (several band rows read an edge row), as one exact 0/1 product."""
+    onehot = (tl.arange(0, CP)[:, None] == c[None, :]).to(tl.float32)
+    return acc + tl.dot(onehot, band_grad, input_precision="ieee")
+
+
+@triton.jit
 def _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr):
     """Which pairs of the tile a query sees: keys inside the call, not in its future under a
     causal mask, not padded."""
@@ -83,17 +120,23 @@ def _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL: tl.c
 
 @triton.jit
 def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-            bias_row, p1, p2, pad, stride_pb, stride_pn,
+            bias_row, p1, p2, pad, stride_pb, stride_pn, wk, t0, shaw_k, stride_wkh,
             BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-            PRECISION: tl.constexpr, X_PRECISION: tl.constexpr):
-    """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile."""
+            PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr,
+            BM: tl.constexpr, BN: tl.constexpr):
+    """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile.
+    Shaw's key term (KEMB): the query tile times the table rows of the tile's BM + BN - 1
+    distances (from ``t0``), each pair then reading its distance's column."""
     k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
     s = _dot(q, tl.trans(k), PRECISION)
     if HAS_X:
         kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
         s += _dot(qx, tl.trans(kx), X_PRECISION)
-    s = s * qk_scale
     rel = offs_n[None, :].to(tl.int64) - offs_m[:, None] + delta
+    if KEMB:
+        rows, _ = _table_band(wk, h, t0, shaw_k, stride_wkh, d, offs_d, BM + BN, ZERO_BEYOND)
+        s += tl.gather(_dot(q, tl.trans(rows.to(q.dtype)), PRECISION), (rel - t0).to(tl.int32), axis=1)
+    s = s * qk_scale
     if BIAS != 0:
         s += _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS) * 1.4426950408889634
     ok = _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL, HAS_PAD)
@@ -127,17 +170,18 @@ def _causal_key_end(m_start, Lk, delta, BM: tl.constexpr, CAUSAL: tl.constexpr):
 
 @triton.jit
 def attention_forward_kernel(
-        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX,
+        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, qk_scale,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, qk_scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-        PRECISION: tl.constexpr, X_PRECISION: tl.constexpr):
+        PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
+        ZERO_BEYOND: tl.constexpr):
     m_start = tl.program_id(0) * BM
     bh = tl.program_id(1)
     b = bh // H
@@ -157,10 +201,12 @@ def attention_forward_kernel(
     acc = tl.zeros([BM, DV], tl.float32)
     for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
         offs_n = n_start + offs_n0
+        t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)  # the tile pair's first distance
         s, ok, rel = _logits(q, qx, k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                              KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
                              offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-                             BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION)
+                             BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k, stride_wkh,
+                             BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, ZERO_BEYOND, BM, BN)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
         p = tl.exp2(s - shift[:, None])
@@ -169,6 +215,9 @@ def attention_forward_kernel(
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                     mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
         acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+        if VEMB:  # Shaw's value term: P's sums per distance times the table's rows
+            rows, _ = _table_band(WV, h, t0, shaw_k, stride_wvh, dv, offs_v, BM + BN, ZERO_BEYOND)
+            acc += _dot(_by_distance(p, BM, BN).to(v.dtype), rows.to(v.dtype), PRECISION)
         row_max = new_max
     seen = row_sum > 0
     out = acc / tl.where(seen, row_sum, 1.0)[:, None]
@@ -188,17 +237,18 @@ def _probabilities(s, ok, lse_ptr, dlt_ptr, offs_m, Lq):
 
 @triton.jit
 def attention_backward_kv_kernel(
-        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX,
+        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, qk_scale, scale,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, qk_scale, scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-        PRECISION: tl.constexpr, X_PRECISION: tl.constexpr):
+        PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
+        ZERO_BEYOND: tl.constexpr):
     """dk, dv of one key tile of one key head, over the query tiles of every query head
     that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
     n_start = tl.program_id(0) * BN
@@ -228,14 +278,19 @@ def attention_backward_kv_kernel(
             row = (offs_m[:, None] < Lq)
             q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
                                 stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
+            t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
             s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
-                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn,
-                                 BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION)
+                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
+                                 stride_wkh, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, ZERO_BEYOND,
+                                 BM, BN)
             p, dlt = _probabilities(s, ok, LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
             do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
                          mask=row & (offs_v[None, :] < dv), other=0.0)
             dvv += _dot(tl.trans(p).to(do.dtype), do, PRECISION)
             dp = _dot(do, tl.trans(v), PRECISION)
+            if VEMB:
+                rows, _ = _table_band(WV, h, t0, shaw_k, stride_wvh, dv, offs_v, BM + BN, ZERO_BEYOND)
+                dp += tl.gather(_dot(do, tl.trans(rows.to(do.dtype)), PRECISION), (rel - t0).to(tl.int32), axis=1)
             ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
             dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION)
     out_mask = (offs_n[:, None] < Lk)
@@ -278,17 +333,18 @@ def _bias_grads(ds, rel, ok, h, bucket, r_min, R, p1, p2, g1, g2, gt, NB: tl.con
 
 @triton.jit
 def attention_backward_q_kernel(
-        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX,
+        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, DWK, DWV,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, qk_scale, scale, n_parts,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, qk_scale, scale, n_parts,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-        PRECISION: tl.constexpr, X_PRECISION: tl.constexpr):
+        PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
+        ZERO_BEYOND: tl.constexpr, CP: tl.constexpr):
     """dq (and dqx) of one query tile, and its partial sums of the bias parameters'
     gradients, PARTS[(b * H + h) * tiles + tile, :] (DQ, DQX contiguous like their inputs'
     shapes; DO shares the output's strides)."""
@@ -315,18 +371,31 @@ def attention_backward_q_kernel(
     g1 = tl.zeros([BM], tl.float32)
     g2 = tl.zeros([BM], tl.float32)
     gt = tl.zeros([NB], tl.float32)
+    dwk = tl.zeros([CP, D], tl.float32)
+    dwv = tl.zeros([CP, DV], tl.float32)
     for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
         offs_n = n_start + offs_n0
         kx_ptrs = KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd
         k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+        t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
         s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
-                             r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn,
-                             BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION)
+                             r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
+                             stride_wkh, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, ZERO_BEYOND,
+                             BM, BN)
         p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                     mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
         dp = _dot(do, tl.trans(v), PRECISION)
+        if VEMB:  # dP gains dout . wv[c(r)]; the table's rows gain P's per-distance sums times dout
+            rows, c = _table_band(WV, h, t0, shaw_k, stride_wvh, dv, offs_v, BM + BN, ZERO_BEYOND)
+            dp += tl.gather(_dot(do, tl.trans(rows.to(do.dtype)), PRECISION), (rel - t0).to(tl.int32), axis=1)
+            dwv = _table_grad(dwv, _dot(tl.trans(_by_distance(p, BM, BN)).to(do.dtype), do, PRECISION), c, CP)
         ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
+        if KEMB:  # dq gains dS's per-distance sums times the rows; the rows gain them times q
+            rows, c = _table_band(WK, h, t0, shaw_k, stride_wkh, d, offs_d, BM + BN, ZERO_BEYOND)
+            ds_by_distance = _by_distance(ds, BM, BN).to(q.dtype)
+            dq += _dot(ds_by_distance, rows.to(q.dtype), PRECISION)
+            dwk = _table_grad(dwk, _dot(tl.trans(ds_by_distance), q, PRECISION), c, CP)
         k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
         dq += _dot(ds.to(k.dtype), k, PRECISION)
         if HAS_X:
@@ -338,7 +407,13 @@ def attention_backward_q_kernel(
     if HAS_X:
         tl.store(DQX + (bh * Lq + offs_m[:, None]) * dx + offs_x[None, :], (dqx * scale).to(DQX.dtype.element_ty),
                  mask=row & (offs_x[None, :] < dx))
-    parts = PARTS + (bh * tl.num_programs(0) + tile) * n_parts
+    part = bh * tl.num_programs(0) + tile
+    cp = tl.arange(0, CP)
+    if KEMB:
+        tl.store(DWK + (part * CP + cp[:, None]) * D + offs_d[None, :], dwk * scale)
+    if VEMB:
+        tl.store(DWV + (part * CP + cp[:, None]) * DV + offs_v[None, :], dwv)
+    parts = PARTS + part * n_parts
     if BIAS == 1:
         tl.store(parts + tl.arange(0, NB), gt)
     elif BIAS >= 2:

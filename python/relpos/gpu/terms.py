@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from relpos.schemes import ALiBi, KERPLE, KERPLEPower, NoPosition, RoPE, T5, TransformerXL, alibi_slopes
+from relpos.schemes import ALiBi, KERPLE, KERPLEPower, NoPosition, RoPE, Shaw, T5, TransformerXL, alibi_slopes
 
 from . import kernels
 
@@ -27,10 +27,11 @@ MAX_POSITION = 1 << 40
 @dataclass
 class Terms:
     """What the kernels receive for one call: q and k as the dot product reads them,
-    optional query / key features (``qx`` per head, ``kx`` shared), and a bias kind
+    optional query / key features (``qx`` per head, ``kx`` shared), a bias kind
     with its per-head parameters ``p1``, ``p2`` (learnable, their gradients computed
     by the kernels) or a bucketed table (``table`` ``(H, buckets)`` read through
-    ``bucket``, an int32 bucket per distance of the call)."""
+    ``bucket``, an int32 bucket per distance of the call), and Shaw's tables of key
+    and value rows per clipped distance."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -41,6 +42,10 @@ class Terms:
     bucket: Optional[torch.Tensor] = None
     qx: Optional[torch.Tensor] = None
     kx: Optional[torch.Tensor] = None
+    wk: Optional[torch.Tensor] = None  # Shaw's key rows per distance, (2k+1, d) or (H, 2k+1, d)
+    wv: Optional[torch.Tensor] = None  # Shaw's value rows, (2k+1, dv) or (H, 2k+1, dv)
+    shaw_k: int = 0
+    zero_beyond: bool = False
 
 
 def t5_buckets(distances: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -126,6 +131,8 @@ def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
         distances = torch.arange(delta - (Lq - 1), delta + Lk, dtype=torch.int64)
         bucket = t5_buckets(distances, bool(scheme.bidirectional), scheme.table.shape[-1], int(scheme.max_distance))
         return Terms(q, k, kernels.BIAS_ROW, table=scheme.table, bucket=bucket.to(torch.int32).to(q.device))
+    if isinstance(scheme, Shaw):
+        return Terms(q, k, wk=scheme.wk, wv=scheme.wv, shaw_k=int(scheme.k), zero_beyond=scheme.beyond == "zero")
     if isinstance(scheme, TransformerXL):
         if scheme.clamp_len:
             raise ValueError("relpos: xl.clamp_len: the GPU path does not clamp Transformer-XL's distances yet "
