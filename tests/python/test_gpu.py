@@ -44,7 +44,8 @@ SCHEMES = {
     "xl": {"pos_dim": 12},
     "shaw": {"k": 5},
 }
-MASKS = [dict(causal=False), dict(causal=True), dict(causal=False, padding="batch"), dict(causal=True, padding="random")]
+MASKS = [dict(causal=False), dict(causal=True), dict(causal=False, padding="batch"),
+         dict(causal=True, padding="random")]
 SHAPES = [dict(Lq=37, Lk=37), dict(Lq=21, Lk=50, q_offset=29), dict(Lq=40, Lk=25, q_offset=3, k_offset=11),
           dict(Lq=1, Lk=45, q_offset=44)]
 
@@ -62,6 +63,8 @@ def _cases():
             opts["bidirectional"] = False
         if scheme == "rope" and s % 2:
             opts["style"] = "interleaved"
+        if scheme == "xl":  # unclamped, or clamped inside the tiles' distances
+            opts["clamp_len"] = (0, 7)[m % 2]
         if scheme == "shaw":  # per-head or shared tables, K+V / K / V, clip or zero beyond, k past the tiles
             opts.update(per_head=bool(s % 2), tables=("kv", "k", "v")[m % 3], beyond=("clip", "zero")[m % 2],
                         k=(5, 40)[s % 2])
@@ -97,7 +100,8 @@ def test_float32_matches_the_float64_oracle(case):
                                        opts={"num_buckets": 8, "max_distance": 20, "bidirectional": False}),
                                   Case("kerple_bf16", "kerple", padding="random", Lq=30, Lk=30),
                                   Case("shaw_bf16", "shaw", causal=True, Lq=48, Lk=64, q_offset=16, opts={"k": 6}),
-                                  Case("xl_bf16", "xl", causal=True, Lq=64, Lk=96, q_offset=32, opts={"pos_dim": 16})],
+                                  Case("xl_bf16", "xl", causal=True, Lq=64, Lk=96, q_offset=32,
+                                       opts={"pos_dim": 16, "clamp_len": 20})],
                          ids=lambda c: c.id)
 def test_bfloat16_meets_flash_attentions_error_rule(case):
     """FlashAttention's rule for its GPU kernels: a bfloat16 result's error (against float64
@@ -219,7 +223,7 @@ def test_fully_masked_rows_and_empty_calls():
     (dict(v=torch.randn(1, 2, 5, 16, dtype=torch.float32)), "do not match"),
     (dict(key_padding=torch.zeros(1, 3, dtype=torch.bool)), "key_padding"),
     (dict(scheme=relpos.TransformerXL(*(torch.zeros(s, dtype=torch.float32) for s in ((2, 16), (2, 16), (2, 16, 4))),
-                                      clamp_len=3)), "clamp_len"),
+                                      clamp_len=-1)), "clamp_len"),
 ])
 def test_bad_input_is_refused_by_name(bad, message):
     args = dict(q=torch.randn(1, 2, 4, 16, dtype=torch.float32), k=torch.randn(1, 2, 4, 16, dtype=torch.float32),

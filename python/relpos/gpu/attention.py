@@ -82,24 +82,28 @@ class _Call:
                 *_strides(self.terms.qx, 4), *_strides(self.terms.kx, 2), *_strides(self.pad, 2)]
 
     def sizes(self) -> list[int]:
-        """H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh."""
+        """H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, xl_clamp."""
         (B, H, Lq, d), Hkv, Lk, dv = self.q.shape, self.k.shape[1], self.k.shape[2], self.v.shape[3]
         t = self.terms
 
         def head_stride(table):  # a table shared by the heads is read with head stride 0
             return table.stride(0) if table is not None and table.dim() == 3 else 0
 
-        return [H, H // Hkv, Lq, Lk, d, dv, t.qx.shape[3] if t.qx is not None else 0, self.delta,
-                self.delta - (Lq - 1), Lq + Lk - 1, t.shaw_k, head_stride(t.wk), head_stride(t.wv)]
+        return [H, H // Hkv, Lq, Lk, d, dv, self.features(), self.delta, self.delta - (Lq - 1), Lq + Lk - 1,
+                t.shaw_k, head_stride(t.wk), head_stride(t.wv), t.xl_clamp]
+
+    def features(self) -> int:
+        """The width of the query / key feature product (qx's columns but the clamp's two)."""
+        return self.terms.kx.shape[1] if self.terms.kx is not None else 0
 
     def switches(self, cfg: Launch) -> dict:
         t = self.terms
         return dict(D=padded(self.q.shape[3]), DV=padded(self.v.shape[3]),
-                    DX=padded(t.qx.shape[3] if t.qx is not None else 1), BM=cfg.block_m, BN=cfg.block_n,
+                    DX=padded(max(self.features(), 1)), BM=cfg.block_m, BN=cfg.block_n,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, BIAS=t.bias, HAS_X=t.qx is not None,
                     CAUSAL=self.causal, HAS_PAD=self.pad is not None, PRECISION=_precision(self.q),
                     X_PRECISION=_feature_precision(self.q), KEMB=t.wk is not None, VEMB=t.wv is not None,
-                    ZERO_BEYOND=t.zero_beyond)
+                    ZERO_BEYOND=t.zero_beyond, X_CLAMP=t.xl_clamp > 0)
 
     def table_rows(self) -> int:
         """Rows of a Shaw table as the backward's partial sums hold them (a power of two)."""
@@ -210,7 +214,8 @@ def _check(q, k, v, key_padding):
                          "((B, Hkv, Lk, d) and (B, Hkv, Lk, dv))")
     if k.shape[1] == 0 or H % k.shape[1]:
         raise ValueError(f"relpos: k: its {k.shape[1]} heads must divide q's {H}")
-    if key_padding is not None and (key_padding.shape != (B, k.shape[2]) or key_padding.dtype not in (torch.bool, torch.uint8)):
+    if key_padding is not None and (key_padding.shape != (B, k.shape[2])
+                                    or key_padding.dtype not in (torch.bool, torch.uint8)):
         raise ValueError(f"relpos: key_padding: expected bool or uint8 of shape {(B, k.shape[2])}, "
                          f"got {key_padding.dtype} {tuple(key_padding.shape)}")
 
@@ -230,6 +235,9 @@ def attention(q, k, v, scheme=None, *, causal: bool = False, key_padding=None, q
     tests check the kernels without a GPU."""
     scheme = NoPosition() if scheme is None else scheme
     _check(q, k, v, key_padding)
+    if not hasattr(scheme, "_args"):
+        raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
+    scheme._args()  # each option checked by its record, with errors naming it
     if q.device.type != "cuda" and not _interpreting():
         raise ValueError(f"relpos: q: relpos.gpu runs CUDA tensors (CPU tensors under TRITON_INTERPRET=1), "
                          f"got {q.device}")

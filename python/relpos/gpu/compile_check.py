@@ -14,11 +14,13 @@ specialisation does not compile or does not fit.
 The specialisations: kernel (forward, backward_kv, backward_q) x dtype (bfloat16,
 float16, float32) x bias kind (0..4) x HAS_X x CAUSAL x HAS_PAD x head size (64,
 128; D = DV, DX = the head size when HAS_X as the Transformer-XL features use,
-else padded(1)), each with config.launch_for(head, on_gpu=True), NB = 32 for the
-bucketed table (16 otherwise), PRECISION tf32 for float32 (torch's TF32 switch
-on), ieee otherwise, and X_PRECISION tf32 (the float32 features' product). The full product is 720 per arch; by default (CI) a covering
-set chosen by pairs (every pair of switch values in at least one specialisation),
-``--full`` for the product.
+else padded(1)) x Shaw's tables (none, K+V, K, V; k = SHAW_K) x Transformer-XL's
+clamp (with HAS_X), each with config.launch_for(head, on_gpu=True, the dtype's
+size), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
+(torch's TF32 switch on), ieee otherwise, and X_PRECISION tf32 (the float32
+features' product). The full product is 5,760 per arch; by default (CI) a
+covering set chosen by pairs (every pair of switch values in at least one
+specialisation), ``--full`` for the product.
 
 The integer arguments are specialised as Triton's launcher does for contiguous,
 16-byte-aligned tensors with these head sizes (``--generic`` for no hints):
@@ -80,7 +82,8 @@ SHAW_TABLES = ("", "kv", "k", "v")
 SHAW_K = 16  # the smaller k of the GPU targets; the backward's table partials hold padded(2k + 1) rows
 
 FACTORS = {"kernel": KERNELS, "dtype": DTYPES, "bias": tuple(range(5)), "has_x": (False, True),
-           "causal": (False, True), "has_pad": (False, True), "head": HEADS, "shaw": SHAW_TABLES}
+           "causal": (False, True), "has_pad": (False, True), "head": HEADS, "shaw": SHAW_TABLES,
+           "clamp": (False, True)}
 
 
 class CompileCheckError(RuntimeError):
@@ -100,6 +103,7 @@ class Spec:
     has_pad: bool
     head: int
     shaw: str = ""  # one of SHAW_TABLES
+    clamp: bool = False  # Transformer-XL's clamp_len > 0 (with has_x)
     launch: Optional[Launch] = None  # None: config.launch_for(head, on_gpu=True, the dtype's size)
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
 
@@ -116,7 +120,8 @@ class Spec:
     def name(self) -> str:
         c = self.cfg
         flags = "".join(f for f, on in (("+x", self.has_x), ("+causal", self.causal), ("+pad", self.has_pad),
-                                        (f"+shaw_{self.shaw}", bool(self.shaw))) if on)
+                                        (f"+shaw_{self.shaw}", bool(self.shaw)),
+                                        ("+clamp", self.has_x and self.clamp)) if on)
         tail = "" if self.aligned else "/generic"
         return (f"{self.kernel}/{self.dtype}/{BIAS_NAMES[self.bias]}{flags}/d{self.head}/"
                 f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{tail}")
@@ -131,7 +136,7 @@ class Spec:
                      BM=c.block_m, BN=c.block_n, NB=self.nb, BIAS=self.bias, HAS_X=self.has_x, CAUSAL=self.causal,
                      HAS_PAD=self.has_pad, PRECISION="tf32" if self.dtype == "float32" else "ieee",
                      X_PRECISION="tf32", KEMB="k" in self.shaw, VEMB="v" in self.shaw, ZERO_BEYOND=False,
-                     CP=padded(2 * SHAW_K + 1))
+                     CP=padded(2 * SHAW_K + 1), X_CLAMP=self.has_x and self.clamp)
         unknown = [n for n in names if n not in known]
         if unknown:
             raise KeyError(f"{self.kernel}: switches {unknown} unknown to compile_check.Spec.constexprs: "
@@ -383,8 +388,8 @@ def compile_spec(spec: Spec, arch: int) -> Result:
         try:
             usage, result.ptxas_log = parse_ptxas(log.getvalue()), "triton"
         except ValueError:  # a cache hit (no ptxas run) or a Triton without the log switch
-            usage, result.ptxas_log = parse_ptxas(run_ptxas(compiled.asm["ptx"], arch,
-                                                            getattr(compiled.metadata, "enable_fp_fusion", True))), "rerun"
+            fusion = getattr(compiled.metadata, "enable_fp_fusion", True)
+            usage, result.ptxas_log = parse_ptxas(run_ptxas(compiled.asm["ptx"], arch, fusion)), "rerun"
         for k, v in usage.items():
             setattr(result, k, v)
     except Exception as e:  # reported with the specialisation's name by check()
@@ -510,7 +515,7 @@ def _parse_only(item: str) -> tuple[str, tuple]:
             values.append(BIAS_NAMES.index(v) if v in BIAS_NAMES else int(v))
         elif name == "head":
             values.append(int(v))
-        elif name in ("has_x", "causal", "has_pad"):
+        elif name in ("has_x", "causal", "has_pad", "clamp"):
             values.append(v.lower() in ("1", "true", "yes"))
         else:
             values.append(v)

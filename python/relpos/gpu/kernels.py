@@ -120,10 +120,10 @@ def _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL: tl.c
 
 @triton.jit
 def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-            bias_row, p1, p2, pad, stride_pb, stride_pn, wk, t0, shaw_k, stride_wkh,
+            bias_row, p1, p2, pad, stride_pb, stride_pn, wk, t0, shaw_k, stride_wkh, far_hi, far_lo, xl_clamp,
             BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
             PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr):
+            X_CLAMP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile.
     Shaw's key term (KEMB): the query tile times the table rows of the tile's BM + BN - 1
     distances (from ``t0``), each pair then reading its distance's column."""
@@ -131,7 +131,11 @@ def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d,
     s = _dot(q, tl.trans(k), PRECISION)
     if HAS_X:
         kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
-        s += _dot(qx, tl.trans(kx), X_PRECISION)
+        xs = _dot(qx, tl.trans(kx), X_PRECISION)
+        rel = offs_n[None, :].to(tl.int64) - offs_m[:, None] + delta
+        if X_CLAMP:  # beyond the clamp a row reads its feature product at +-clamp_len (``far``)
+            xs = tl.where(-rel > xl_clamp, far_hi[:, None], tl.where(rel > xl_clamp, far_lo[:, None], xs))
+        s += xs
     rel = offs_n[None, :].to(tl.int64) - offs_m[:, None] + delta
     if KEMB:
         rows, _ = _table_band(wk, h, t0, shaw_k, stride_wkh, d, offs_d, BM + BN, ZERO_BEYOND)
@@ -141,6 +145,20 @@ def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d,
         s += _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS) * 1.4426950408889634
     ok = _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL, HAS_PAD)
     return tl.where(ok, s, float("-inf")), ok, rel
+
+
+@triton.jit
+def _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd, X_CLAMP: tl.constexpr,
+                  BM: tl.constexpr):
+    """With X_CLAMP, each query row's feature product at distance +clamp_len and -clamp_len,
+    held in qx's two columns after its dx features (terms.py)."""
+    hi = tl.zeros([BM], tl.float32)
+    lo = hi
+    if X_CLAMP:
+        row = QX + b * stride_xb + h * stride_xh + offs_m * stride_xm
+        hi = tl.load(row + dx * stride_xd, mask=offs_m < Lq, other=0.0)
+        lo = tl.load(row + (dx + 1) * stride_xd, mask=offs_m < Lq, other=0.0)
+    return hi, lo
 
 
 @triton.jit
@@ -177,11 +195,11 @@ def attention_forward_kernel(
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, qk_scale,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, xl_clamp, qk_scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr):
+        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr):
     m_start = tl.program_id(0) * BM
     bh = tl.program_id(1)
     b = bh // H
@@ -194,6 +212,7 @@ def attention_forward_kernel(
     offs_x = tl.arange(0, DX)
     q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
+    far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd, X_CLAMP, BM)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
     row_max = tl.full([BM], float("-inf"), tl.float32)
@@ -205,8 +224,9 @@ def attention_forward_kernel(
         s, ok, rel = _logits(q, qx, k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
                              KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
                              offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-                             BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k, stride_wkh,
-                             BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, ZERO_BEYOND, BM, BN)
+                             BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k, stride_wkh, far_hi, far_lo,
+                             xl_clamp,
+                             BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, ZERO_BEYOND, X_CLAMP, BM, BN)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
         p = tl.exp2(s - shift[:, None])
@@ -244,11 +264,11 @@ def attention_backward_kv_kernel(
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, qk_scale, scale,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, xl_clamp, qk_scale, scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr):
+        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr):
     """dk, dv of one key tile of one key head, over the query tiles of every query head
     that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
     n_start = tl.program_id(0) * BN
@@ -278,11 +298,13 @@ def attention_backward_kv_kernel(
             row = (offs_m[:, None] < Lq)
             q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
                                 stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
+            far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd,
+                                           X_CLAMP, BM)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
             s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
                                  r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
-                                 stride_wkh, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, ZERO_BEYOND,
-                                 BM, BN)
+                                 stride_wkh, far_hi, far_lo, xl_clamp, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION,
+                                 X_PRECISION, KEMB, ZERO_BEYOND, X_CLAMP, BM, BN)
             p, dlt = _probabilities(s, ok, LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
             do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
                          mask=row & (offs_v[None, :] < dv), other=0.0)
@@ -340,14 +362,15 @@ def attention_backward_q_kernel(
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, qk_scale, scale, n_parts,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, xl_clamp, qk_scale, scale,
+        n_parts,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr, CP: tl.constexpr):
+        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, CP: tl.constexpr):
     """dq (and dqx) of one query tile, and its partial sums of the bias parameters'
-    gradients, PARTS[(b * H + h) * tiles + tile, :] (DQ, DQX contiguous like their inputs'
-    shapes; DO shares the output's strides)."""
+    gradients, PARTS[(b * H + h) * tiles + tile, :] (DQ contiguous, DQX with QX's strides,
+    DO with the output's)."""
     tile = tl.program_id(0)
     m_start = tile * BM
     bh = tl.program_id(1)
@@ -362,12 +385,15 @@ def attention_backward_q_kernel(
     row = offs_m[:, None] < Lq
     q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm, stride_qd,
                         stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
+    far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd, X_CLAMP, BM)
     do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
                  mask=row & (offs_v[None, :] < dv), other=0.0)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
     dq = tl.zeros([BM, D], tl.float32)
     dqx = tl.zeros([BM, DX], tl.float32)
+    dfar_hi = tl.zeros([BM], tl.float32)
+    dfar_lo = tl.zeros([BM], tl.float32)
     g1 = tl.zeros([BM], tl.float32)
     g2 = tl.zeros([BM], tl.float32)
     gt = tl.zeros([NB], tl.float32)
@@ -380,8 +406,8 @@ def attention_backward_q_kernel(
         t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
         s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
                              r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
-                             stride_wkh, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, ZERO_BEYOND,
-                             BM, BN)
+                             stride_wkh, far_hi, far_lo, xl_clamp, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION,
+                             KEMB, ZERO_BEYOND, X_CLAMP, BM, BN)
         p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                     mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
@@ -400,13 +426,22 @@ def attention_backward_q_kernel(
         dq += _dot(ds.to(k.dtype), k, PRECISION)
         if HAS_X:
             kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
-            dqx += _dot(ds, kx, X_PRECISION)
+            ds_x = ds
+            if X_CLAMP:
+                beyond_hi, beyond_lo = -rel > xl_clamp, rel > xl_clamp
+                dfar_hi += tl.sum(tl.where(beyond_hi, ds, 0.0), 1)
+                dfar_lo += tl.sum(tl.where(beyond_lo, ds, 0.0), 1)
+                ds_x = tl.where(beyond_hi | beyond_lo, 0.0, ds)
+            dqx += _dot(ds_x, kx, X_PRECISION)
         g1, g2, gt = _bias_grads(ds, rel, ok, h, BUCKET, r_min, R, P1, P2, g1, g2, gt, NB, BIAS)
     tl.store(DQ + (bh * Lq + offs_m[:, None]) * d + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
              mask=row & (offs_d[None, :] < d))
     if HAS_X:
-        tl.store(DQX + (bh * Lq + offs_m[:, None]) * dx + offs_x[None, :], (dqx * scale).to(DQX.dtype.element_ty),
-                 mask=row & (offs_x[None, :] < dx))
+        dqx_rows = DQX + b * stride_xb + h * stride_xh + offs_m * stride_xm  # dqx is made like qx
+        tl.store(dqx_rows[:, None] + offs_x[None, :] * stride_xd, dqx * scale, mask=row & (offs_x[None, :] < dx))
+        if X_CLAMP:
+            tl.store(dqx_rows + dx * stride_xd, dfar_hi * scale, mask=offs_m < Lq)
+            tl.store(dqx_rows + (dx + 1) * stride_xd, dfar_lo * scale, mask=offs_m < Lq)
     part = bh * tl.num_programs(0) + tile
     cp = tl.arange(0, CP)
     if KEMB:

@@ -46,6 +46,7 @@ class Terms:
     wv: Optional[torch.Tensor] = None  # Shaw's value rows, (2k+1, dv) or (H, 2k+1, dv)
     shaw_k: int = 0
     zero_beyond: bool = False
+    xl_clamp: int = 0  # > 0: qx ends with the feature products at +-xl_clamp (Transformer-XL's clamp_len)
 
 
 def t5_buckets(distances: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -63,7 +64,8 @@ def t5_buckets(distances: torch.Tensor, bidirectional: bool, num_buckets: int, m
     log_ratio = torch.tensor(math.log(max_distance / max_exact), dtype=torch.float32)
     # float32 n / max_exact as upstream divides, then its logarithm rounded once to float32
     ratio = (n.float() / float(max_exact)).clamp(min=1.0)
-    scaled = torch.log(ratio.double()).float() / log_ratio * torch.tensor(float(num_buckets - max_exact), dtype=torch.float32)
+    span = torch.tensor(float(num_buckets - max_exact), dtype=torch.float32)
+    scaled = torch.log(ratio.double()).float() / log_ratio * span
     large = (max_exact + scaled.long()).clamp(max=num_buckets - 1)
     return bucket + torch.where(n < max_exact, n, large)
 
@@ -96,18 +98,25 @@ def _xl_features(q: torch.Tensor, xl: TransformerXL, q_offset: int, Lk: int, k_o
     dot product of query and key features: with ``c = (q + v) W_R = [A, B]`` (the sine and
     cosine halves), ``A sin(wp) + B cos(wp)`` splits by the angle-difference formulas into
     ``[A sin(w q_pos) + B cos(w q_pos), B sin(w q_pos) - A cos(w q_pos)]`` read against
-    ``[cos(w k_pos), sin(w k_pos)]``, so no (distance x d) table is made."""
+    ``[cos(w k_pos), sin(w k_pos)]``, so no (distance x d) table is made. With
+    ``clamp_len > 0``, qx carries two more columns, the score at ``p = +clamp_len`` and
+    ``-clamp_len``, which the kernels read for pairs beyond the clamp."""
     pos_dim = xl.w_r.shape[-1]
     half = pos_dim // 2
     inv_freq = 1.0 / 10000.0 ** (torch.arange(half, dtype=torch.float64) * 2 / pos_dim)
-    qa = _positions(q.shape[2], q_offset, "cpu")[:, None] * inv_freq
-    ka = _positions(Lk, k_offset, "cpu")[:, None] * inv_freq
-    sq, cq = (f(qa).to(device=q.device, dtype=torch.float32) for f in (torch.sin, torch.cos))
+
+    def sin_cos(angles):
+        return (f(angles).to(device=q.device, dtype=torch.float32) for f in (torch.sin, torch.cos))
+
+    sq, cq = sin_cos(_positions(q.shape[2], q_offset, "cpu")[:, None] * inv_freq)
+    sk, ck = sin_cos(_positions(Lk, k_offset, "cpu")[:, None] * inv_freq)
     c = torch.einsum("bhid,hde->bhie", q.float() + xl.v.float()[None, :, None, :], xl.w_r.float())
     A, B = c[..., :half], c[..., half:]
-    qx = torch.cat((A * sq + B * cq, B * sq - A * cq), -1)
-    kx = torch.cat((torch.cos(ka), torch.sin(ka)), -1).to(device=q.device, dtype=torch.float32)
-    return qx, kx
+    parts = [A * sq + B * cq, B * sq - A * cq]
+    if xl.clamp_len:
+        s_c, c_c = sin_cos(float(xl.clamp_len) * inv_freq)
+        parts += [((A * s_c + B * c_c).sum(-1, keepdim=True)), ((B * c_c - A * s_c).sum(-1, keepdim=True))]
+    return torch.cat(parts, -1), torch.cat((ck, sk), -1)
 
 
 def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
@@ -134,10 +143,7 @@ def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
     if isinstance(scheme, Shaw):
         return Terms(q, k, wk=scheme.wk, wv=scheme.wv, shaw_k=int(scheme.k), zero_beyond=scheme.beyond == "zero")
     if isinstance(scheme, TransformerXL):
-        if scheme.clamp_len:
-            raise ValueError("relpos: xl.clamp_len: the GPU path does not clamp Transformer-XL's distances yet "
-                             "(clamp_len=0 only); CPU tensors run every clamp_len")
         qx, kx = _xl_features(q, scheme, q_offset, Lk, k_offset)
-        return Terms(q + scheme.u[None, :, None, :].to(q.dtype), k, qx=qx, kx=kx)
+        return Terms(q + scheme.u[None, :, None, :].to(q.dtype), k, qx=qx, kx=kx, xl_clamp=int(scheme.clamp_len))
     raise ValueError(f"relpos: scheme: {getattr(scheme, 'name', type(scheme).__name__)} has no GPU kernel yet; "
                      "its CPU tensors run on the C++ kernels")
