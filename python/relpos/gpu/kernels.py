@@ -74,17 +74,93 @@ def _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS: tl.constexpr):
 
 
 @triton.jit
-def _table_band(table, h, t0, shaw_k, stride_th, width, offs_c, W: tl.constexpr, ZERO_BEYOND: tl.constexpr):
-    """A Shaw table's rows for the W distances ``t0 .. t0 + W - 1`` that a tile pair reaches
-    (row ``clip(r, -k, k) + k``; zero beyond +-k with ZERO_BEYOND), and the rows' indices
-    (-1 where a row is zero)."""
+def _band_index(t0, shaw_k, W: tl.constexpr, ZERO_BEYOND: tl.constexpr):
+    """The table row of each of the W distances ``t0 .. t0 + W - 1`` that a tile pair reaches:
+    ``clip(r, -k, k) + k``, or -1 (the zero row) beyond +-k with ZERO_BEYOND."""
     r = t0 + tl.arange(0, W)
     c = tl.minimum(tl.maximum(r, -shaw_k), shaw_k) + shaw_k
     if ZERO_BEYOND:
         c = tl.where(tl.abs(r) <= shaw_k, c, -1)
-    rows = tl.load(table + h * stride_th + c[:, None] * width + offs_c[None, :],
+    return c
+
+
+@triton.jit
+def _table_band(table, h, t0, shaw_k, stride_th, width, offs_c, W: tl.constexpr, ZERO_BEYOND: tl.constexpr):
+    """A Shaw table's rows for the W distances from ``t0`` (zeros for the zero row)."""
+    c = _band_index(t0, shaw_k, W, ZERO_BEYOND)
+    return tl.load(table + h * stride_th + c[:, None] * width + offs_c[None, :],
                    mask=(c[:, None] >= 0) & (offs_c[None, :] < width), other=0.0)
-    return rows, c
+
+
+@triton.jit
+def _one_row(t0, shaw_k, BM: tl.constexpr, BN: tl.constexpr, ZERO_BEYOND: tl.constexpr):
+    """Whether every pair of a tile pair whose first distance is ``t0`` reads one table row
+    (all its distances beyond +-k on one side: most tiles of a long sequence), and that row
+    (without ZERO_BEYOND; with it the row is the zero row)."""
+    last = t0 + BM + BN - 2
+    if ZERO_BEYOND:
+        one = (t0 > shaw_k) | (last < -shaw_k)
+    else:
+        one = (t0 >= shaw_k) | (last <= -shaw_k)
+    return one, tl.where(t0 > 0, 2 * shaw_k, 0)
+
+
+@triton.jit
+def _table_row(table, h, row, stride_th, width, offs_c):
+    return tl.load(table + h * stride_th + row * width + offs_c, mask=offs_c < width, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _rows_read(x, table, h, t0, rel, shaw_k, stride_th, width, offs_c, PRECISION: tl.constexpr,
+               ZERO_BEYOND: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """``(BM, BN)``: each pair's ``x_i . table[c(r_ij)]`` (Shaw's key term with x = q; dP's value
+    term with x = dout). A tile that reads one row takes one product per row of x; others
+    multiply x by the rows of the tile's distances and lay the result out by pair."""
+    one, row = _one_row(t0, shaw_k, BM, BN, ZERO_BEYOND)
+    out = tl.zeros([BM, BN], tl.float32)
+    if one:
+        if not ZERO_BEYOND:
+            w = _table_row(table, h, row, stride_th, width, offs_c)
+            out += tl.sum(x.to(tl.float32) * w[None, :], 1)[:, None]
+    else:
+        rows = _table_band(table, h, t0, shaw_k, stride_th, width, offs_c, BM + BN, ZERO_BEYOND)
+        out = tl.gather(_dot(x, tl.trans(rows.to(x.dtype)), PRECISION), (rel - t0).to(tl.int32), axis=1)
+    return out
+
+
+@triton.jit
+def _rows_weighted(weights, like, table, h, t0, shaw_k, stride_th, width, offs_c, C: tl.constexpr,
+                   PRECISION: tl.constexpr, ZERO_BEYOND: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """``(BM, C)``: each row's ``sum_j weights_ij table[c(r_ij)]`` (Shaw's value term with P; dq's
+    key term with dS), the weights' per-distance sums multiplied in ``like``'s dtype."""
+    one, row = _one_row(t0, shaw_k, BM, BN, ZERO_BEYOND)
+    out = tl.zeros([BM, C], tl.float32)
+    if one:
+        if not ZERO_BEYOND:
+            out += tl.sum(weights, 1)[:, None] * _table_row(table, h, row, stride_th, width, offs_c)[None, :]
+    else:
+        rows = _table_band(table, h, t0, shaw_k, stride_th, width, offs_c, BM + BN, ZERO_BEYOND)
+        out = _dot(_by_distance(weights, BM, BN).to(like.dtype), rows.to(like.dtype), PRECISION)
+    return out
+
+
+@triton.jit
+def _rows_grad(acc, weights, x, t0, shaw_k, CP: tl.constexpr, PRECISION: tl.constexpr, ZERO_BEYOND: tl.constexpr,
+               BM: tl.constexpr, BN: tl.constexpr):
+    """acc ``(CP, width)`` plus each table row c's ``sum over pairs reading c of weights_ij x_i``
+    (dwv with P and dout, dwk with dS and q): into the one row a far tile reads, or the band's
+    rows added to the rows they read as one exact 0/1 product (several read an edge row)."""
+    one, row = _one_row(t0, shaw_k, BM, BN, ZERO_BEYOND)
+    if one:
+        if not ZERO_BEYOND:
+            g = tl.sum(tl.sum(weights, 1)[:, None] * x.to(tl.float32), 0)
+            acc += tl.where(tl.arange(0, CP)[:, None] == row, g[None, :], 0.0)
+    else:
+        band = _dot(tl.trans(_by_distance(weights, BM, BN)).to(x.dtype), x, PRECISION)
+        c = _band_index(t0, shaw_k, BM + BN, ZERO_BEYOND)
+        onehot = (tl.arange(0, CP)[:, None] == c[None, :]).to(tl.float32)
+        acc += tl.dot(onehot, band, input_precision="ieee")
+    return acc
 
 
 @triton.jit
@@ -95,14 +171,6 @@ def _by_distance(x, BM: tl.constexpr, BN: tl.constexpr):
     j = t[None, :] - (BM - 1) + tl.arange(0, BM)[:, None]
     inside = (j >= 0) & (j < BN)
     return tl.where(inside, tl.gather(x, tl.minimum(tl.maximum(j, 0), BN - 1), axis=1), 0.0)
-
-
-@triton.jit
-def _table_grad(acc, band_grad, c, CP: tl.constexpr):
-    """acc ``(CP, w)`` plus the gradient of the band's rows ``(W, w)`` added to the table rows
-    ``c`` they read (several band rows read an edge row), as one exact 0/1 product."""
-    onehot = (tl.arange(0, CP)[:, None] == c[None, :]).to(tl.float32)
-    return acc + tl.dot(onehot, band_grad, input_precision="ieee")
 
 
 @triton.jit
@@ -138,8 +206,7 @@ def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d,
         s += xs
     rel = offs_n[None, :].to(tl.int64) - offs_m[:, None] + delta
     if KEMB:
-        rows, _ = _table_band(wk, h, t0, shaw_k, stride_wkh, d, offs_d, BM + BN, ZERO_BEYOND)
-        s += tl.gather(_dot(q, tl.trans(rows.to(q.dtype)), PRECISION), (rel - t0).to(tl.int32), axis=1)
+        s += _rows_read(q, wk, h, t0, rel, shaw_k, stride_wkh, d, offs_d, PRECISION, ZERO_BEYOND, BM, BN)
     s = s * qk_scale
     if BIAS != 0:
         s += _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS) * 1.4426950408889634
@@ -236,8 +303,7 @@ def attention_forward_kernel(
                     mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
         acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v, PRECISION)
         if VEMB:  # Shaw's value term: P's sums per distance times the table's rows
-            rows, _ = _table_band(WV, h, t0, shaw_k, stride_wvh, dv, offs_v, BM + BN, ZERO_BEYOND)
-            acc += _dot(_by_distance(p, BM, BN).to(v.dtype), rows.to(v.dtype), PRECISION)
+            acc += _rows_weighted(p, v, WV, h, t0, shaw_k, stride_wvh, dv, offs_v, DV, PRECISION, ZERO_BEYOND, BM, BN)
         row_max = new_max
     seen = row_sum > 0
     out = acc / tl.where(seen, row_sum, 1.0)[:, None]
@@ -311,8 +377,7 @@ def attention_backward_kv_kernel(
             dvv += _dot(tl.trans(p).to(do.dtype), do, PRECISION)
             dp = _dot(do, tl.trans(v), PRECISION)
             if VEMB:
-                rows, _ = _table_band(WV, h, t0, shaw_k, stride_wvh, dv, offs_v, BM + BN, ZERO_BEYOND)
-                dp += tl.gather(_dot(do, tl.trans(rows.to(do.dtype)), PRECISION), (rel - t0).to(tl.int32), axis=1)
+                dp += _rows_read(do, WV, h, t0, rel, shaw_k, stride_wvh, dv, offs_v, PRECISION, ZERO_BEYOND, BM, BN)
             ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
             dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION)
     out_mask = (offs_n[:, None] < Lk)
@@ -413,15 +478,12 @@ def attention_backward_q_kernel(
                     mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
         dp = _dot(do, tl.trans(v), PRECISION)
         if VEMB:  # dP gains dout . wv[c(r)]; the table's rows gain P's per-distance sums times dout
-            rows, c = _table_band(WV, h, t0, shaw_k, stride_wvh, dv, offs_v, BM + BN, ZERO_BEYOND)
-            dp += tl.gather(_dot(do, tl.trans(rows.to(do.dtype)), PRECISION), (rel - t0).to(tl.int32), axis=1)
-            dwv = _table_grad(dwv, _dot(tl.trans(_by_distance(p, BM, BN)).to(do.dtype), do, PRECISION), c, CP)
+            dp += _rows_read(do, WV, h, t0, rel, shaw_k, stride_wvh, dv, offs_v, PRECISION, ZERO_BEYOND, BM, BN)
+            dwv = _rows_grad(dwv, p, do, t0, shaw_k, CP, PRECISION, ZERO_BEYOND, BM, BN)
         ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
         if KEMB:  # dq gains dS's per-distance sums times the rows; the rows gain them times q
-            rows, c = _table_band(WK, h, t0, shaw_k, stride_wkh, d, offs_d, BM + BN, ZERO_BEYOND)
-            ds_by_distance = _by_distance(ds, BM, BN).to(q.dtype)
-            dq += _dot(ds_by_distance, rows.to(q.dtype), PRECISION)
-            dwk = _table_grad(dwk, _dot(tl.trans(ds_by_distance), q, PRECISION), c, CP)
+            dq += _rows_weighted(ds, q, WK, h, t0, shaw_k, stride_wkh, d, offs_d, D, PRECISION, ZERO_BEYOND, BM, BN)
+            dwk = _rows_grad(dwk, ds, q, t0, shaw_k, CP, PRECISION, ZERO_BEYOND, BM, BN)
         k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
         dq += _dot(ds.to(k.dtype), k, PRECISION)
         if HAS_X:
