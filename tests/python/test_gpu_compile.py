@@ -59,7 +59,7 @@ def test_specs_match_the_launcher():
     specs = cc.covering_specs()
     assert len({s.name for s in specs}) == len(specs)
     for s in specs:
-        assert s.cfg == launch_for(s.head, True, 4 if s.dtype == "float32" else 2)
+        assert s.cfg == launch_for(s.head, True, 4 if s.dtype == "float32" else 2, bool(s.shaw))
         consts = s.constexprs(["D", "DV", "DX", "NB", "PRECISION", "X_PRECISION"])
         assert consts["D"] == consts["DV"] == s.head
         assert consts["DX"] == (s.head if s.has_x else 16)

@@ -32,8 +32,10 @@ def _interpreting() -> bool:
     return not isinstance(kernels.attention_forward_kernel, triton.runtime.JITFunction)
 
 
-def _launch(q: torch.Tensor, v: torch.Tensor) -> Launch:
-    return launch_for(max(q.shape[3], v.shape[3]), q.device.type == "cuda", q.element_size())
+def _launch(call: "_Call") -> Launch:
+    q, v, t = call.q, call.v, call.terms
+    shaw = t.wk is not None or t.wv is not None
+    return launch_for(max(q.shape[3], v.shape[3]), q.device.type == "cuda", q.element_size(), shaw)
 
 
 def _precision(q: torch.Tensor) -> str:
@@ -170,7 +172,7 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, q, k, v, qx, kx, p1, p2, table, wk, wv, call):
         B, H, Lq = q.shape[:3]
         Lk = k.shape[2]
-        cfg = _launch(q, v)
+        cfg = _launch(call)
         out = torch.empty(B, H, Lq, v.shape[3], dtype=q.dtype, device=q.device)
         lse = torch.empty(B, H, Lq, dtype=torch.float32, device=q.device)
         if Lq and Lk:

@@ -16,7 +16,7 @@ float16, float32) x bias kind (0..4) x HAS_X x CAUSAL x HAS_PAD x head size (64,
 128; D = DV, DX = the head size when HAS_X as the Transformer-XL features use,
 else padded(1)) x Shaw's tables (none, K+V, K, V; k = SHAW_K) x Transformer-XL's
 clamp (with HAS_X), each with config.launch_for(head, on_gpu=True, the dtype's
-size), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
+size, Shaw's tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
 (torch's TF32 switch on), ieee otherwise, and X_PRECISION tf32 (the float32
 features' product). The full product is 5,760 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
@@ -104,13 +104,14 @@ class Spec:
     head: int
     shaw: str = ""  # one of SHAW_TABLES
     clamp: bool = False  # Transformer-XL's clamp_len > 0 (with has_x)
-    launch: Optional[Launch] = None  # None: config.launch_for(head, on_gpu=True, the dtype's size)
+    launch: Optional[Launch] = None  # None: config.launch_for as the launcher calls it
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
 
     @property
     def cfg(self) -> Launch:
-        element_bytes = 4 if self.dtype == "float32" else 2
-        return self.launch if self.launch is not None else launch_for(self.head, True, element_bytes)
+        if self.launch is not None:
+            return self.launch
+        return launch_for(self.head, True, 4 if self.dtype == "float32" else 2, bool(self.shaw))
 
     @property
     def nb(self) -> int:
@@ -250,7 +251,8 @@ def pairwise(factors: dict) -> list[dict]:
 # present (shared memory grows with dtype, head and the features' tiles). Pairs alone
 # need not meet it, and an overflow hides in exactly such a corner. (One corner a
 # kernel: each costs two of the slowest compiles, and the default run must stay short.)
-CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128, "shaw": "kv"},)
+CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128, "shaw": "kv",
+            "clamp": True},)
 
 
 def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:

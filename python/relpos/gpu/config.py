@@ -29,15 +29,20 @@ def padded(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2) -> Launch:
-    """The configuration for a call with head size ``head_dim`` (the larger of d and dv) and
-    inputs of ``element_bytes`` each. float32 tiles of head 128 take twice the shared memory
-    of half ones: 64 x 64 with two stages needs up to 295 KB on sm_90 (232 KB available), so
-    they run smaller tiles in one stage (the compile check measures each)."""
+def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, shaw: bool = False) -> Launch:
+    """The configuration for a call with head size ``head_dim`` (the larger of d and dv),
+    inputs of ``element_bytes`` each and, with ``shaw``, Shaw's tables (whose per-tile band of
+    BM + BN table rows, a power of two, adds to the tile's shared memory). Head 128 takes
+    twice the shared memory of head 64, float32 twice that of half types: 64 x 64 tiles in
+    two stages needed up to 295 KB on sm_90 for float32 (232 KB available) and 246 KB for
+    float16 with Shaw's tables, so those run smaller tiles in one stage (the compile check,
+    compile_check.py, measures every one)."""
     if not on_gpu:
         return INTERPRETER
     if padded(head_dim) <= 64:
         return Launch(64, 64, 4, 2)
+    if shaw:
+        return Launch(16, 16, 4, 1) if element_bytes > 2 else Launch(32, 32, 4, 1)
     if element_bytes > 2:
         return Launch(32, 32, 4, 1)
     return Launch(64, 64, 8, 2)
