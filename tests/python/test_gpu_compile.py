@@ -107,7 +107,7 @@ _OVERSIZED = """
 import json, sys
 from relpos.gpu import compile_check as cc
 from relpos.gpu.config import Launch
-spec = cc.Spec("forward", "bfloat16", 0, False, False, False, 128, launch=Launch(256, 256, 8, 2))
+spec = cc.Spec("forward", "float32", 0, False, False, False, 128, launch=Launch(128, 64, 8, 3))
 results = cc.run([spec], archs=(80,), jobs=1)
 try:
     cc.check(results)
@@ -119,8 +119,9 @@ print(json.dumps(dict(name=spec.name, shared=results[0].shared, error=results[0]
 
 
 def test_checker_fails_on_an_oversized_tile():
-    """256 x 256 tiles of a 128-wide head: q, k and v tiles alone need more than an A100's
-    166,912 bytes, so check() must raise and name the specialisation."""
+    """128 x 64 float32 tiles of a 128-wide head in three stages: the q tile and three stages
+    of k and v need 196,608 bytes, more than an A100's 166,912, so check() must raise and
+    name the specialisation (a configuration that compiles in seconds)."""
     done = _run(["-c", _OVERSIZED])
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -130,8 +131,9 @@ def test_checker_fails_on_an_oversized_tile():
 
 
 def test_cli_exits_nonzero_on_an_oversized_tile():
-    done = _run(["-m", "relpos.gpu.compile_check", "--arch", "80", "--launch", "256,256,8,2", "--jobs", "1",
-                 "--quiet", "--only", "kernel=forward", "--only", "dtype=bfloat16", "--only", "bias=none",
-                 "--only", "has_x=0", "--only", "causal=0", "--only", "has_pad=0", "--only", "head=128"])
+    done = _run(["-m", "relpos.gpu.compile_check", "--arch", "80", "--launch", "128,64,8,3", "--jobs", "1",
+                 "--quiet", "--only", "kernel=forward", "--only", "dtype=float32", "--only", "bias=none",
+                 "--only", "has_x=0", "--only", "causal=0", "--only", "has_pad=0", "--only", "head=128",
+                 "--only", "shaw=none", "--only", "clamp=0"])
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
-    assert "forward/bfloat16/none/d128/256x256w8s2 sm_80: shared memory" in done.stderr
+    assert "forward/float32/none/d128/128x64w8s3 sm_80: shared memory" in done.stderr

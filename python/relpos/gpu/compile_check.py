@@ -519,6 +519,8 @@ def _parse_only(item: str) -> tuple[str, tuple]:
             values.append(int(v))
         elif name in ("has_x", "causal", "has_pad", "clamp"):
             values.append(v.lower() in ("1", "true", "yes"))
+        elif name == "shaw":
+            values.append("" if v == "none" else v)
         else:
             values.append(v)
         if values[-1] not in FACTORS[name]:
