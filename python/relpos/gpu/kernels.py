@@ -215,6 +215,14 @@ def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d,
 
 
 @triton.jit
+def _query_program(H, GROUP, BM: tl.constexpr):
+    """A query-tile program's (first row, batch x head, batch, head, key head)."""
+    bh = tl.program_id(1)
+    h = bh % H
+    return tl.program_id(0) * BM, bh, bh // H, h, h // GROUP
+
+
+@triton.jit
 def _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd, X_CLAMP: tl.constexpr,
                   BM: tl.constexpr):
     """With X_CLAMP, each query row's feature product at distance +clamp_len and -clamp_len,
@@ -267,11 +275,7 @@ def attention_forward_kernel(
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
         ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr):
-    m_start = tl.program_id(0) * BM
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
+    m_start, bh, b, h, hk = _query_program(H, GROUP, BM)
     offs_m = m_start + tl.arange(0, BM)
     offs_n0 = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
@@ -437,11 +441,7 @@ def attention_backward_q_kernel(
     gradients, PARTS[(b * H + h) * tiles + tile, :] (DQ contiguous, DQX with QX's strides,
     DO with the output's)."""
     tile = tl.program_id(0)
-    m_start = tile * BM
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    hk = h // GROUP
+    m_start, bh, b, h, hk = _query_program(H, GROUP, BM)
     offs_m = m_start + tl.arange(0, BM)
     offs_n0 = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
