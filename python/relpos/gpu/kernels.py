@@ -40,8 +40,12 @@ BIAS_NONE, BIAS_ROW, BIAS_ALIBI, BIAS_KERPLE_LOG, BIAS_KERPLE_POWER = range(5)
 LOG2E = 1.4426950408889634
 
 # Integer arguments the kernels widen to int64 (.to needs a tensor): never specialised by
-# Triton's launcher into a constant, as it would when one equals 1.
+# Triton's launcher into a constant, as it would when one equals 1. H (the query heads) is
+# not specialised either: it enters no address's alignment, and its divisibility by 16 would
+# otherwise make a separate compile of every kernel for H = 16 after H = 4 (bench/gpu.py's
+# correctness step and its timings: about 3 kernels x 16 specialisations of compile time).
 _INT64_ARGS = ["delta", "r_min"]
+_UNSPECIALISED = [*_INT64_ARGS, "H"]
 LN2 = 0.6931471805599453
 
 
@@ -265,7 +269,7 @@ def _causal_key_end(m_start, Lk, delta, BM: tl.constexpr, CAUSAL: tl.constexpr):
     return end
 
 
-@triton.jit(do_not_specialize=_INT64_ARGS)
+@triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_forward_kernel(
         Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -329,7 +333,7 @@ def _probabilities(s, ok, lse_ptr, dlt_ptr, offs_m, Lq):
     return p, tl.load(dlt_ptr + offs_m, mask=offs_m < Lq, other=0.0)
 
 
-@triton.jit(do_not_specialize=_INT64_ARGS)
+@triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_kv_kernel(
         Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV,
         stride_qb, stride_qh, stride_qm, stride_qd,
@@ -426,7 +430,7 @@ def _bias_grads(ds, rel, ok, h, bucket, r_min, R, p1, p2, g1, g2, gt, NB: tl.con
     return g1, g2, gt
 
 
-@triton.jit(do_not_specialize=_INT64_ARGS)
+@triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_q_kernel(
         Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, DWK, DWV,
         stride_qb, stride_qh, stride_qm, stride_qd,
