@@ -23,6 +23,25 @@ from . import kernels
 # exact below it (relpos's kMaxPosition).
 MAX_POSITION = 1 << 40
 
+# Position tables (RoPE's and Transformer-XL's sines and cosines, T5's buckets per distance,
+# ALiBi's default slopes) on the device they are used on, by everything they depend on. They
+# are computed on the CPU in float64, as the oracle's, and copied to the device: once per key
+# here, not on every call, where the blocking copy synchronised the stream mid-forward and
+# the CPU trigonometry (about L x d / 2 values per rotation) ran in the timed call. A plain
+# dict, emptied when it grows past _TABLES_MAX entries (offsets that move every call).
+_TABLES: dict = {}
+_TABLES_MAX = 64
+
+
+def _cached(key, make):
+    """The table for ``key``, made by ``make()`` the first time (never modified in place)."""
+    table = _TABLES.get(key)
+    if table is None:
+        if len(_TABLES) >= _TABLES_MAX:
+            _TABLES.clear()
+        table = _TABLES[key] = make()
+    return table
+
 
 @dataclass
 class Terms:
@@ -79,10 +98,14 @@ def _rotate(x: torch.Tensor, offset: int, rope: RoPE) -> torch.Tensor:
     d = x.shape[-1]
     dims = d if rope.dims is None else int(rope.dims)
     half = dims // 2
-    inv_freq = 1.0 / torch.tensor(float(rope.base), dtype=torch.float64) ** (
-        torch.arange(half, dtype=torch.float64) * 2 / dims)
-    angle = _positions(x.shape[2], offset, "cpu")[:, None] * inv_freq[None, :]
-    cos, sin = (f(angle).to(device=x.device, dtype=torch.float32) for f in (torch.cos, torch.sin))
+
+    def make():
+        inv_freq = 1.0 / torch.tensor(float(rope.base), dtype=torch.float64) ** (
+            torch.arange(half, dtype=torch.float64) * 2 / dims)
+        angle = _positions(x.shape[2], offset, "cpu")[:, None] * inv_freq[None, :]
+        return tuple(f(angle).to(device=x.device, dtype=torch.float32) for f in (torch.cos, torch.sin))
+
+    cos, sin = _cached(("rope", x.shape[2], int(offset), float(rope.base), dims, x.device), make)
     xf = x.float()
     if rope.style == "half_split":
         a, b = xf[..., :half], xf[..., half:dims]
@@ -105,18 +128,23 @@ def _xl_features(q: torch.Tensor, xl: TransformerXL, q_offset: int, Lk: int, k_o
     half = pos_dim // 2
     inv_freq = 1.0 / 10000.0 ** (torch.arange(half, dtype=torch.float64) * 2 / pos_dim)
 
-    def sin_cos(angles):
-        return (f(angles).to(device=q.device, dtype=torch.float32) for f in (torch.sin, torch.cos))
+    def sin_cos(what, angles):  # angles: a function, called once per key
+        def make():
+            a = angles()
+            return tuple(f(a).to(device=q.device, dtype=torch.float32) for f in (torch.sin, torch.cos))
 
-    sq, cq = sin_cos(_positions(q.shape[2], q_offset, "cpu")[:, None] * inv_freq)
-    sk, ck = sin_cos(_positions(Lk, k_offset, "cpu")[:, None] * inv_freq)
+        return _cached(("xl", *what, pos_dim, q.device), make)
+
+    sq, cq = sin_cos((q.shape[2], int(q_offset)), lambda: _positions(q.shape[2], q_offset, "cpu")[:, None] * inv_freq)
+    sk, ck = sin_cos((Lk, int(k_offset)), lambda: _positions(Lk, k_offset, "cpu")[:, None] * inv_freq)
     c = torch.einsum("bhid,hde->bhie", q.float() + xl.v.float()[None, :, None, :], xl.w_r.float())
     A, B = c[..., :half], c[..., half:]
     parts = [A * sq + B * cq, B * sq - A * cq]
     if xl.clamp_len:
-        s_c, c_c = sin_cos(float(xl.clamp_len) * inv_freq)
+        s_c, c_c = sin_cos(("clamp", int(xl.clamp_len)), lambda: float(xl.clamp_len) * inv_freq)
         parts += [((A * s_c + B * c_c).sum(-1, keepdim=True)), ((B * c_c - A * s_c).sum(-1, keepdim=True))]
-    return torch.cat(parts, -1), torch.cat((ck, sk), -1)
+    return torch.cat(parts, -1), _cached(("xl kx", Lk, int(k_offset), pos_dim, q.device),
+                                         lambda: torch.cat((ck, sk), -1))
 
 
 def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
@@ -129,7 +157,8 @@ def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
     if isinstance(scheme, ALiBi):
         slopes = scheme.slopes
         if slopes is None:
-            slopes = torch.tensor(alibi_slopes(H), dtype=torch.float32, device=q.device)
+            slopes = _cached(("alibi", H, q.device),
+                             lambda: torch.tensor(alibi_slopes(H), dtype=torch.float32, device=q.device))
         return Terms(q, k, kernels.BIAS_ALIBI, p1=slopes)
     if isinstance(scheme, KERPLE):
         return Terms(q, k, kernels.BIAS_KERPLE_LOG, p1=scheme.r1, p2=scheme.r2)
@@ -137,9 +166,14 @@ def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
         return Terms(q, k, kernels.BIAS_KERPLE_POWER, p1=scheme.r1, p2=scheme.r2)
     if isinstance(scheme, T5):
         delta = k_offset - q_offset
-        distances = torch.arange(delta - (Lq - 1), delta + Lk, dtype=torch.int64)
-        bucket = t5_buckets(distances, bool(scheme.bidirectional), scheme.table.shape[-1], int(scheme.max_distance))
-        return Terms(q, k, kernels.BIAS_ROW, table=scheme.table, bucket=bucket.to(torch.int32).to(q.device))
+        options = (bool(scheme.bidirectional), scheme.table.shape[-1], int(scheme.max_distance))
+
+        def make():
+            distances = torch.arange(delta - (Lq - 1), delta + Lk, dtype=torch.int64)
+            return t5_buckets(distances, *options).to(torch.int32).to(q.device)
+
+        bucket = _cached(("t5", delta, Lq, Lk, *options, q.device), make)
+        return Terms(q, k, kernels.BIAS_ROW, table=scheme.table, bucket=bucket)
     if isinstance(scheme, Shaw):
         return Terms(q, k, wk=scheme.wk, wv=scheme.wv, shaw_k=int(scheme.k), zero_beyond=scheme.beyond == "zero")
     if isinstance(scheme, TransformerXL):
