@@ -140,7 +140,7 @@ def _backward(call: _Call, out, lse, dout, cfg: Launch):
     dwv = partials(cp, switches["DV"]) if t.wv is not None else None
     if Lq and Lk:
         dout = dout.to(q.dtype)
-        delta_rows = (dout.float() * out.float()).sum(-1).contiguous()
+        delta_rows = _row_dots(dout, out)
         pointers, strides, sizes = call.pointers(), call.strides(dout), call.sizes()
         kernels.attention_backward_kv_kernel[(triton.cdiv(Lk, cfg.block_n), B * Hkv)](
             q, k, v, dout, lse, delta_rows, dk, dvv, *pointers, *strides, *sizes,
@@ -156,6 +156,23 @@ def _backward(call: _Call, out, lse, dout, cfg: Launch):
         return x.view(B, H, tiles, *x.shape[2:]).sum(dim=(0, 2)) if x is not None else None
 
     return dq, dk, dvv, dqx, per_head(parts), per_head(dwk), per_head(dwv)
+
+
+def _row_dots(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """D = rowsum(dout * out) in float32, ``(B, H, Lq)`` contiguous, computed a slice of rows at
+    a time: the float32 copies of dout and out and their product, made whole, were three
+    times out's size in float32 and the backward's peak memory (above SDPA's whole extra at
+    head 64). A slice holds at most _ROW_DOT_ELEMENTS elements."""
+    B, H, Lq, dv = out.shape
+    rows = torch.empty(B, H, Lq, dtype=torch.float32, device=out.device)
+    step = max(1, _ROW_DOT_ELEMENTS // max(1, B * H * dv))
+    for i in range(0, Lq, step):
+        j = min(Lq, i + step)
+        rows[:, :, i:j] = (dout[:, :, i:j].float() * out[:, :, i:j].float()).sum(-1)
+    return rows
+
+
+_ROW_DOT_ELEMENTS = 1 << 22  # 16 MB per float32 temporary
 
 
 def _table_grad(per_head: Optional[torch.Tensor], table: Optional[torch.Tensor]):
@@ -225,7 +242,7 @@ def _check(q, k, v, key_padding):
 def _same_strides_as_grad(x: torch.Tensor) -> torch.Tensor:
     """x itself when a gradient buffer made like it has its strides (the backward writes dk,
     dv with k's and v's strides), else a contiguous copy."""
-    return x if torch.empty_like(x).stride() == x.stride() else x.contiguous()
+    return x if torch.empty_like(x, device="meta").stride() == x.stride() else x.contiguous()  # no allocation
 
 
 def attention(q, k, v, scheme=None, *, causal: bool = False, key_padding=None, q_offset=0, k_offset: int = 0,
