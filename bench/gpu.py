@@ -25,7 +25,9 @@ it against SDPA flash, FlexAttention and the PyTorch forms models use, and write
    every SDPA / relpos / PyTorch-form row of the d=64 shapes, the flex rows there, then the
    other shapes; forms whose estimated memory exceeds the card's free memory are skipped.
 3. bench/results/gpu_<card>.md (or --out): card, versions, command, both tables and the
-   targets met / not met; printed too. Exit status 1 when a correctness check fails.
+   targets met / not met; written after the correctness step and after each timing row (a
+   run stopped from outside keeps what it measured), printed at the end. Exit status 1 when
+   a correctness check fails.
 
 --smoke runs the same code on CPU tensors: TRITON_INTERPRET=1 (set here before Triton is
 imported), a wall-clock median instead of do_bench, SDPA's math kernel instead of flash, no
@@ -229,9 +231,14 @@ def first_line(error: BaseException, width: int = 140) -> str:
 
 
 def free_memory(device) -> None:
+    """Collect and return cached blocks; never raises: after a kernel's illegal access the CUDA
+    context is broken and every call raises, and the report must still be written."""
     gc.collect()
     if device.type == "cuda":
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.empty_cache()
+        except Exception as e:  # noqa: BLE001 - the row that broke the context reports it
+            log(f"free_memory: {first_line(e)}")
 
 
 # ---------------------------------------------------------------------------
@@ -373,16 +380,17 @@ class Ctx:
 
     def __init__(self, S, gpu, shape: Shape, device):
         self.S, self.gpu, self.shape, self.device = S, gpu, shape, device
-        gen = torch.Generator().manual_seed(shape.L * 1000 + shape.d + shape.causal)
-        self.gen = gen
+        # drawn on the device: at L = 16384, d = 128 a CPU generator took seconds per tensor (about
+        # 1e9 values per shape with XL's keys, and each shape's context is made twice)
+        self.gen = torch.Generator(device=device).manual_seed(shape.L * 1000 + shape.d + shape.causal)
         self.q, self.k, self.v = (self.leaf(shape.B, shape.H, shape.L, shape.d) for _ in range(3))
-        self.g = torch.randn(shape.B, shape.H, shape.L, shape.d, generator=gen).to(device, torch.bfloat16)
+        self.g = torch.randn(shape.B, shape.H, shape.L, shape.d, generator=self.gen, device=device).to(torch.bfloat16)
         self.scale = shape.d ** -0.5
         self.memory = shape.L // 2
         self.tensors, self.outputs, self.extra = {}, {}, {}
 
     def leaf(self, *size):
-        return torch.randn(*size, generator=self.gen).to(self.device, torch.bfloat16).requires_grad_()
+        return torch.randn(*size, generator=self.gen, device=self.device).to(torch.bfloat16).requires_grad_()
 
     def params(self, group: str) -> dict:
         if group not in self.tensors:
@@ -565,9 +573,10 @@ def measure(row: Row, ctx: Ctx, plan: Plan) -> Result:
     return result
 
 
-def timing(S, gpu, plan: Plan, device) -> dict:
+def timing(S, gpu, plan: Plan, device, progress=lambda results: None) -> dict:
     """{(shape label, row name): Result}: non-flex rows of the d=64 shapes, their flex rows,
-    then the other shapes' rows and theirs, each row only while the budget holds it."""
+    then the other shapes' rows and theirs, each row only while the budget holds it;
+    ``progress(results)`` after each row run (the report so far is written)."""
     results = {}
     first, rest = plan.shapes[:2], plan.shapes[2:]
     passes = [(first, False), (first, True), (rest, False), (rest, True)]
@@ -600,6 +609,7 @@ def timing(S, gpu, plan: Plan, device) -> dict:
                 r = results[key]
                 timing_text = f"fwd {r.fwd:.3f} ms, fwd+bwd {r.fb:.3f} ms" if r.fb is not None else r.note
                 log(f"{shape.label}: {row.name}: {timing_text}")
+                progress(results)
             del ctx
             free_memory(device)
     return results
@@ -754,14 +764,22 @@ def main(argv=None) -> int:
     O = forms.oracle()
     log(f"relpos.gpu from {Path(gpu.__file__).parent}; {card_name(device)}; torch {torch.__version__}")
 
-    corr_rows, not_served, failures = correctness(S, gpu, O, plan, device)
-    log(f"correctness: {len(corr_rows)} checks, {len(failures)} failed, not served: {', '.join(not_served) or '-'}")
-    results = {} if args.skip_timing else timing(S, gpu, plan, device)
-    text = report(plan, device, corr_rows, not_served, failures, results, targets(plan, results))
     slug = re.sub(r"[^a-z0-9]+", "_", card_name(device).lower()).strip("_")
     out = args.out or ROOT / "bench" / "results" / f"gpu_{slug}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+
+    def write(results) -> str:
+        """The report as it stands, written over the file: a run stopped from outside (the
+        machine's time running out) leaves the rows measured so far."""
+        text = report(plan, device, corr_rows, not_served, failures, results, targets(plan, results))
+        out.write_text(text)
+        return text
+
+    corr_rows, not_served, failures = correctness(S, gpu, O, plan, device)
+    log(f"correctness: {len(corr_rows)} checks, {len(failures)} failed, not served: {', '.join(not_served) or '-'}")
+    write({})
+    results = {} if args.skip_timing else timing(S, gpu, plan, device, write)
+    text = write(results)
     print(text, flush=True)
     log(f"wrote {out}")
     return 1 if failures else 0
