@@ -137,3 +137,44 @@ def test_cli_exits_nonzero_on_an_oversized_tile():
                  "--only", "shaw=none", "--only", "clamp=0"])
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
     assert "forward/float32/none/d128/128x64w8s3 sm_80: shared memory" in done.stderr
+
+
+_TRACE = """
+import json
+import torch
+from torch._library.triton import triton_ops_to_kernels  # torch's registry of triton_op kernels
+from torch.fx.experimental.proxy_tensor import make_fx
+from relpos.gpu import launch, ops
+from relpos.gpu.terms import Terms
+
+B, H, L, d, k_rows = 2, 2, 40, 16, 11
+q, k, v, out, dout = (torch.randn(B, H, L, d) for _ in range(5))
+lse = torch.randn(B, H, L)
+wk, wv = torch.randn(H, k_rows, d), torch.randn(k_rows, d)
+ints = ops.call_options(Terms(q, k, wk=wk, wv=wv, shaw_k=5), True, 0)
+shaw = dict(pad=None, table=None, bucket=None, p1=None, p2=None, qx=None, kx=None, ints=ints, scale=0.25)
+
+def fwd(q, k, v, wk, wv):
+    return ops._forward(q, k, v, wk=wk, wv=wv, **shaw)
+
+def bwd(q, k, v, out, lse, dout, wk, wv):
+    return ops._backward(q, k, v, out, lse, dout, wk=wk, wv=wv, **shaw)
+
+launches = "torch.ops.higher_order.triton_kernel_wrapper_mutation("
+print(json.dumps(dict(
+    interpreting=launch.interpreting(),
+    triton_ops=sorted(n for n in triton_ops_to_kernels if n.startswith("relpos::")),
+    forward=make_fx(fwd, tracing_mode="fake")(q, k, v, wk, wv).code.count(launches),
+    backward=make_fx(bwd, tracing_mode="fake")(q, k, v, out, lse, dout, wk, wv).code.count(launches))))
+"""
+
+
+def test_ops_are_triton_ops_whose_kernels_trace_without_a_gpu():
+    """With real Triton kernels (no interpreter) the ops are torch.library.triton_ops, and
+    tracing their bodies with fake tensors records the kernel launches themselves (one
+    forward kernel, the backward's two), which is what torch.compile and torch.export see."""
+    done = _run(["-c", _TRACE], timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out == dict(interpreting=False, triton_ops=["relpos::gpu_attention_backward",
+                                                       "relpos::gpu_attention_forward"], forward=1, backward=2)

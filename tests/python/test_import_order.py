@@ -18,6 +18,8 @@ ORDER = (
     "relpos.gpu.config",  # the GPU path: Triton kernels, needing relpos.schemes alone
     "relpos.gpu.kernels",
     "relpos.gpu.terms",
+    "relpos.gpu.launch",
+    "relpos.gpu.ops",
     "relpos.gpu.attention",
     "relpos.gpu",
     "relpos.gpu.compile_check",

@@ -4,7 +4,7 @@ Why: a kernel that compiles in Triton's interpreter (the CPU tests) can still fa
 on a card: the NVIDIA backend may reject it, or its tiles may need more shared
 memory than the card gives one block (Triton raises ``OutOfResources`` only at the
 first launch, on the user's GPU). Triton compiles to a cubin on any machine, so
-this module compiles every specialisation the launcher (attention.py with
+this module compiles every specialisation the launcher (launch.py with
 config.launch_for) makes for sm_80 (A100) and sm_90 (H100/H200), reads the shared
 memory of each (the compiled metadata's ``shared``, the number Triton compares
 with the device's limit at launch) and its registers and spills (the ptxas that

@@ -46,3 +46,20 @@ def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, shaw: bool =
     if element_bytes > 2:
         return Launch(32, 32, 4, 1)
     return Launch(64, 64, 8, 2)
+
+
+# Query programs of the backward's dq kernel, all heads together, where Shaw's tables learn.
+# Each program writes its partial sums of a table's gradient, (2k+1) x d float32 rows padded
+# to a power of two, which the host adds in a fixed order; at one program per query tile they
+# took tiles x rows x d floats per head (4.3 GiB per table at B = 4, H = 16, L = 16384, d = 128,
+# k = 64). A program that owns every n-th tile keeps one partial for all of them: at most
+# SHAW_PROGRAMS x rows x d floats (134 MB at rows 256, d 128), still several programs per SM.
+SHAW_PROGRAMS = 1024
+
+
+def query_programs(tiles: int, heads: int, shaw: bool) -> int:
+    """Programs per (batch, head) of the dq kernel for ``tiles`` query tiles and ``heads``
+    batch x head pairs: one per tile, or fewer with Shaw's tables (SHAW_PROGRAMS)."""
+    if not shaw:
+        return max(1, tiles)
+    return max(1, min(tiles, triton.cdiv(SHAW_PROGRAMS, max(1, heads))))

@@ -223,11 +223,13 @@ def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d,
 
 
 @triton.jit
-def _query_program(H, GROUP, BM: tl.constexpr):
-    """A query-tile program's (first row, batch x head, batch, head, key head)."""
-    bh = tl.program_id(1)
+def _query_program(H, GROUP):
+    """A query program's (batch x head, batch, head, key head), in int64: every address
+    offset built from them is then int64 (b * stride_qb passes 2^31 when q has 2^31
+    elements; the launcher refuses one batch entry of that size)."""
+    bh = tl.program_id(1).to(tl.int64)
     h = bh % H
-    return tl.program_id(0) * BM, bh, bh // H, h, h // GROUP
+    return bh, bh // H, h, h // GROUP
 
 
 @triton.jit
@@ -283,7 +285,8 @@ def attention_forward_kernel(
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
         ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr):
-    m_start, bh, b, h, hk = _query_program(H, GROUP, BM)
+    bh, b, h, hk = _query_program(H, GROUP)
+    m_start = tl.program_id(0) * BM
     offs_m = m_start + tl.arange(0, BM)
     offs_n0 = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
@@ -350,7 +353,7 @@ def attention_backward_kv_kernel(
     """dk, dv of one key tile of one key head, over the query tiles of every query head
     that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
     n_start = tl.program_id(0) * BN
-    bhk = tl.program_id(1)
+    bhk = tl.program_id(1).to(tl.int64)  # int64 addresses, as _query_program's
     Hkv = H // GROUP
     b = bhk // Hkv
     hk = bhk % Hkv
@@ -445,74 +448,79 @@ def attention_backward_q_kernel(
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
         ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, CP: tl.constexpr):
-    """dq (and dqx) of one query tile, and its partial sums of the bias parameters'
-    gradients, PARTS[(b * H + h) * tiles + tile, :] (DQ contiguous, DQX with QX's strides,
-    DO with the output's)."""
-    tile = tl.program_id(0)
-    m_start, bh, b, h, hk = _query_program(H, GROUP, BM)
-    offs_m = m_start + tl.arange(0, BM)
+    """dq (and dqx) of the query tiles pid, pid + programs, ... (pid = program_id(0), programs =
+    num_programs(0)) of one head, and the program's partial sums of the positional parameters'
+    gradients, PARTS[(b * H + h) * programs + pid, :] and its rows of DWK, DWV (DQ contiguous,
+    DQX with QX's strides, DO with the output's). A program owns several tiles where Shaw's
+    partial tables, (2k+1) x d each, would otherwise be written once per tile."""
+    bh, b, h, hk = _query_program(H, GROUP)
     offs_n0 = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
     offs_v = tl.arange(0, DV)
     offs_x = tl.arange(0, DX)
-    row = offs_m[:, None] < Lq
-    q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm, stride_qd,
-                        stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
-    far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd, X_CLAMP, BM)
-    do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
-                 mask=row & (offs_v[None, :] < dv), other=0.0)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
-    dq = tl.zeros([BM, D], tl.float32)
-    dqx = tl.zeros([BM, DX], tl.float32)
-    dfar_hi = tl.zeros([BM], tl.float32)
-    dfar_lo = tl.zeros([BM], tl.float32)
     g1 = tl.zeros([BM], tl.float32)
     g2 = tl.zeros([BM], tl.float32)
     gt = tl.zeros([NB], tl.float32)
     dwk = tl.zeros([CP, D], tl.float32)
     dwv = tl.zeros([CP, DV], tl.float32)
-    for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
-        offs_n = n_start + offs_n0
-        kx_ptrs = KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd
-        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
-        t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
-        s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
-                             r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
-                             stride_wkh, far_hi, far_lo, xl_clamp, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION,
-                             KEMB, ZERO_BEYOND, X_CLAMP, BM, BN)
-        p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
-                    mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
-        dp = _dot(do, tl.trans(v), PRECISION)
-        if VEMB:  # dP gains dout . wv[c(r)]; the table's rows gain P's per-distance sums times dout
-            dp += _rows_read(do, WV, h, t0, rel, shaw_k, stride_wvh, dv, offs_v, PRECISION, ZERO_BEYOND, BM, BN)
-            dwv = _rows_grad(dwv, p, do, t0, shaw_k, CP, PRECISION, ZERO_BEYOND, BM, BN)
-        ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
-        if KEMB:  # dq gains dS's per-distance sums times the rows; the rows gain them times q
-            dq += _rows_weighted(ds, q, WK, h, t0, shaw_k, stride_wkh, d, offs_d, D, PRECISION, ZERO_BEYOND, BM, BN)
-            dwk = _rows_grad(dwk, ds, q, t0, shaw_k, CP, PRECISION, ZERO_BEYOND, BM, BN)
-        k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
-        dq += _dot(ds.to(k.dtype), k, PRECISION)
+    for tile in range(tl.program_id(0), tl.cdiv(Lq, BM), tl.num_programs(0)):
+        m_start = tile * BM
+        offs_m = m_start + tl.arange(0, BM)
+        row = offs_m[:, None] < Lq
+        q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
+                            stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
+        far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd, X_CLAMP,
+                                       BM)
+        do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
+                     mask=row & (offs_v[None, :] < dv), other=0.0)
+        dq = tl.zeros([BM, D], tl.float32)
+        dqx = tl.zeros([BM, DX], tl.float32)
+        dfar_hi = tl.zeros([BM], tl.float32)
+        dfar_lo = tl.zeros([BM], tl.float32)
+        for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
+            offs_n = n_start + offs_n0
+            kx_ptrs = KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd
+            k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+            t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
+            s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
+                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
+                                 stride_wkh, far_hi, far_lo, xl_clamp, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION,
+                                 X_PRECISION, KEMB, ZERO_BEYOND, X_CLAMP, BM, BN)
+            p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
+            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
+                        mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
+            dp = _dot(do, tl.trans(v), PRECISION)
+            if VEMB:  # dP gains dout . wv[c(r)]; the table's rows gain P's per-distance sums times dout
+                dp += _rows_read(do, WV, h, t0, rel, shaw_k, stride_wvh, dv, offs_v, PRECISION, ZERO_BEYOND, BM, BN)
+                dwv = _rows_grad(dwv, p, do, t0, shaw_k, CP, PRECISION, ZERO_BEYOND, BM, BN)
+            ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
+            if KEMB:  # dq gains dS's per-distance sums times the rows; the rows gain them times q
+                dq += _rows_weighted(ds, q, WK, h, t0, shaw_k, stride_wkh, d, offs_d, D, PRECISION, ZERO_BEYOND, BM,
+                                     BN)
+                dwk = _rows_grad(dwk, ds, q, t0, shaw_k, CP, PRECISION, ZERO_BEYOND, BM, BN)
+            k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
+            dq += _dot(ds.to(k.dtype), k, PRECISION)
+            if HAS_X:
+                kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
+                ds_x = ds
+                if X_CLAMP:
+                    beyond_hi, beyond_lo = -rel > xl_clamp, rel > xl_clamp
+                    dfar_hi += tl.sum(tl.where(beyond_hi, ds, 0.0), 1)
+                    dfar_lo += tl.sum(tl.where(beyond_lo, ds, 0.0), 1)
+                    ds_x = tl.where(beyond_hi | beyond_lo, 0.0, ds)
+                dqx += _dot(ds_x, kx, X_PRECISION)
+            g1, g2, gt = _bias_grads(ds, rel, ok, h, BUCKET, r_min, R, P1, P2, g1, g2, gt, NB, BIAS)
+        tl.store(DQ + (bh * Lq + offs_m[:, None]) * d + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
+                 mask=row & (offs_d[None, :] < d))
         if HAS_X:
-            kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
-            ds_x = ds
+            dqx_rows = DQX + b * stride_xb + h * stride_xh + offs_m * stride_xm  # dqx is made like qx
+            tl.store(dqx_rows[:, None] + offs_x[None, :] * stride_xd, dqx * scale, mask=row & (offs_x[None, :] < dx))
             if X_CLAMP:
-                beyond_hi, beyond_lo = -rel > xl_clamp, rel > xl_clamp
-                dfar_hi += tl.sum(tl.where(beyond_hi, ds, 0.0), 1)
-                dfar_lo += tl.sum(tl.where(beyond_lo, ds, 0.0), 1)
-                ds_x = tl.where(beyond_hi | beyond_lo, 0.0, ds)
-            dqx += _dot(ds_x, kx, X_PRECISION)
-        g1, g2, gt = _bias_grads(ds, rel, ok, h, BUCKET, r_min, R, P1, P2, g1, g2, gt, NB, BIAS)
-    tl.store(DQ + (bh * Lq + offs_m[:, None]) * d + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
-             mask=row & (offs_d[None, :] < d))
-    if HAS_X:
-        dqx_rows = DQX + b * stride_xb + h * stride_xh + offs_m * stride_xm  # dqx is made like qx
-        tl.store(dqx_rows[:, None] + offs_x[None, :] * stride_xd, dqx * scale, mask=row & (offs_x[None, :] < dx))
-        if X_CLAMP:
-            tl.store(dqx_rows + dx * stride_xd, dfar_hi * scale, mask=offs_m < Lq)
-            tl.store(dqx_rows + (dx + 1) * stride_xd, dfar_lo * scale, mask=offs_m < Lq)
-    part = bh * tl.num_programs(0) + tile
+                tl.store(dqx_rows + dx * stride_xd, dfar_hi * scale, mask=offs_m < Lq)
+                tl.store(dqx_rows + (dx + 1) * stride_xd, dfar_lo * scale, mask=offs_m < Lq)
+    part = bh * tl.num_programs(0) + tl.program_id(0)
     cp = tl.arange(0, CP)
     if KEMB:
         tl.store(DWK + (part * CP + cp[:, None]) * D + offs_d[None, :], dwk * scale)

@@ -1,0 +1,206 @@
+"""The launches of the GPU kernels (kernels.py) for one call: pointers, strides, sizes and
+switches from the call's tensors, then the forward and the two backward kernels.
+
+What the registered operators (ops.py) run, eagerly and when torch.compile or
+torch.export trace them: the kernels are launched through ``torch.library.wrap_triton``,
+which records them in a traced graph and launches them directly otherwise.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import wrap_triton
+
+from . import kernels
+from .config import Launch, launch_for, padded, query_programs
+from .terms import Terms
+
+
+def interpreting() -> bool:
+    """Whether the kernels were made for Triton's interpreter (TRITON_INTERPRET=1 when
+    kernels.py was imported), which runs them on CPU tensors."""
+    return not isinstance(kernels.attention_forward_kernel, triton.runtime.JITFunction)
+
+
+def _precision(q: torch.Tensor) -> str:
+    """float32 follows torch's TF32 switch for matrix products, as torch's own kernels do;
+    the interpreter multiplies half inputs as float32 (kernels._dot)."""
+    if interpreting():
+        return "upcast"
+    if q.dtype == torch.float32 and q.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return "ieee"
+
+
+def _feature_precision(q: torch.Tensor) -> str:
+    """The query / key features stay float32 (terms.py); on a GPU their product runs in TF32
+    unless float32 calls have TF32 switched off."""
+    if interpreting() or (q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32):
+        return "ieee"
+    return "tf32"
+
+
+def _strides(x: Optional[torch.Tensor], n: int) -> list[int]:
+    return list(x.stride()) if x is not None else [0] * n
+
+
+@dataclass
+class Call:
+    """One call's tensors and sizes as the kernels take them (absent inputs: None)."""
+
+    terms: Terms
+    v: torch.Tensor
+    pad: Optional[torch.Tensor]
+    causal: bool
+    delta: int
+    scale: float
+
+    @property
+    def q(self) -> torch.Tensor:
+        return self.terms.q
+
+    @property
+    def k(self) -> torch.Tensor:
+        return self.terms.k
+
+    def bias_rows(self) -> Optional[torch.Tensor]:
+        """(H, Lq + Lk - 1) float32: a bucketed table gathered per distance of the call."""
+        t = self.terms
+        return t.table.float()[:, t.bucket.long()].contiguous() if t.table is not None else None
+
+    def launch(self) -> Launch:
+        shaw = self.terms.wk is not None or self.terms.wv is not None
+        return launch_for(max(self.q.shape[3], self.v.shape[3]), self.q.device.type == "cuda",
+                          self.q.element_size(), shaw)
+
+    def pointers(self, bias_rows: Optional[torch.Tensor]) -> list[torch.Tensor]:
+        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV; q's where an input is absent (never read)."""
+        t = self.terms
+        return [x if x is not None else self.q for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv)]
+
+    def strides(self, out_or_dout: torch.Tensor) -> list[int]:
+        return [*self.q.stride(), *self.k.stride(), *self.v.stride(), *out_or_dout.stride(),
+                *_strides(self.terms.qx, 4), *_strides(self.terms.kx, 2), *_strides(self.pad, 2)]
+
+    def sizes(self) -> list[int]:
+        """H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, xl_clamp."""
+        (B, H, Lq, d), Hkv, Lk, dv = self.q.shape, self.k.shape[1], self.k.shape[2], self.v.shape[3]
+        t = self.terms
+
+        def head_stride(table):  # a table shared by the heads is read with head stride 0
+            return table.stride(0) if table is not None and table.dim() == 3 else 0
+
+        return [H, H // Hkv, Lq, Lk, d, dv, self.features(), self.delta, self.delta - (Lq - 1), Lq + Lk - 1,
+                t.shaw_k, head_stride(t.wk), head_stride(t.wv), t.xl_clamp]
+
+    def features(self) -> int:
+        """The width of the query / key feature product (qx's columns but the clamp's two)."""
+        return self.terms.kx.shape[1] if self.terms.kx is not None else 0
+
+    def switches(self, cfg: Launch) -> dict:
+        t = self.terms
+        return dict(D=padded(self.q.shape[3]), DV=padded(self.v.shape[3]),
+                    DX=padded(max(self.features(), 1)), BM=cfg.block_m, BN=cfg.block_n,
+                    num_warps=cfg.num_warps, num_stages=cfg.num_stages, BIAS=t.bias, HAS_X=t.qx is not None,
+                    CAUSAL=self.causal, HAS_PAD=self.pad is not None, PRECISION=_precision(self.q),
+                    X_PRECISION=_feature_precision(self.q), KEMB=t.wk is not None, VEMB=t.wv is not None,
+                    ZERO_BEYOND=t.zero_beyond, X_CLAMP=t.xl_clamp > 0)
+
+    def table_rows(self) -> int:
+        """Rows of a Shaw table as the backward's partial sums hold them (a power of two)."""
+        return padded(2 * self.terms.shaw_k + 1)
+
+    def bias_parts(self) -> int:
+        """Partial sums per program of the bias parameters' gradients: one per bucket (padded)
+        of a table, per slope, per r1 and r2."""
+        t = self.terms
+        if t.bias == kernels.BIAS_ROW:
+            return padded(t.table.shape[-1])
+        return {kernels.BIAS_NONE: 1, kernels.BIAS_ALIBI: 1}.get(t.bias, 2)
+
+    def runs_kernels(self) -> bool:
+        """False for empty calls, and while torch traces the interpreter's kernels with fake
+        tensors (torch.library.wrap_triton hands interpreted kernels back unwrapped, so they
+        would run on tensors without memory; their outputs' shapes are all a trace needs).
+        Real Triton kernels are always launched: under a trace wrap_triton records them."""
+        if not (self.q.shape[2] and self.k.shape[2]):
+            return False
+        return not (interpreting() and is_fake(self.q))
+
+
+def forward(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
+    """out ``(B, H, Lq, dv)`` and the rows' logsumexp ``(B, H, Lq)`` float32 (-inf where no key)."""
+    B, H, Lq = call.q.shape[:3]
+    cfg = call.launch()
+    out = call.q.new_empty(B, H, Lq, call.v.shape[3])
+    lse = call.q.new_empty(B, H, Lq, dtype=torch.float32)
+    if not call.k.shape[2]:
+        out.zero_()
+        lse.fill_(-math.inf)
+    if call.runs_kernels():
+        wrap_triton(kernels.attention_forward_kernel)[(triton.cdiv(Lq, cfg.block_m), B * H)](
+            call.q, call.k, call.v, out, lse, *call.pointers(call.bias_rows()), *call.strides(out), *call.sizes(),
+            call.scale * kernels.LOG2E, **call.switches(cfg))
+    return out, lse
+
+
+def backward(call: Call, out, lse, dout):
+    """(dq, dk, dv, dqx, per-head sums of the bias parameters' gradients (H, parts), of the
+    Shaw tables' (H, rows, d) and (H, rows, dv)); absent ones None. The sums over batch and
+    programs run in a fixed order: the same bits on every run."""
+    q, k, v, t = call.q, call.k, call.v, call.terms
+    (B, H, Lq, d), Lk = q.shape, k.shape[2]
+    cfg = call.launch()
+    switches = call.switches(cfg)
+    programs = query_programs(triton.cdiv(Lq, cfg.block_m), B * H, t.wk is not None or t.wv is not None)
+    n_parts, cp = call.bias_parts(), call.table_rows()
+    dq = q.new_zeros(B, H, Lq, d)
+    dk, dvv = torch.zeros_like(k), torch.zeros_like(v)  # the strides of k and v, as the kernels write them
+    dqx = torch.zeros_like(t.qx) if t.qx is not None else None
+
+    def partials(*shape):  # one partial sum per (batch, head, query program), summed below in a fixed order
+        return q.new_zeros(B * H, programs, *shape, dtype=torch.float32)
+
+    parts = partials(n_parts)
+    dwk = partials(cp, switches["D"]) if t.wk is not None else None
+    dwv = partials(cp, switches["DV"]) if t.wv is not None else None
+    if call.runs_kernels():
+        dout = dout.to(q.dtype)
+        delta_rows = _row_dots(dout, out)
+        pointers, strides, sizes = call.pointers(call.bias_rows()), call.strides(dout), call.sizes()
+        wrap_triton(kernels.attention_backward_kv_kernel)[(triton.cdiv(Lk, cfg.block_n), B * k.shape[1])](
+            q, k, v, dout, lse, delta_rows, dk, dvv, *pointers, *strides, *sizes,
+            call.scale * kernels.LOG2E, call.scale, **switches)
+        pad_p, rows_p, p1_p, p2_p, qx_p, kx_p, wk_p, wv_p = pointers
+        wrap_triton(kernels.attention_backward_q_kernel)[(programs, B * H)](
+            q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
+            t.bucket if t.bucket is not None else q, p1_p, p2_p, qx_p, kx_p, wk_p, wv_p,
+            dwk if dwk is not None else parts, dwv if dwv is not None else parts, *strides, *sizes,
+            call.scale * kernels.LOG2E, call.scale, n_parts, NB=max(n_parts, 16), CP=cp, **switches)
+
+    def per_head(x):
+        return x.view(B, H, programs, *x.shape[2:]).sum(dim=(0, 2)) if x is not None else None
+
+    return dq, dk, dvv, dqx, per_head(parts), per_head(dwk), per_head(dwv)
+
+
+def _row_dots(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """D = rowsum(dout * out) in float32, ``(B, H, Lq)`` contiguous, computed a slice of rows at
+    a time: the float32 copies of dout and out and their product, made whole, were three
+    times out's size in float32 and the backward's peak memory (above SDPA's whole extra at
+    head 64). A slice holds at most _ROW_DOT_ELEMENTS elements."""
+    B, H, Lq, dv = out.shape
+    rows = torch.empty(B, H, Lq, dtype=torch.float32, device=out.device)
+    step = max(1, _ROW_DOT_ELEMENTS // max(1, B * H * dv))
+    for i in range(0, Lq, step):
+        j = min(Lq, i + step)
+        rows[:, :, i:j] = (dout[:, :, i:j].float() * out[:, :, i:j].float()).sum(-1)
+    return rows
+
+
+_ROW_DOT_ELEMENTS = 1 << 22  # 16 MB per float32 temporary

@@ -1,0 +1,109 @@
+"""The GPU kernels as registered PyTorch operators: ``torch.ops.relpos.gpu_attention_forward``
+and ``torch.ops.relpos.gpu_attention_backward``, the first differentiable through the second.
+
+They are ``torch.library.triton_op``s, so ``torch.compile(fullgraph=True)`` and
+``torch.export`` trace into them and see the Triton kernels themselves (their launches
+go through ``wrap_triton``, launch.py). Under Triton's interpreter (TRITON_INTERPRET=1,
+how the tests run the kernels on CPU tensors) they are ``torch.library.custom_op``s of the
+same body instead: torch's ``wrap_triton`` hands interpreted kernels back unwrapped, so a
+trace sees the op as one opaque call, whose fake implementation is the body with the
+launches left out (launch.Call.runs_kernels).
+
+An op takes tensors, numbers and lists of them only: the kernels' terms (terms.py) travel
+as tensors (``None`` where absent) and the rest as six integers and the scale.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import kernels, launch
+from .terms import Terms
+
+__all__ = ["forward", "backward", "call_options"]
+
+# The op's integer arguments, in order.
+_OPTIONS = ("bias", "causal", "delta", "shaw_k", "zero_beyond", "xl_clamp")
+
+
+def call_options(terms: Terms, causal: bool, delta: int) -> list[int]:
+    """The ints argument of the ops for a call's terms."""
+    return [terms.bias, int(causal), delta, terms.shaw_k, int(terms.zero_beyond), terms.xl_clamp]
+
+
+def _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, ints, scale) -> launch.Call:
+    o = dict(zip(_OPTIONS, ints))
+    terms = Terms(q, k, o["bias"], p1, p2, table, bucket, qx, kx, wk, wv, o["shaw_k"], bool(o["zero_beyond"]),
+                  o["xl_clamp"])
+    return launch.Call(terms, v, pad, bool(o["causal"]), o["delta"], scale)
+
+
+def _register(name: str, body):
+    if launch.interpreting():
+        op = torch.library.custom_op(name, body, mutates_args=())
+        op.register_fake(body)
+        return op
+    return torch.library.triton_op(name, body, mutates_args=())
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, pad: Optional[Tensor], table: Optional[Tensor],
+             bucket: Optional[Tensor], p1: Optional[Tensor], p2: Optional[Tensor], qx: Optional[Tensor],
+             kx: Optional[Tensor], wk: Optional[Tensor], wv: Optional[Tensor], ints: list[int], scale: float
+             ) -> tuple[Tensor, Tensor]:
+    """out ``(B, H, Lq, dv)`` and the rows' logsumexp ``(B, H, Lq)`` in float32."""
+    return launch.forward(_call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, ints, scale))
+
+
+def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, pad: Optional[Tensor],
+              table: Optional[Tensor], bucket: Optional[Tensor], p1: Optional[Tensor], p2: Optional[Tensor],
+              qx: Optional[Tensor], kx: Optional[Tensor], wk: Optional[Tensor], wv: Optional[Tensor],
+              ints: list[int], scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, dqx and the per-head sums of the bias parameters' and Shaw tables'
+    gradients (launch.backward); an absent one is an empty tensor (an op returns tensors)."""
+    call = _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, ints, scale)
+    grads = launch.backward(call, out, lse, dout)
+    return tuple(g if g is not None else q.new_empty(0, dtype=torch.float32) for g in grads)
+
+
+forward = _register("relpos::gpu_attention_forward", _forward)
+backward = _register("relpos::gpu_attention_backward", _backward)
+
+
+def _setup_context(ctx, inputs, output):
+    *tensors, ints, scale = inputs
+    ctx.save_for_backward(*tensors, *output)
+    ctx.ints, ctx.scale = ints, scale
+    ctx.mark_non_differentiable(output[1])
+
+
+def _table_grad(per_head: Tensor, table: Optional[Tensor]) -> Optional[Tensor]:
+    """A Shaw table's gradient from its per-head sums (rows and width padded): summed over the
+    heads for a table they share."""
+    if table is None:
+        return None
+    g = per_head[:, : table.shape[-2], : table.shape[-1]]
+    return (g if table.dim() == 3 else g.sum(0)).to(table.dtype)
+
+
+def _gradients(ctx, dout, _dlse):
+    q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, out, lse = ctx.saved_tensors
+    dq, dk, dv, dqx, bias_sums, wk_sums, wv_sums = backward(q, k, v, out, lse, dout, pad, table, bucket, p1, p2,
+                                                            qx, kx, wk, wv, ctx.ints, ctx.scale)
+    bias = ctx.ints[0]
+    dtable = dp1 = dp2 = None
+    if bias == kernels.BIAS_ROW:
+        dtable = bias_sums[:, : table.shape[-1]].to(table.dtype)
+    elif bias != kernels.BIAS_NONE:
+        dp1 = bias_sums[:, 0].to(p1.dtype)
+        dp2 = bias_sums[:, 1].to(p2.dtype) if p2 is not None else None
+    return (dq, dk, dv, None, dtable, None, dp1, dp2, dqx if qx is not None else None, None,
+            _table_grad(wk_sums, wk), _table_grad(wv_sums, wv), None, None)
+
+
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("relpos: attention has no double backward: a gradient of its gradient "
+                       "(create_graph=True, then a second backward) is not supported")
+
+
+forward.register_autograd(_gradients, setup_context=_setup_context)
+backward.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)

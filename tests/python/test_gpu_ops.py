@@ -1,0 +1,108 @@
+"""relpos.gpu as registered operators, through Triton's interpreter on CPU tensors:
+``torch.compile(fullgraph=True)`` and ``torch.export`` trace ``relpos.gpu.attention`` and
+compute what it computes eagerly, gradients included; the backward's query programs
+that own several tiles (Shaw's partial tables, config.SHAW_PROGRAMS) agree with the
+float64 oracle; inputs the kernels cannot address are refused by name.
+
+Under the interpreter the ops are custom ops (relpos.gpu.ops says why); the Triton form
+they take with real kernels is traced without a GPU in test_gpu_compile.py.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+assert os.environ.get("TRITON_INTERPRET") == "1", "run through pytest (conftest.py sets TRITON_INTERPRET=1)"
+
+import relpos  # noqa: E402
+from harness import Case, assert_matches_oracle, make_problem, run_oracle  # noqa: E402
+from test_gpu import run_gpu  # noqa: E402
+
+
+def _inputs(seed=3, B=2, H=2, Lq=35, Lk=35, d=16):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, n, d, generator=g, dtype=torch.float32) for n in (Lq, Lk, Lk))
+    return q, k, v, torch.randn(H, 16, generator=g, dtype=torch.float32), torch.randn(B, H, Lq, d, generator=g,
+                                                                                       dtype=torch.float32)
+
+
+class _T5Attention(torch.nn.Module):
+    """A T5 attention core whose table learns: what a traced model holds."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = torch.nn.Parameter(table.clone())
+
+    def forward(self, q, k, v):
+        import relpos.gpu
+
+        return relpos.gpu.attention(q, k, v, relpos.T5(self.table, max_distance=20), causal=True)
+
+
+def _run(fn, q, k, v, dout):
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    out = fn(*leaves)
+    out.backward(dout)
+    return [out.detach()] + [x.grad for x in leaves]
+
+
+def test_compiled_fullgraph_equals_eager():
+    q, k, v, table, dout = _inputs()
+    eager_model, compiled_model = _T5Attention(table), _T5Attention(table)
+    want = _run(eager_model, q, k, v, dout) + [eager_model.table.grad]
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
+    got = _run(compiled, q, k, v, dout) + [compiled_model.table.grad]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_exported_program_equals_eager_and_holds_the_op():
+    q, k, v, table, _ = _inputs()
+    model = _T5Attention(table)
+    program = torch.export.export(model, (q, k, v))
+    assert "torch.ops.relpos.gpu_attention_forward" in program.graph_module.code
+    torch.testing.assert_close(program.module()(q, k, v), model(q, k, v), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tables, beyond", [("kv", "clip"), ("k", "zero"), ("v", "clip")])
+def test_shaw_programs_that_own_several_tiles_match_the_oracle(monkeypatch, tables, beyond):
+    """At one program per head every program walks all five query tiles (16 rows each)
+    and keeps one partial table for them."""
+    from relpos.gpu import config
+
+    case = Case(f"shaw_owning_{tables}", "shaw", B=2, H=2, d=16, causal=True, Lq=70, Lk=70,
+                opts=dict(k=9, tables=tables, beyond=beyond, per_head=True))
+    pb = make_problem(case)
+    per_tile = run_gpu(pb)
+    monkeypatch.setattr(config, "SHAW_PROGRAMS", 1)
+    assert config.query_programs(5, 4, shaw=True) == 1
+    owning = run_gpu(pb)
+    assert_matches_oracle(owning, run_oracle(pb), np.float32)
+    for name in per_tile:
+        np.testing.assert_allclose(owning[name], per_tile[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_query_programs_bound_shaws_partial_tables():
+    from relpos.gpu.config import SHAW_PROGRAMS, query_programs
+
+    assert query_programs(512, 64, shaw=False) == 512  # one per tile without tables to sum
+    for tiles, heads in ((512, 64), (256, 16), (3, 2), (1024, 4096)):
+        programs = query_programs(tiles, heads, shaw=True)
+        assert 1 <= programs <= tiles and heads * programs <= max(SHAW_PROGRAMS, heads)
+    assert query_programs(512, 64, shaw=True) == 16
+
+
+def test_a_batch_entry_past_int32_offsets_is_refused():
+    import relpos.gpu
+
+    q = torch.empty(1, 16, 1 << 20, 128, device="meta", dtype=torch.bfloat16)  # 2^31 elements, no memory
+    with pytest.raises(ValueError, match="2\\^31 - 1"):
+        relpos.gpu.attention(q, q, q)
+    wide = torch.empty(1, 1 << 19, 3 * 16 * 128, device="meta", dtype=torch.bfloat16)[..., :2048]
+    q = wide.unflatten(-1, (16, 128)).transpose(1, 2)  # a (B, L, H, d) view of a fused projection
+    with pytest.raises(ValueError, match="spans"):
+        relpos.gpu.attention(q, q, q)
