@@ -104,15 +104,15 @@ int run_demo(int argc, char** argv, int first) {
   bool no_sliding = false;
   Options opts("relpos demo",
                "Train short, test long: trains one small byte-level language model per position scheme\n"
-               "(" + nn::position_kind_names() + ") at --length on the same data (default:\n"
-               "Debian's English fortune files), then scores each on held-out text at 1x..16x that length\n"
-               "(bits per byte; non-overlapping and sliding windows; Transformer-XL also with a memory of\n"
-               "(n-1) x length). Prints the tables and writes demo.json, bits_per_byte.svg and one checkpoint\n"
-               "per scheme to --out. The defaults finish within 10 minutes on 2 cores (docs/trainer.md); --full\n"
-               "trains larger models for longer (the defaults shown follow --full when it is given).");
+               "(--positions) at --length on the same data (default: Debian's English fortune files), then\n"
+               "scores each on held-out text at 1x..16x that length (bits per byte; non-overlapping and sliding\n"
+               "windows; Transformer-XL also with a memory of (n-1) x length). Prints the tables and writes\n"
+               "demo.json, bits_per_byte.svg and one checkpoint per scheme to --out. The defaults finish within\n"
+               "10 minutes on 2 cores (docs/trainer.md); --full trains larger models for longer (the defaults\n"
+               "shown follow --full when it is given).");
   opts.add_flag("--full", &full, "larger models, more steps, the whole validation split");
   opts.add_string("--data", &data_path, "training text (any bytes); empty = the default corpus");
-  opts.add_string("--positions", &positions_text, "comma-separated schemes to train (default: all)");
+  add_positions_option(opts, &positions_text, "comma-separated schemes to train (default: all)");
   model.add_to(opts, false);
   training.add_to(opts);
   opts.add_int("--jobs", &jobs, "models trained side by side (0 = as many as --threads allows)", 0, kMaxThreads);

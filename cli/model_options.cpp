@@ -10,9 +10,12 @@
 
 namespace relpos::cli {
 
+void add_positions_option(Options& o, std::string* target, const std::string& help) {
+  o.add_string("--positions", target, help + ": " + nn::position_kind_names(), "--position");
+}
+
 void ModelOptions::add_to(Options& o, bool with_position) {
-  if (with_position)
-    o.add_string("--position", &position, "position scheme: " + nn::position_kind_names());
+  if (with_position) add_positions_option(o, &position, "the position scheme to train, one of");
   o.add_int("--length", &length, "training length (bytes per sequence; the model's context)", 1, kMaxContext);
   o.add_int("--layers", &layers, "transformer blocks", 1, kMaxLayers);
   o.add_int("--width", &width, "model width (heads x head dimension)", 1, kMaxWidth);
@@ -29,10 +32,13 @@ void ModelOptions::add_to(Options& o, bool with_position) {
 }
 
 nn::PositionKind ModelOptions::parsed_position() const {
+  if (position.find(',') != std::string::npos)
+    throw UsageError{"--positions: one scheme is trained here, got '" + position +
+                     "' ('relpos demo --positions' trains several)"};
   try {
     return nn::parse_position_kind(position);
   } catch (const std::invalid_argument& e) {
-    throw UsageError{std::string("--position: ") + e.what()};
+    throw UsageError{std::string("--positions: ") + e.what()};
   }
 }
 

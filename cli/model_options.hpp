@@ -23,13 +23,20 @@ struct ModelOptions {
   std::string position = "alibi";
   nn::ModelConfig scheme_options;  // the schemes' model options: their flags write here
 
-  // with_position: also --position (the demo trains every scheme instead).
+  // with_position: also --positions, the one scheme to train (the demo
+  // takes a list instead: add_positions_option).
   void add_to(Options& options, bool with_position);
   nn::ModelConfig config(nn::PositionKind position, uint64_t seed) const;
   // The options that give `c` (the defaults of a resumed run).
   static ModelOptions from_config(const nn::ModelConfig& c);
   nn::PositionKind parsed_position() const;  // UsageError for an unknown name
 };
+
+// --positions, the option every command that trains schemes takes (`relpos
+// train` one, `relpos demo` a comma-separated list), writing `target`; `help`
+// is followed by every position kind's name. The earlier spelling --position
+// is accepted with a hint (Options::add_string).
+void add_positions_option(Options& options, std::string* target, const std::string& help);
 
 struct TrainOptions {
   int64_t steps = 1000, batch = 16, warmup = 100, seed = 1;

@@ -136,6 +136,31 @@ void Options::add_string(const std::string& name, std::string* target, const std
   app_->add_option(name, *target, help)->capture_default_str();
 }
 
+// Accepted with a hint rather than refused: a script that ran before the
+// rename keeps running, and its user learns the new spelling from the hint
+// (CLI11 makes this a hidden option of its own, so nothing is awkward).
+void Options::add_string(const std::string& name, std::string* target, const std::string& help,
+                         const std::string& old_name) {
+  CLI::Option* current = app_->add_option(name, *target, help)->capture_default_str();
+  const std::string command = app_->get_name();
+  // Hidden from --help. Its callback runs after every argument is read (so
+  // `current`'s count is known), and after `current`'s, defined first.
+  app_->add_option_function<std::string>(old_name,
+                                         [=](const std::string& text) {
+                                           if (current->count() > 0)
+                                             throw UsageError{old_name + " is spelled " + name +
+                                                              "; give it once, not both"};
+                                           // Once per process: `relpos train --resume` parses twice.
+                                           static bool hinted = false;
+                                           if (!hinted)
+                                             std::fprintf(stderr, "%s: %s is spelled %s; accepted\n",
+                                                          command.c_str(), old_name.c_str(), name.c_str());
+                                           hinted = true;
+                                           *target = text;
+                                         })
+      ->group("");
+}
+
 void Options::add_flag(const std::string& name, bool* target, const std::string& help) {
   app_->add_flag(name, *target, help);
 }

@@ -55,6 +55,13 @@ class Options {
                   double min_value = -std::numeric_limits<double>::max(),
                   double max_value = std::numeric_limits<double>::max());
   void add_string(const std::string& name, std::string* target, const std::string& help);
+  // The same, also under `old_name`, an earlier spelling that keeps working:
+  // hidden from --help, it sets `target` and prints one line on stderr
+  // ("relpos train: --position is spelled --positions; accepted"). Given
+  // together with `name`, it is refused (which of the two would win is not
+  // obvious).
+  void add_string(const std::string& name, std::string* target, const std::string& help,
+                  const std::string& old_name);
   void add_flag(const std::string& name, bool* target, const std::string& help);
 
   // Parses argv[first..argc). Returns false when --help was printed; with

@@ -41,7 +41,7 @@ struct TrainCommand {
     opts.add_string("--data", &data_path, "training text (any bytes); empty = the default corpus");
     model.add_to(opts, true);
     training.add_to(opts);
-    opts.add_string("--checkpoint", &checkpoint_path, "checkpoint file (default results/train/<position>.ckpt)");
+    opts.add_string("--checkpoint", &checkpoint_path, "checkpoint file (default results/train/<scheme>.ckpt)");
     opts.add_int("--checkpoint-every", &checkpoint_every, "also write the checkpoint every N steps (0 = at the end only)",
                  0, kMaxSteps);
     opts.add_flag("--resume", &resume,
