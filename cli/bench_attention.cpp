@@ -133,9 +133,10 @@ int run_bench_attention(int argc, char** argv, int first) {
                "Speed of the fused kernel for every scheme (float32, causal, forward and backward) as ratios\n"
                "measured in this run: GFLOP/s (4 L^2 d per head forward, halved for the causal mask) against\n"
                "sgemm on the same per-head (L x d)(d x L) products and threads, and against sgemm on\n"
-               "compute-bound 1024^3 squares; each scheme against plain\n"
-               "attention; fused against the unfused algorithm that 'auto' picked before the fused kernel\n"
-               "(gather, or relshift for Transformer-XL); backward against forward. Writes JSON.");
+               "compute-bound 1024^3 squares; each scheme against plain attention; fused against the\n"
+               "unfused algorithm that 'auto' picked before the fused kernel (gather, or relshift for\n"
+               "Transformer-XL); backward against forward. Writes JSON.\n"
+               "Schemes: " + scheme_names() + ".");
   opts.add_int_list("--lengths", &lengths, "sequence lengths L", kMaxLength);
   opts.add_int_list("--dims", &dims, "head dimensions d (even)", kMaxDim);
   opts.add_int_list("--threads", &thread_counts, "thread counts", kMaxThreads);

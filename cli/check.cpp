@@ -153,10 +153,11 @@ int run_check(int argc, char** argv, int first) {
   double tolerance = 1e-4;
   std::string json_path, dtype = "float32";
   Options opts("relpos check",
-               "Runs every position scheme (none, Shaw, T5, ALiBi, RoPE, Transformer-XL with memory) with\n"
-               "every algorithm that serves it on one random problem in float32 (or stored in --dtype), checks\n"
-               "forward output and every gradient against the float64 reference, and prints errors, times\n"
-               "and peak scratch memory. Exits 1 if any run exceeds the tolerance (for a half type: the rule).");
+               "Runs every position scheme with every algorithm that serves it on one random problem in\n"
+               "float32 (or stored in --dtype), checks forward output and every gradient against the float64\n"
+               "reference, and prints errors, times and peak scratch memory. Exits 1 if any run exceeds the\n"
+               "tolerance (for a half type: the rule).\n"
+               "Schemes: " + scheme_names() + " (xl with a memory of L/2 keys).");
   opts.add_int("--batch", &shape.batch, "batch size", 1, kMaxBatch);
   opts.add_int("--heads", &shape.heads, "attention heads", 1, kMaxHeads);
   opts.add_int("--length", &shape.length, "query length L (Transformer-XL adds L/2 memory keys)", 1, kMaxLength);

@@ -9,6 +9,7 @@
 #include "measure.hpp"
 #include "options.hpp"
 #include "progress.hpp"
+#include "relpos/nn/model.hpp"
 #include "relpos/train/checkpoint.hpp"
 
 namespace relpos::cli {
@@ -24,7 +25,8 @@ int run_eval(int argc, char** argv, int first) {
                "  windows  non-overlapping windows of n L, every byte scored;\n"
                "  sliding  windows of n L every --stride bytes (default n L / 2); the first window scores all\n"
                "           its bytes, later ones only their new tail, so each byte has >= n L - stride context;\n"
-               "  memory   Transformer-XL only: segments of L with a memory of (n - 1) L, as in its paper.");
+               "  memory   Transformer-XL only: segments of L with a memory of (n - 1) L, as in its paper.\n"
+               "Checkpoints of every position scheme are read:\n" + nn::position_kind_names() + ".");
   opts.add_string("--checkpoint", &checkpoint_path, "checkpoint written by 'relpos train' (required)");
   opts.add_string("--data", &data_path, "evaluate on this file's validation split (default: the checkpoint's data)");
   opts.add_int_list("--multiples", &settings.multiples, "evaluation lengths as multiples of the training length",

@@ -11,6 +11,7 @@
 #include "interrupt.hpp"
 #include "openmp_wait.hpp"
 #include "options.hpp"
+#include "problem.hpp"
 #include "relpos/info.hpp"
 
 namespace {
@@ -28,14 +29,17 @@ constexpr Command kCommands[] = {
     {"sample", relpos::cli::run_sample, "generate text from a trained model (key/value cache decoding)"},
     {"check", relpos::cli::run_check, "every scheme x algorithm on a small problem, checked against float64"},
     {"bench", relpos::cli::run_bench, "benchmarks: 'relpos bench memory', 'relpos bench attention'"},
-    {"info", relpos::cli::run_info, "version, the SIMD target and GEMM path in use, threads"},
+    {"info", relpos::cli::run_info, "version, schemes, the SIMD target and GEMM path in use, threads"},
 };
 
+// Every command of kCommands is listed, and every scheme of the library by
+// the one list of names (problem.hpp's scheme_names).
 void print_usage(std::FILE* to) {
   std::fprintf(to,
                "usage: relpos <command> [options]\n\n"
-               "relpos: attention with relative position representations (Shaw, T5, ALiBi, RoPE,\n"
-               "Transformer-XL), forward and backward.\n\ncommands:\n");
+               "relpos: attention with relative position representations, forward and backward.\n"
+               "schemes: %s\n\ncommands:\n",
+               relpos::cli::scheme_names().c_str());
   for (const Command& c : kCommands) std::fprintf(to, "  %-10s %s\n", c.name, c.summary);
   std::fprintf(to, "\n'relpos <command> --help' describes a command's options; 'relpos --version' the version.\n");
 }

@@ -22,6 +22,18 @@ std::vector<SchemeCase> cases_of_every_scheme(const std::vector<SchemeCase>& var
   return cases;
 }
 
+std::vector<std::string> scheme_name_list() {
+  std::vector<std::string> names;
+  AllSchemes::for_each([&](auto scheme) { names.push_back(decltype(scheme)::name); });
+  return names;
+}
+
+std::string scheme_names() {
+  std::string names;
+  for (const std::string& name : scheme_name_list()) names += (names.empty() ? "" : ", ") + name;
+  return names;
+}
+
 std::vector<SchemeCase> check_cases() {
   std::vector<SchemeCase> variants;
   auto add = [&](std::string label, Scheme s) -> SchemeCase& {

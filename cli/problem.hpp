@@ -39,6 +39,13 @@ struct SchemeCase {
 // `variants` where it has any, else one labelled by its name.
 std::vector<SchemeCase> cases_of_every_scheme(const std::vector<SchemeCase>& variants);
 
+// Every scheme of the library by the name the frontends use, in registry
+// order; scheme_names joins them ("none, shaw, t5, ..."). Every help that
+// speaks of schemes prints this list (never a retyped one), so a new scheme
+// appears in each.
+std::vector<std::string> scheme_name_list();
+std::string scheme_names();
+
 // The schemes `relpos check` runs by default.
 std::vector<SchemeCase> check_cases();
 

@@ -12,6 +12,7 @@
 #include "measure.hpp"
 #include "model_memory.hpp"
 #include "options.hpp"
+#include "relpos/nn/model.hpp"
 #include "relpos/train/checkpoint.hpp"
 
 namespace relpos::cli {
@@ -51,7 +52,8 @@ int run_sample(int argc, char** argv, int first) {
   double temperature = 0.8;
   Options opts("relpos sample",
                "Generates --length bytes after --prompt from a trained model ('relpos train' checkpoint),\n"
-               "decoding one byte at a time with a key/value cache. Writes prompt + text to stdout.");
+               "decoding one byte at a time with a key/value cache. Writes prompt + text to stdout.\n"
+               "Checkpoints of every position scheme are read:\n" + nn::position_kind_names() + ".");
   opts.add_string("--checkpoint", &checkpoint_path, "checkpoint written by 'relpos train' (required)");
   opts.add_string("--prompt", &prompt, "text to continue (at least one byte)");
   opts.add_int("--length", &length, "bytes to generate (prompt + length at most 2^24)", 1, kMaxCapacity);
