@@ -35,7 +35,7 @@ def spin() -> None:
 
 def tokens_per_second(relpos: str, steps: int, workdir: pathlib.Path, tag: str) -> float:
     report = workdir / f"{tag}.json"
-    cmd = [relpos, "train", "--position", "alibi", "--length", "64", "--layers", "2", "--width", "128",
+    cmd = [relpos, "train", "--positions", "alibi", "--length", "64", "--layers", "2", "--width", "128",
            "--heads", "4", "--ffn", "512", "--batch", "16", "--steps", str(steps), "--eval-bytes", "4096",
            "--checkpoint", str(workdir / f"{tag}.ckpt"), "--json", str(report)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

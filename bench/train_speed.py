@@ -255,7 +255,7 @@ def torch_tokens_per_second(a, data: torch.Tensor) -> float:
 def relpos_tokens_per_second(a, relpos_cli: str, workdir: str, run: int = 0) -> float:
     name = f"{a.position}_{a.dtype}_{run}"
     out = os.path.join(workdir, f"{name}.json")
-    cmd = [relpos_cli, "train", "--position", a.position, "--length", str(a.length), "--layers", str(a.layers),
+    cmd = [relpos_cli, "train", "--positions", a.position, "--length", str(a.length), "--layers", str(a.layers),
            "--width", str(a.width), "--heads", str(a.heads), "--ffn", str(a.ffn), "--shaw-k", str(a.shaw_k),
            "--t5-buckets", str(a.t5_buckets), "--t5-max-distance", str(a.t5_max_distance),
            "--steps", str(a.steps), "--batch", str(a.batch), "--lr", str(a.lr), "--warmup", str(a.warmup),
