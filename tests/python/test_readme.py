@@ -1,12 +1,40 @@
-"""The README's Python example runs as written and its outputs are right."""
+"""The README's Python blocks run as written and their outputs are right.
+
+Every ```python block of the README runs here (test_readme_every_python_block_runs).
+A block whose first line is the marker `# needs: cuda` is skipped where torch has no
+CUDA device: it is the only kind of block skipped, and only for that reason.
+"""
 import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import relpos
 
 README = Path(__file__).resolve().parents[2] / "README.md"
+CUDA_MARKER = "# needs: cuda"
+
+
+def _python_blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```$", README.read_text(), re.S | re.M)
+
+
+@pytest.mark.parametrize("index", range(len(_python_blocks())))
+def test_readme_every_python_block_runs(index):
+    block = _python_blocks()[index]
+    if block.startswith(CUDA_MARKER):
+        torch = pytest.importorskip("torch")
+        if not torch.cuda.is_available():
+            pytest.skip("README block marked '# needs: cuda' and torch sees no CUDA device")
+    exec(compile(block, f"{README}:python block {index}", "exec"), {})
+
+
+def test_readme_blocks_without_marker_need_no_cuda():
+    """Only a marked block may name a CUDA device, so no CPU-runnable block is skipped."""
+    for block in _python_blocks():
+        if not block.startswith(CUDA_MARKER):
+            assert "cuda" not in block, block
 
 
 def test_readme_python_example_runs_and_matches_reference_semantics():

@@ -1,0 +1,50 @@
+"""The user documents speak of relpos and its measurements only.
+
+README.md stays short enough to read (at most 250 lines), and no user document
+(README.md, CONTRIBUTING.md, docs/*.md but docs/gpu.md, which has an owner of its
+own) names a commit, a working session or a "stop", or speaks of earlier releases:
+a measurement names its machine by its CPU, and a build by what it contains.
+"""
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+README_MAX_LINES = 250
+USER_DOCS = sorted(
+    [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
+    + [p for p in (ROOT / "docs").glob("*.md") if p.name != "gpu.md"]
+)
+
+FORBIDDEN = {
+    # 7 to 40 hex digits with a letter and a digit among them: a commit hash.
+    "commit hash": re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b"),
+    "session": re.compile(r"\bsessions?\b", re.I),
+    "a stop (of work)": re.compile(r"\b(this|a later|an earlier|the previous|the next|earlier|later) stop\b", re.I),
+    "earlier releases": re.compile(r"\bearlier releases?\b", re.I),
+}
+
+
+def test_readme_is_at_most_250_lines():
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines, more than {README_MAX_LINES}"
+
+
+@pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_user_document_has_no_history_words(doc):
+    assert doc.exists(), f"{doc.relative_to(ROOT)} is missing"
+    found = []
+    for number, line in enumerate(doc.read_text().splitlines(), 1):
+        for what, pattern in FORBIDDEN.items():
+            for match in pattern.finditer(line):
+                found.append(f"{doc.name}:{number}: {what}: {match.group(0)!r} in {line.strip()[:100]!r}")
+    assert not found, "\n".join(found)
+
+
+def test_forbidden_patterns_catch_what_they_are_for():
+    assert FORBIDDEN["commit hash"].search("the build of c492bb0")
+    assert not FORBIDDEN["commit hash"].search("1000000 steps, a cafe, 0x10")
+    assert FORBIDDEN["session"].search("on this session's machine")
+    assert FORBIDDEN["a stop (of work)"].search("measured at a later stop")
+    assert not FORBIDDEN["a stop (of work)"].search("Ctrl-C stops the run; --stop-after N")
