@@ -15,7 +15,7 @@ import pytest
 # The installed command, or the one RELPOS_CLI names (the AVX2 stage of scripts/test.sh).
 RELPOS = os.environ.get("RELPOS_CLI", str(pathlib.Path(sys.executable).parent / "relpos"))
 TINY = ["--length", "16", "--layers", "1", "--width", "32", "--heads", "2", "--ffn", "64", "--batch", "4",
-        "--threads", "1", "--position", "alibi"]
+        "--threads", "1", "--positions", "alibi"]
 
 
 def run(*args, timeout=60, **kw):
@@ -215,3 +215,90 @@ def test_the_command_runs_openmp_with_the_passive_wait_policy(data, tmp_path):
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
+
+
+# One name for the position option(s): --positions, in every command that
+# trains schemes; the earlier --position still works, with a hint.
+HINT = "--position is spelled --positions; accepted"
+
+
+def test_train_takes_positions_as_demo_does(data, tmp_path):
+    out = tmp_path / "train.json"
+    r = run("train", "--data", data, *TINY, "--positions", "rope", "--steps", "2", "--checkpoint",
+            tmp_path / "r.ckpt", "--json", out)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["position"] == "rope" and HINT not in r.stderr
+    r = run("train", "--data", data, *TINY, "--positions", "rope,alibi", "--checkpoint", tmp_path / "x.ckpt")
+    assert r.returncode == 2 and "--positions" in r.stderr and "relpos demo" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("command", ["train", "demo"])
+def test_the_old_spelling_position_is_accepted_with_a_one_line_hint(command, data, tmp_path):
+    out = tmp_path / "out.json"
+    tiny = [a for a in TINY if a not in ("--positions", "alibi")]
+    args = [command, "--data", data, *tiny, "--position", "kerple", "--steps", "2", "--json", out]
+    args += ["--checkpoint", tmp_path / "k.ckpt"] if command == "train" else [
+        "--out", tmp_path / "demo", "--multiples", "1", "--max-bytes", "200", "--no-sliding"]
+    r = run(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count(HINT) == 1 and f"relpos {command}: {HINT}\n" in r.stderr, r.stderr
+    got = json.loads(out.read_text())
+    trained = [got["position"]] if command == "train" else [s["position"] for s in got["schemes"]]
+    assert trained == ["kerple"]
+    # --resume parses the command line twice: still one hint
+    if command == "train":
+        r = run("train", "--checkpoint", tmp_path / "k.ckpt", "--resume", "--position", "kerple", "--steps", "3")
+        assert r.returncode == 0 and r.stderr.count(HINT) == 1, r.stderr
+    # both spellings at once: refused, naming the one to keep
+    r = run(command, "--position", "alibi", "--positions", "rope", cwd=tmp_path)
+    assert r.returncode == 2 and "--positions; give it once" in r.stderr, r.stderr
+
+
+def commands_of(help_text):
+    """The names of the command list in `relpos --help` or `relpos bench --help`."""
+    lines = help_text.split("\n")
+    start = next(i for i, line in enumerate(lines) if line.rstrip().endswith("commands:")
+                 or line.rstrip() == "benchmarks:")
+    names = []
+    for line in lines[start + 1:]:
+        if not line.startswith("  "):
+            break
+        names.append(line.split()[0])
+    return names
+
+
+def every_help():
+    """(command line, its --help) for every command and benchmark the CLI lists."""
+    top = run("--help")
+    assert top.returncode == 0
+    helps = [(["--help"], top.stdout)]
+    for command in commands_of(top.stdout):
+        r = run(command, "--help")
+        assert r.returncode == 0, (command, r.stderr)
+        helps.append(([command, "--help"], r.stdout))
+        if command == "bench":
+            for benchmark in commands_of(r.stdout):
+                b = run("bench", benchmark, "--help")
+                assert b.returncode == 0, (benchmark, b.stderr)
+                helps.append((["bench", benchmark, "--help"], b.stdout))
+    return helps
+
+
+def test_relpos_help_lists_every_command_info_included():
+    listed = commands_of(run("--help").stdout)
+    assert set(listed) >= {"demo", "train", "eval", "sample", "check", "bench", "info"}, listed
+    assert commands_of(run("bench", "--help").stdout) == ["memory", "attention"]
+
+
+def test_every_help_names_every_scheme():
+    """Each scheme of the library (the Python package's list, KERPLE's two forms among them) by
+    its name in every help, and no help offers the old spelling --position."""
+    import re
+
+    from relpos.schemes import SCHEMES
+
+    assert {"kerple", "kerple_power"} <= set(SCHEMES)
+    for args, text in every_help():
+        for name in SCHEMES:
+            assert re.search(rf"(?<![\w-]){name}(?![\w-])", text), (args, name)
+        assert not re.search(r"--position(?!s)", text), args

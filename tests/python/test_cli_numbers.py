@@ -203,7 +203,7 @@ def test_values_beyond_an_options_range_are_refused_naming_it(command, option, v
     (["train", "--layers", "1024", "--width", "65536", "--ffn", "1048576"],
      ["--layers 1024", "--width 65536", "--ffn 1048576"]),
     (["train", "--batch", "1048576", "--length", "16777216"], ["--batch 1048576", "--length 16777216"]),
-    (["train", "--width", "65536", "--heads", "64", "--layers", "1024", "--position", "xl"], ["--width 65536"]),
+    (["train", "--width", "65536", "--heads", "64", "--layers", "1024", "--positions", "xl"], ["--width 65536"]),
     (["demo", "--batch", "1048576", "--length", "16777216"], ["--batch 1048576", "--length 16777216"]),
 ])
 def test_sizes_beyond_this_machines_memory_are_refused_before_any_work(args, named, tmp_path):
@@ -215,7 +215,7 @@ def test_evaluation_beyond_this_machines_memory_is_refused_before_any_work(data,
     """Transformer-XL's memory evaluation holds a key/value cache per window of a pass:
     2^20 windows x 15 x 16 positions of memory x width 32, keys and values, is over 100 GB."""
     ckpt = tmp_path / "xl.ckpt"
-    assert run("train", "--data", data, *TINY_MODEL, "--position", "xl", "--length", "16", "--steps", "2", "--batch",
+    assert run("train", "--data", data, *TINY_MODEL, "--positions", "xl", "--length", "16", "--steps", "2", "--batch",
                "4", "--checkpoint", ckpt, cwd=tmp_path).returncode == 0
     refused(["eval", "--checkpoint", ckpt, "--batch", "1048576", "--multiples", "16"], tmp_path,
             "windows per pass 1048576", "--multiples 16", "needs about", "GB, more than this machine's")
