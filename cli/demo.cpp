@@ -12,7 +12,6 @@
 #include <cstring>
 #include <exception>
 #include <numeric>
-#include <sstream>
 #include <thread>
 
 #include "commands.hpp"
@@ -128,11 +127,25 @@ int run_demo(int argc, char** argv, int first) {
   eval.sliding = !no_sliding;
   std::vector<nn::PositionKind> kinds = nn::all_position_kinds();
   if (!positions_text.empty()) {
+    // Every item a scheme, none empty ("alibi,", ",alibi" and "alibi,,rope"
+    // are refused, as --multiples' are), none twice (one checkpoint each).
     kinds.clear();
-    std::stringstream in(positions_text);
-    for (std::string name; std::getline(in, name, ',');) {
+    std::vector<std::string> names(1);
+    for (char c : positions_text) {
+      if (c == ',')
+        names.emplace_back();
+      else
+        names.back() += c;
+    }
+    for (const std::string& name : names) {
+      if (name.empty())
+        throw UsageError{"--positions: expected comma-separated schemes, got an empty item in '" + positions_text +
+                         "'"};
       model.position = name;
-      kinds.push_back(model.parsed_position());
+      const nn::PositionKind kind = model.parsed_position();
+      if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end())
+        throw UsageError{"--positions: '" + name + "' is given twice"};
+      kinds.push_back(kind);
     }
   }
   const train::TrainConfig train_config = training.config();

@@ -37,8 +37,8 @@ nn::PositionKind ModelOptions::parsed_position() const {
                      "' ('relpos demo --positions' trains several)"};
   try {
     return nn::parse_position_kind(position);
-  } catch (const std::invalid_argument& e) {
-    throw UsageError{std::string("--positions: ") + e.what()};
+  } catch (const std::invalid_argument&) {
+    throw UsageError{"--positions: unknown scheme '" + position + "' (known: " + nn::position_kind_names() + ")"};
   }
 }
 

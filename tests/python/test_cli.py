@@ -46,6 +46,11 @@ def data(tmp_path):
     (["bench", "memory", "--budget-gb", "nan"], "--budget-gb"),
     (["train", "--lr", "inf"], "--lr"),
     (["demo", "--steps", "0"], "--steps"),
+    (["train", "--positions", "bogus"], "--positions"),
+    (["demo", "--positions", "alibi,bogus"], "--positions"),
+    (["demo", "--positions", "alibi,"], "--positions"),
+    (["demo", "--positions", "alibi,,rope"], "--positions"),
+    (["demo", "--positions", "alibi,alibi"], "--positions"),
 ])
 def test_out_of_range_options_are_refused_naming_them(args, option, tmp_path):
     # In an empty directory: a results/ left in the working directory by an
