@@ -48,3 +48,16 @@ def test_forbidden_patterns_catch_what_they_are_for():
     assert FORBIDDEN["session"].search("on this session's machine")
     assert FORBIDDEN["a stop (of work)"].search("measured at a later stop")
     assert not FORBIDDEN["a stop (of work)"].search("Ctrl-C stops the run; --stop-after N")
+
+
+def test_headline_plot_matches_the_readme_table():
+    """docs/headline_ratios.svg is what bench/plot_headline.py draws from the README's table now."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plot_headline", ROOT / "bench" / "plot_headline.py")
+    plot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot)
+    machines, rows = plot.headline_table((ROOT / "README.md").read_text())
+    assert len(machines) >= 2 and len(rows) >= 4
+    assert (ROOT / "docs" / "headline_ratios.svg").read_text() == plot.svg(machines, rows), \
+        "run python3 bench/plot_headline.py after changing the README's headline table"
