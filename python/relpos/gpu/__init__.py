@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import importlib.util
 
-__all__ = ["attention", "AVAILABLE"]
+__all__ = ["attention", "gradients", "AVAILABLE"]
 
 # Whether Triton is installed: the kernels need it; CPU users of relpos.torch do not.
 AVAILABLE = importlib.util.find_spec("triton") is not None
 
 if AVAILABLE:
-    from .attention import attention
+    from .attention import attention, gradients
 else:
     def attention(q, k, v, scheme=None, **options):
         raise ValueError("relpos: relpos.gpu needs Triton for CUDA tensors (pip install triton); "
                          "CPU tensors run the C++ kernels")
+
+    gradients = attention

@@ -21,7 +21,7 @@ from . import ops
 from .launch import interpreting
 from .terms import Terms, terms_of
 
-__all__ = ["attention"]
+__all__ = ["attention", "gradients"]
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -70,6 +70,38 @@ def attention(q, k, v, scheme=None, *, causal: bool = False, key_padding=None, q
     differentiable in q, k, v and every learnable tensor of the scheme. Runs on CUDA tensors;
     on CPU tensors only under Triton's interpreter (``TRITON_INTERPRET=1``), which is how the
     tests check the kernels without a GPU."""
+    inputs = _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale)
+    out, lse = ops.forward(*inputs)
+    return (out, lse) if return_lse else out
+
+
+def gradients(q, k, v, out, lse, dout, scheme=None, *, causal: bool = False, key_padding=None, q_offset=0,
+              k_offset: int = 0, scale: Optional[float] = None) -> dict:
+    """The gradients of one call given the output rows ``out`` and their logsumexp ``lse``
+    of a larger one, named as ``relpos.backward`` names them: ``"q"``, ``"k"``, ``"v"`` and
+    each learnable tensor the scheme holds (``"t5_table"``, ``"shaw_wk"``, ...). With out and
+    lse merged over every key chunk, the sum over the chunks' calls is the whole call's gradient
+    (ring attention's backward, relpos.torch.context_parallel)."""
+    scheme = NoPosition() if scheme is None else scheme
+    with torch.enable_grad():
+        leaves = {"q": q.detach().requires_grad_(), "k": k.detach().requires_grad_(),
+                  "v": v.detach().requires_grad_()}
+        fields = {f: getattr(scheme, f) for f in scheme._tensors if getattr(scheme, f) is not None}
+        tensors = {f: t.detach().requires_grad_() for f, t in fields.items()}
+        leaves.update({f"{scheme.name}_{f}": t for f, t in tensors.items()})
+        record = replace(scheme, **tensors)
+        inputs = _op_inputs(leaves["q"], leaves["k"], leaves["v"], record, causal, key_padding, q_offset, k_offset,
+                            scale)
+        grads = ops.backward(*inputs[:3], out, lse, dout, *inputs[3:])
+        reached = [(x, g) for x, g in zip(inputs, ops.input_gradients(inputs, grads))
+                   if g is not None and x.requires_grad]
+        torch.autograd.backward([x for x, _ in reached], [g for _, g in reached])
+    return {name: x.grad if x.grad is not None else torch.zeros_like(x) for name, x in leaves.items()}
+
+
+def _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale) -> tuple:
+    """The arguments of relpos::gpu_attention_forward for a call, its inputs checked: the
+    scheme's terms made from q, k and its tensors by differentiable torch operations."""
     scheme = NoPosition() if scheme is None else scheme
     _check(q, k, v, key_padding)
     if not hasattr(scheme, "_args"):
@@ -89,9 +121,8 @@ def attention(q, k, v, scheme=None, *, causal: bool = False, key_padding=None, q
     q_, k_, v_ = (_same_strides_as_grad(x) for x in (terms.q, terms.k, v))
     terms = replace(terms, q=q_, k=k_, **{n: _float32(getattr(terms, n)) for n in ("p1", "p2")},
                     **{n: _contiguous(getattr(terms, n), q.dtype) for n in ("wk", "wv")})
-    out, lse = ops.forward(q_, k_, v_, pad, terms.table, terms.bucket, terms.p1, terms.p2, terms.qx, terms.kx,
-                           terms.wk, terms.wv, ops.call_options(terms, causal, delta), float(scale))
-    return (out, lse) if return_lse else out
+    return (q_, k_, v_, pad, terms.table, terms.bucket, terms.p1, terms.p2, terms.qx, terms.kx, terms.wk, terms.wv,
+            ops.call_options(terms, causal, delta), float(scale))
 
 
 def _float32(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -170,7 +170,7 @@ def backward(call: Call, out, lse, dout):
     dwk = partials(cp, switches["D"]) if t.wk is not None else None
     dwv = partials(cp, switches["DV"]) if t.wv is not None else None
     if call.runs_kernels():
-        dout = dout.to(q.dtype)
+        dout, lse = dout.to(q.dtype), lse.contiguous()  # the kernels read lse as (B, H, Lq) rows
         delta_rows = _row_dots(dout, out)
         pointers, strides, sizes = call.pointers(call.bias_rows()), call.strides(dout), call.sizes()
         wrap_triton(kernels.attention_backward_kv_kernel)[(triton.cdiv(Lk, cfg.block_n), B * k.shape[1])](

@@ -20,7 +20,7 @@ from torch import Tensor
 from . import kernels, launch
 from .terms import Terms
 
-__all__ = ["forward", "backward", "call_options"]
+__all__ = ["forward", "backward", "call_options", "input_gradients"]
 
 # The op's integer arguments, in order.
 _OPTIONS = ("bias", "causal", "delta", "shaw_k", "zero_beyond", "xl_clamp")
@@ -85,19 +85,26 @@ def _table_grad(per_head: Tensor, table: Optional[Tensor]) -> Optional[Tensor]:
     return (g if table.dim() == 3 else g.sum(0)).to(table.dtype)
 
 
-def _gradients(ctx, dout, _dlse):
-    q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, out, lse = ctx.saved_tensors
-    dq, dk, dv, dqx, bias_sums, wk_sums, wv_sums = backward(q, k, v, out, lse, dout, pad, table, bucket, p1, p2,
-                                                            qx, kx, wk, wv, ctx.ints, ctx.scale)
-    bias = ctx.ints[0]
+def input_gradients(inputs, grads) -> list:
+    """The gradient of each argument of relpos::gpu_attention_forward (``inputs``, None where
+    it has none) from relpos::gpu_attention_backward's results ``grads``."""
+    q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, ints, scale = inputs
+    dq, dk, dv, dqx, bias_sums, wk_sums, wv_sums = grads
+    bias = ints[0]
     dtable = dp1 = dp2 = None
     if bias == kernels.BIAS_ROW:
         dtable = bias_sums[:, : table.shape[-1]].to(table.dtype)
     elif bias != kernels.BIAS_NONE:
         dp1 = bias_sums[:, 0].to(p1.dtype)
         dp2 = bias_sums[:, 1].to(p2.dtype) if p2 is not None else None
-    return (dq, dk, dv, None, dtable, None, dp1, dp2, dqx if qx is not None else None, None,
-            _table_grad(wk_sums, wk), _table_grad(wv_sums, wv), None, None)
+    return [dq, dk, dv, None, dtable, None, dp1, dp2, dqx if qx is not None else None, None,
+            _table_grad(wk_sums, wk), _table_grad(wv_sums, wv), None, None]
+
+
+def _gradients(ctx, dout, _dlse):
+    q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, out, lse = ctx.saved_tensors
+    inputs = (q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, ctx.ints, ctx.scale)
+    return tuple(input_gradients(inputs, backward(*inputs[:3], out, lse, dout, *inputs[3:])))
 
 
 def _no_double_backward(ctx, *grads):

@@ -14,8 +14,10 @@ owners; it calls relpos's backward with the merged out and lse, which makes each
 step's gradients exact. The scheme's parameter gradients are summed locally in
 step order and then all-reduced. Nothing depends on timing: a run repeats its bits.
 
-Written against the backend-neutral API (``isend``/``irecv``/``all_reduce``):
-gloo on CPU tensors, which is what relpos computes on.
+Written against the backend-neutral API (``isend``/``irecv``/``all_reduce``): gloo
+for CPU tensors, whose steps run relpos's C++ kernels, NCCL for CUDA tensors, whose
+steps run relpos.gpu's Triton kernels (``_steps_for``); every buffer and exchange is
+made on the inputs' device.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dnn
 
 import relpos
+from relpos import gpu
 from relpos.schemes import integer
 from relpos.torch.functional import attention
 from relpos.torch.ops import decode, encode
@@ -69,15 +72,16 @@ def _rows(segments: Segments):
         first += length
 
 
-def _every_rank(segments: Segments, group) -> list:
+def _every_rank(segments: Segments, group, device) -> list:
     """Every rank's segments, in rank order: their counts, then the (position, rows)
-    pairs padded to the longest list (two small tensor gathers, not pickled objects)."""
+    pairs padded to the longest list (two small tensor gathers on the inputs' ``device``,
+    as NCCL needs, not pickled objects)."""
     size = dist.get_world_size(group)
-    count = torch.tensor([len(segments)], dtype=torch.int64)
+    count = torch.tensor([len(segments)], dtype=torch.int64, device=device)
     counts = [torch.zeros_like(count) for _ in range(size)]
     dist.all_gather(counts, count, group=group)
-    mine = torch.zeros(int(max(c.item() for c in counts)), 2, dtype=torch.int64)
-    mine[:len(segments)] = torch.tensor(segments, dtype=torch.int64)
+    mine = torch.zeros(int(max(c.item() for c in counts)), 2, dtype=torch.int64, device=device)
+    mine[:len(segments)] = torch.tensor(segments, dtype=torch.int64, device=device)
     every = [torch.zeros_like(mine) for _ in range(size)]
     dist.all_gather(every, mine, group=group)
     return [[(int(o), int(n)) for o, n in e[:int(c.item())].tolist()] for e, c in zip(every, counts)]
@@ -96,13 +100,14 @@ class _Ring:
     # communication), over every ring; bench/context_parallel.py reads it.
     waited = 0.0
 
-    def __init__(self, group, k_segments: Segments, every: Optional[list] = None, pieces: Optional[int] = None):
+    def __init__(self, group, k_segments: Segments, device, every: Optional[list] = None,
+                 pieces: Optional[int] = None):
         self.group = group
         self.size, self.rank = dist.get_world_size(group), dist.get_rank(group)
         neighbour = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
         self.next, self.prev = neighbour((self.rank + 1) % self.size), neighbour((self.rank - 1) % self.size)
         # every rank's key segments: gathered once per forward, reused by its backward
-        self.segments = every if every is not None else _every_rank(k_segments, group)
+        self.segments = every if every is not None else _every_rank(k_segments, group, device)
         shortest = min(sum(n for _, n in s) for s in self.segments)
         # Automatic, the same on every rank: chunks shorter than _WHOLE_BELOW keys travel
         # whole (the calls of smaller pieces cost time: measured 1.8x the step time of one
@@ -133,8 +138,8 @@ class _Ring:
         """Starts sending `tensors` to the next rank and receiving `rows` rows of
         each from the previous one; returns the receive buffers and a function
         that waits for both."""
-        buffers = [torch.empty((*t.shape[:2], rows, *t.shape[3:]), dtype=t.dtype) if t.dim() == 4
-                   else torch.empty((t.shape[0], rows), dtype=t.dtype) for t in tensors]
+        buffers = [t.new_empty((*t.shape[:2], rows, *t.shape[3:])) if t.dim() == 4 else t.new_empty((t.shape[0], rows))
+                   for t in tensors]
         ops = [dist.P2POp(dist.isend, t.contiguous(), self.next, self.group) for t in tensors]
         ops += [dist.P2POp(dist.irecv, b, self.prev, self.group) for b in buffers]
         requests = dist.batch_isend_irecv(ops)
@@ -182,8 +187,45 @@ _PIECE_ROWS = 512  # automatic pieces hold at least this many keys
 _MAX_PIECES = 16
 
 
-def _padding_of(pad, batch: int, length: int):
-    return torch.zeros(batch, length, dtype=torch.uint8) if pad is None else pad.to(torch.uint8).contiguous()
+def _padding_of(pad, like: torch.Tensor):
+    """Key padding as uint8 ``(B, Lk)`` on the keys' device (zeros: none), the ring's travelling form."""
+    if pad is None:
+        return torch.zeros(like.shape[0], like.shape[2], dtype=torch.uint8, device=like.device)
+    return pad.to(torch.uint8).contiguous()
+
+
+class _CpuSteps:
+    """A ring step on relpos's C++ kernels: the forward of one (query rows, visiting keys)
+    pair, and its backward added into the accumulators ``into`` (named as relpos.backward
+    names gradients)."""
+
+    @staticmethod
+    def forward(q, k, v, record, options, **call):
+        return relpos.forward(q, k, v, record, **call, **options)
+
+    @staticmethod
+    def backward(q, k, v, out, lse, dout, record, options, into, **call):
+        relpos.backward(q, k, v, out, lse, dout, record, add_into=into, **call, **options)
+
+
+class _GpuSteps:
+    """A ring step on relpos.gpu's Triton kernels (``threads`` and ``algorithm`` are CPU
+    settings: the fused kernels run); the backward's gradients from relpos.gpu.gradients."""
+
+    @staticmethod
+    def forward(q, k, v, record, options, **call):
+        return gpu.attention(q, k, v, record, scale=options["scale"], return_lse=True, **call)
+
+    @staticmethod
+    def backward(q, k, v, out, lse, dout, record, options, into, **call):
+        grads = gpu.gradients(q, k, v, out, lse, dout, record, scale=options["scale"], **call)
+        for name, accumulator in into.items():
+            accumulator += grads[name]
+
+
+def _steps_for(q: torch.Tensor):
+    """The kernels of a ring's steps: relpos.gpu's for CUDA tensors, the C++ ones for CPU tensors."""
+    return _GpuSteps if q.device.type == "cuda" else _CpuSteps
 
 
 class _RingAttention(torch.autograd.Function):
@@ -193,8 +235,9 @@ class _RingAttention(torch.autograd.Function):
         record, options = decode(scheme_name, params, ints, floats)
         causal = options.pop("causal")
         del options["q_offset"], options["k_offset"]  # the segments hold the positions
-        ring = _Ring(group, k_segments, pieces=pieces)
-        padding = _padding_of(key_padding, k.shape[0], k.shape[2])
+        ring = _Ring(group, k_segments, q.device, pieces=pieces)
+        steps = _steps_for(q)
+        padding = _padding_of(key_padding, k)
         out = q.new_zeros((*q.shape[:3], v.shape[3]))
         lse = q.new_full(q.shape[:3], float("-inf"))
         for i in range(ring.pieces):
@@ -202,9 +245,9 @@ class _RingAttention(torch.autograd.Function):
             own = [k.detach()[:, :, rows], v.detach()[:, :, rows], padding[:, rows]]
             for segments, (kp, vp, pad) in ring.visit(i, own, backward=False):
                 for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, segments, causal):
-                    out_s, lse_s = relpos.forward(q.detach()[:, :, qrows], kp[:, :, krows], vp[:, :, krows], record,
-                                                  causal=causal, key_padding=pad[:, krows], q_offset=q_offset,
-                                                  k_offset=k_offset, **options)
+                    out_s, lse_s = steps.forward(q.detach()[:, :, qrows], kp[:, :, krows], vp[:, :, krows], record,
+                                                 options, causal=causal, key_padding=pad[:, krows],
+                                                 q_offset=q_offset, k_offset=k_offset)
                     _merge_into(out[:, :, qrows], lse[:, :, qrows], out_s, lse_s)
         ctx.save_for_backward(q, k, v, out, lse, *(() if key_padding is None else (key_padding,)), *params)
         ctx.meta = (group, q_segments, ring.segments, ring.pieces, reduce_params, scheme_name, ints, floats,
@@ -221,13 +264,14 @@ class _RingAttention(torch.autograd.Function):
         record, options = decode(scheme_name, params, ints, floats)
         causal = options.pop("causal")
         del options["q_offset"], options["k_offset"]
-        ring = _Ring(group, None, every, pieces)
+        ring = _Ring(group, None, q.device, every, pieces)
+        steps = _steps_for(q)
         dout = dout.contiguous()
         dq = torch.zeros_like(q)
         # Whole chunks come home as dk, dv themselves; pieces are copied into them.
         dk, dv = (None, None) if ring.pieces == 1 else (torch.zeros_like(k), torch.zeros_like(v))
         dparams = [torch.zeros_like(p) for p in params]
-        padding = _padding_of(key_padding, k.shape[0], k.shape[2])
+        padding = _padding_of(key_padding, k)
         names = list(record._params())
         for i in range(ring.pieces):
             rows = ring.piece(ring.rank, i)[0]
@@ -237,11 +281,11 @@ class _RingAttention(torch.autograd.Function):
             for segments, (kp, vp, pad, dkp, dvp) in ring.visit(i, own, backward=True):
                 for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, segments, causal):
                     # added in place into dq and the travelling dk, dv: no per-call gradient buffers
-                    relpos.backward(q.detach()[:, :, qrows], kp[:, :, krows], vp[:, :, krows], out[:, :, qrows],
-                                    lse[:, :, qrows], dout[:, :, qrows], record, causal=causal,
-                                    key_padding=pad[:, krows], q_offset=q_offset, k_offset=k_offset,
-                                    add_into={"q": dq[:, :, qrows], "k": dkp[:, :, krows], "v": dvp[:, :, krows],
-                                              **dict(zip(names, dparams))}, **options)
+                    steps.backward(q.detach()[:, :, qrows], kp[:, :, krows], vp[:, :, krows], out[:, :, qrows],
+                                   lse[:, :, qrows], dout[:, :, qrows], record, options,
+                                   {"q": dq[:, :, qrows], "k": dkp[:, :, krows], "v": dvp[:, :, krows],
+                                    **dict(zip(names, dparams))},
+                                   causal=causal, key_padding=pad[:, krows], q_offset=q_offset, k_offset=k_offset)
             if ring.pieces == 1:
                 dk, dv = ring.home[3], ring.home[4]
             else:
@@ -388,12 +432,12 @@ def ulysses_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGrou
         raise ValueError(f"relpos: ulysses_attention: the query heads ({H}) and key heads ({Hkv}) must divide by the "
                          f"group size {size}; use ring_attention")
     mine = _segments(segments, q_offset, q.shape[2], "segments" if segments is not None else "q_offset")
-    every = _every_rank(mine, group)
+    every = _every_rank(mine, group, q.device)
     lengths = [sum(n for _, n in s) for s in every]
-    positions = torch.tensor([o + i for s in every for o, n in s for i in range(n)])
+    positions = torch.tensor([o + i for s in every for o, n in s for i in range(n)], device=q.device)
     order = torch.argsort(positions)
     start = int(positions.min())
-    if not torch.equal(positions[order], torch.arange(start, start + len(positions))):
+    if not torch.equal(positions[order], torch.arange(start, start + len(positions), device=q.device)):
         raise ValueError("relpos: ulysses_attention: the ranks' segments must cover one run of positions")
 
     # gloo exchanges equal sizes: rows are padded to the longest rank's and trimmed after
@@ -414,7 +458,7 @@ def ulysses_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGrou
 
     padding = None
     if key_padding is not None:
-        padded = torch.zeros(key_padding.shape[0], longest, dtype=torch.uint8)
+        padded = torch.zeros(key_padding.shape[0], longest, dtype=torch.uint8, device=q.device)
         padded[:, :key_padding.shape[1]] = key_padding.to(torch.uint8)
         gathered = [torch.empty_like(padded) for _ in range(size)]
         dist.all_gather(gathered, padded, group=group)
@@ -426,7 +470,7 @@ def ulysses_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGrou
         # dtype, and rounded to a half type they would not be those the core computes (in
         # float32) for one call on all heads, so such a call computes in float32, rounded once.
         compute = torch.float32 if compute in (torch.bfloat16, torch.float16) else compute
-        scheme = replace(scheme, slopes=torch.tensor(relpos.alibi_slopes(H), dtype=compute))
+        scheme = replace(scheme, slopes=torch.tensor(relpos.alibi_slopes(H), dtype=compute, device=q.device))
     out = attention(*(to_heads(x).to(compute) for x in (q, k, v)), _scheme_for_heads(scheme, h0, h1, group),
                     causal=causal, key_padding=padding, q_offset=start, k_offset=start, scale=scale, threads=threads)
     return to_rows(out.to(q.dtype))

@@ -1,0 +1,77 @@
+"""Ring attention's steps on relpos.gpu's kernels, the path CUDA tensors take, run on CPU
+tensors through Triton's interpreter over gloo (NCCL needs GPUs): 2 processes, every
+scheme the GPU kernels serve, causal (zigzag chunks) or not (contiguous ones), whole and
+pieced key chunks, against one process computing the whole sequence in float64 on the
+C++ kernels; and a second run gives the same bits.
+
+The processes send CPU tensors to the GPU steps by replacing
+relpos.torch.context_parallel._steps_for, which picks them by device."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytest.importorskip("triton")
+assert os.environ.get("TRITON_INTERPRET") == "1", "run through pytest (conftest.py sets TRITON_INTERPRET=1)"
+
+import relpos.torch as rt  # noqa: E402
+from relpos.context_parallel import gather_sequence, ring_attention, shard_sequence  # noqa: E402
+from test_context_parallel import CHUNKS, POSITION, SCHEMES, init, make_scheme, whole_problem  # noqa: E402
+
+
+def gpu_ring_case(name, causal, rank, world, seed, zigzag, kv_pieces=None):
+    L = sum(CHUNKS[world])
+    q, k, v, pad, dout, params = whole_problem(name, L, seed)
+    if zigzag:
+        rows, segments = shard_sequence(torch.arange(L), rank, world, dim=0, position=POSITION)
+    else:
+        start = sum(CHUNKS[world][:rank])
+        rows, segments = torch.arange(start, start + CHUNKS[world][rank]), [(POSITION + start, CHUNKS[world][rank])]
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    whole_params = {n: p.clone().requires_grad_() for n, p in params.items()}
+    out = rt.attention(*leaves, make_scheme(name, whole_params), causal=causal, key_padding=pad,
+                       q_offset=POSITION, k_offset=POSITION)
+    expected = torch.autograd.grad(out, [*leaves, *whole_params.values()], dout)
+    mine = [x[:, :, rows].float().requires_grad_() for x in (q, k, v)]
+    my_params = {n: p.float().requires_grad_() for n, p in params.items()}
+    ring_out = ring_attention(*mine, make_scheme(name, my_params), causal=causal, key_padding=pad[:, rows],
+                              q_segments=segments, k_segments=segments, kv_pieces=kv_pieces)
+    got = torch.autograd.grad(ring_out, [*mine, *my_params.values()], dout[:, :, rows].float())
+    where = f"gpu steps {name} causal={causal} zigzag={zigzag} pieces={kv_pieces} rank={rank}"
+
+    def close(a, e, what):  # float32 kernels against the float64 whole
+        torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=2e-5 * max(1.0, e.abs().max().item()),
+                                   msg=f"{where}: {what}")
+
+    close(gather_sequence(ring_out.detach(), segments, dim=2), out.detach(), "gathered out")
+    for what, a, e in zip(["q", "k", "v"], got[:3], expected[:3]):
+        close(a, e[:, :, rows], f"d{what}")
+    for what, a, e in zip(params, got[3:], expected[3:]):
+        close(a, e, f"d{what}")
+    return [ring_out.detach(), *got]
+
+
+def worker_gpu_steps(rank, world, store):
+    from relpos.torch import context_parallel
+
+    context_parallel._steps_for = lambda q: context_parallel._GpuSteps
+    init(rank, world, store)
+    try:
+        for i, name in enumerate(SCHEMES):  # causal and zigzag in rotation: each kind of call for every scheme
+            gpu_ring_case(name, bool(i % 2), rank, world, seed=10 * i, zigzag=bool(i % 2))
+        gpu_ring_case("shaw", True, rank, world, seed=5, zigzag=False, kv_pieces=3)
+        first = gpu_ring_case("t5", True, rank, world, seed=6, zigzag=True, kv_pieces=2)
+        again = gpu_ring_case("t5", True, rank, world, seed=6, zigzag=True, kv_pieces=2)
+        assert all(torch.equal(a, b) for a, b in zip(first, again)), "a second run differs"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ring_attention_on_the_gpu_kernels_equals_one_process():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker_gpu_steps, args=(2, os.path.join(tmp, "store")), nprocs=2, join=True)
