@@ -3,6 +3,8 @@
 #   1. the C++ GoogleTest suite (Release build, build/release),
 #   2. the C++ package: install, then the README's C++ example built by an
 #      outside project (find_package and add_subdirectory),
+#   2b. the wheel (scripts/build_wheel.sh, from build/python) installed into a
+#      fresh venv and run with the shared libraries it carries (tests/wheel/check.sh),
 #   3. the same suite under AddressSanitizer + UBSan (build/asan), but for the
 #      one slow training test (NnOverfit: 500 Adam steps, minutes under ASan),
 #      whose code the gradient, decode and trainer tests run under ASan too,
@@ -29,6 +31,8 @@ echo "== C++ tests (Release)"
 configure_and_test build/release "" -DCMAKE_BUILD_TYPE=Release
 echo "== C++ package (find_package on the installed tree, add_subdirectory; the README example)"
 bash tests/package/check.sh build/release
+echo "== Wheel (pip install dist/relpos-*.whl in a fresh venv, its bundled libraries only)"
+bash tests/wheel/check.sh
 echo "== C++ tests (AddressSanitizer + UndefinedBehaviorSanitizer)"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   configure_and_test build/asan NnOverfit -DCMAKE_BUILD_TYPE=Debug -DRELPOS_SANITIZE=ON

@@ -18,13 +18,13 @@
 #         into the venv. Where unshare is not allowed this step is skipped and said so.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-bash scripts/build_wheel.sh >/dev/null
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+bash scripts/build_wheel.sh >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 wheels=(dist/relpos-*.whl)
 ((${#wheels[@]} == 1)) || { echo "expected one wheel in dist/, found: ${wheels[*]}" >&2; exit 1; }
 echo "wheel: ${wheels[0]} ($(du -m "${wheels[0]}" | cut -f1) MB)"
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 venv=$work/venv
 .venv/bin/python -m venv "$venv"  # venv runs .venv's base interpreter: a bare environment
 house=build/wheel-test/wheelhouse
