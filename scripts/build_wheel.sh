@@ -9,8 +9,7 @@
 #      also installs the Debian -dev packages the build needs) into build/wheel-raw/.
 #      It uses the build folder of `pip install .` (build/python, pyproject.toml),
 #      so after setup.sh the wheel only relinks what changed (RELPOS_WHEEL_BUILD_DIR
-#      picks another folder; a new one compiles everything, about 3 minutes of
-#      2 cores).
+#      picks another folder; a new one compiles everything: 6 minutes of CPU time).
 #   2. `auditwheel repair` copies every shared library the extension module and
 #      the relpos command need, except the ones the manylinux policy counts as
 #      part of every Linux (glibc, libstdc++, libgcc_s), into relpos.libs/ inside
