@@ -44,7 +44,7 @@ trap 'rm -rf "$smoke"' EXIT
 quiet() { "$@" >"$smoke/log" 2>&1 || { cat "$smoke/log"; return 1; }; }  # output only on failure
 .venv/bin/python -c "import sys; sys.stdout.write(''.join(f'line {i}: the quick brown fox {i * i % 97}\\n' for i in range(400)))" >"$smoke/data.txt"
 tiny=(--data "$smoke/data.txt" --length 16 --layers 1 --width 32 --heads 2 --ffn 64 --batch 4 --threads 1
-  --position xl --checkpoint "$smoke/xl.ckpt")
+  --positions xl --checkpoint "$smoke/xl.ckpt")
 # --resume continues exactly: steps 11-20 after a stop at 10 have the losses of one run of 20
 quiet .venv/bin/relpos train "${tiny[@]}" --steps 20 --json "$smoke/whole.json" --checkpoint "$smoke/whole.ckpt"
 quiet .venv/bin/relpos train "${tiny[@]}" --steps 20 --stop-after 10
