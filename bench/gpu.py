@@ -74,23 +74,12 @@ def import_relpos():
     """relpos.schemes and relpos.gpu from this repository's python/relpos, without running
     python/relpos/__init__.py: that file imports the compiled CPU extension (relpos._relpos),
     which the GPU machines do not build, while relpos.gpu needs only relpos.schemes and its own
-    modules. A bare package module whose __path__ is python/relpos lets the submodules import."""
+    modules (neither imports the extension). A bare package module whose __path__ is
+    python/relpos lets the submodules import."""
     package = types.ModuleType("relpos")
     package.__path__ = [str(PACKAGE)]
     package.__file__ = str(PACKAGE / "__init__.py")
     sys.modules["relpos"] = package
-    try:
-        importlib.import_module("relpos._relpos")
-    except ImportError:
-        # relpos.schemes imports the extension at module level for ALiBi.init_params's slopes,
-        # which nothing here calls: a placeholder that raises if anything reads it.
-        placeholder = types.ModuleType("relpos._relpos")
-
-        def missing(name):
-            raise ImportError(f"relpos._relpos.{name}: the compiled extension is not built here (bench/gpu.py)")
-
-        placeholder.__getattr__ = missing
-        sys.modules["relpos._relpos"] = placeholder
     schemes = importlib.import_module("relpos.schemes")
     gpu = importlib.import_module("relpos.gpu")
     return schemes, gpu
