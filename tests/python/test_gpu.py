@@ -222,6 +222,10 @@ def test_fully_masked_rows_and_empty_calls():
      "heads must divide"),
     (dict(v=torch.randn(1, 2, 5, 16, dtype=torch.float32)), "do not match"),
     (dict(key_padding=torch.zeros(1, 3, dtype=torch.bool)), "key_padding"),
+    (dict(key_padding=torch.zeros(1, 4, dtype=torch.bool, device="meta")), "key_padding: on device meta"),
+    (dict(scheme=relpos.RoPE(dims=24)), "rope.dims: must be even, >= 2 and <= d=16, got 24"),
+    (dict(scheme=relpos.RoPE(dims=6), q=torch.randn(1, 2, 4, 5, dtype=torch.float32),
+          k=torch.randn(1, 2, 4, 5, dtype=torch.float32)), "rope.dims: .* <= d=5, got 6"),
     (dict(scheme=relpos.TransformerXL(*(torch.zeros(s, dtype=torch.float32) for s in ((2, 16), (2, 16), (2, 16, 4))),
                                       clamp_len=-1)), "clamp_len"),
 ])

@@ -60,6 +60,33 @@ def test_compiled_fullgraph_equals_eager():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+class _RoPEAttention(torch.nn.Module):
+    def forward(self, q, k, v):
+        import relpos.gpu
+
+        return relpos.gpu.attention(q, k, v, relpos.RoPE(), causal=True, q_offset=5)
+
+
+def test_export_first_leaves_eager_calls_real():
+    """Exporting traces the position tables with fake tensors; none may stay in the table
+    cache for the eager calls after it."""
+    from relpos.gpu import terms
+
+    q, k, v, _, _ = _inputs(seed=4)
+    terms._TABLES.clear()
+    program = torch.export.export(_RoPEAttention(), (q, k, v))
+    assert all(not isinstance(t, torch._subclasses.FakeTensor) for t in _flat(terms._TABLES.values()))
+    eager = _RoPEAttention()(q, k, v)
+    terms._TABLES.clear()
+    torch.testing.assert_close(eager, _RoPEAttention()(q, k, v), rtol=0, atol=0)
+    torch.testing.assert_close(program.module()(q, k, v), eager, rtol=0, atol=0)
+
+
+def _flat(values):
+    for value in values:
+        yield from (value if isinstance(value, tuple) else (value,))
+
+
 def test_exported_program_equals_eager_and_holds_the_op():
     q, k, v, table, _ = _inputs()
     model = _T5Attention(table)

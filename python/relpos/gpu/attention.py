@@ -55,6 +55,8 @@ def _check(q, k, v, key_padding):
                                     or key_padding.dtype not in (torch.bool, torch.uint8)):
         raise ValueError(f"relpos: key_padding: expected bool or uint8 of shape {(B, k.shape[2])}, "
                          f"got {key_padding.dtype} {tuple(key_padding.shape)}")
+    if key_padding is not None and key_padding.device != q.device:
+        raise ValueError(f"relpos: key_padding: on device {key_padding.device}, expected {q.device} like q")
 
 
 def _same_strides_as_grad(x: torch.Tensor) -> torch.Tensor:
@@ -119,15 +121,16 @@ def _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale) 
     terms: Terms = terms_of(scheme, q, k, int(q_offset), int(k_offset))
     pad = key_padding.to(torch.uint8) if key_padding is not None else None
     q_, k_, v_ = (_same_strides_as_grad(x) for x in (terms.q, terms.k, v))
-    terms = replace(terms, q=q_, k=k_, **{n: _float32(getattr(terms, n)) for n in ("p1", "p2")},
+    terms = replace(terms, q=q_, k=k_, **{n: _float32(getattr(terms, n)) for n in ("p1", "p2", "qb")},
                     **{n: _contiguous(getattr(terms, n), q.dtype) for n in ("wk", "wv")})
     return (q_, k_, v_, pad, terms.table, terms.bucket, terms.p1, terms.p2, terms.qx, terms.kx, terms.wk, terms.wv,
-            ops.call_options(terms, causal, delta), float(scale))
+            terms.rot_q, terms.rot_k, terms.partner, terms.qb, ops.call_options(terms, causal, delta), float(scale))
 
 
 def _float32(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    """A per-head bias parameter as the kernels read it (autograd passes its gradient back)."""
-    return x.float() if x is not None and x.dtype != torch.float32 else x
+    """A per-head parameter as the kernels read it, float32 with contiguous rows (autograd
+    passes its gradient back)."""
+    return x.float().contiguous() if x is not None else None
 
 
 def _contiguous(x: Optional[torch.Tensor], dtype) -> Optional[torch.Tensor]:

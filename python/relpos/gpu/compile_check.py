@@ -12,13 +12,14 @@ Triton uses for that arch, run with ``-v`` on the kernel's PTX), and fails when 
 specialisation does not compile or does not fit.
 
 The specialisations: kernel (forward, backward_kv, backward_q) x dtype (bfloat16,
-float16, float32) x bias kind (0..4) x HAS_X x CAUSAL x HAS_PAD x head size (64,
+float16, float32) x bias kind (0..4) x HAS_X (with QUERY_BIAS: Transformer-XL has both) x
+CAUSAL x HAS_PAD x head size (64,
 128; D = DV, DX = the head size when HAS_X as the Transformer-XL features use,
 else padded(1)) x Shaw's tables (none, K+V, K, V; k = SHAW_K) x Transformer-XL's
-clamp (with HAS_X), each with config.launch_for(head, on_gpu=True, the dtype's
+clamp (with HAS_X) x RoPE's rotation, each with config.launch_for(head, on_gpu=True, the dtype's
 size, Shaw's tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
 (torch's TF32 switch on), ieee otherwise, and X_PRECISION tf32 (the float32
-features' product). The full product is 5,760 per arch; by default (CI) a
+features' product). The full product is 11,520 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
 specialisation), ``--full`` for the product.
 
@@ -83,7 +84,7 @@ SHAW_K = 16  # the smaller k of the GPU targets; the backward's table partials h
 
 FACTORS = {"kernel": KERNELS, "dtype": DTYPES, "bias": tuple(range(5)), "has_x": (False, True),
            "causal": (False, True), "has_pad": (False, True), "head": HEADS, "shaw": SHAW_TABLES,
-           "clamp": (False, True)}
+           "clamp": (False, True), "rope": (False, True)}
 
 
 class CompileCheckError(RuntimeError):
@@ -104,6 +105,7 @@ class Spec:
     head: int
     shaw: str = ""  # one of SHAW_TABLES
     clamp: bool = False  # Transformer-XL's clamp_len > 0 (with has_x)
+    rope: bool = False  # RoPE's rotation of q and k
     launch: Optional[Launch] = None  # None: config.launch_for as the launcher calls it
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
 
@@ -122,7 +124,7 @@ class Spec:
         c = self.cfg
         flags = "".join(f for f, on in (("+x", self.has_x), ("+causal", self.causal), ("+pad", self.has_pad),
                                         (f"+shaw_{self.shaw}", bool(self.shaw)),
-                                        ("+clamp", self.has_x and self.clamp)) if on)
+                                        ("+clamp", self.has_x and self.clamp), ("+rope", self.rope)) if on)
         tail = "" if self.aligned else "/generic"
         return (f"{self.kernel}/{self.dtype}/{BIAS_NAMES[self.bias]}{flags}/d{self.head}/"
                 f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{tail}")
@@ -137,7 +139,8 @@ class Spec:
                      BM=c.block_m, BN=c.block_n, NB=self.nb, BIAS=self.bias, HAS_X=self.has_x, CAUSAL=self.causal,
                      HAS_PAD=self.has_pad, PRECISION="tf32" if self.dtype == "float32" else "ieee",
                      X_PRECISION="tf32", KEMB="k" in self.shaw, VEMB="v" in self.shaw, ZERO_BEYOND=False,
-                     CP=padded(2 * SHAW_K + 1), X_CLAMP=self.has_x and self.clamp)
+                     CP=padded(2 * SHAW_K + 1), X_CLAMP=self.has_x and self.clamp, ROPE=self.rope,
+                     QUERY_BIAS=self.has_x)
         unknown = [n for n in names if n not in known]
         if unknown:
             raise KeyError(f"{self.kernel}: switches {unknown} unknown to compile_check.Spec.constexprs: "
@@ -152,12 +155,14 @@ class Spec:
         present = {"PAD": self.has_pad, "BIAS_ROWS": self.bias == 1, "BUCKET": self.bias == 1,
                    "P1": self.bias >= 2, "P2": self.bias >= 3, "QX": self.has_x, "KX": self.has_x,
                    "DQX": self.has_x, "WK": "k" in self.shaw, "DWK": "k" in self.shaw, "WV": "v" in self.shaw,
-                   "DWV": "v" in self.shaw}
+                   "DWV": "v" in self.shaw, "ROT_Q": self.rope, "ROT_K": self.rope, "PARTNER": self.rope,
+                   "QB": self.has_x}
         # float32 whatever q's dtype: row sums, partial gradients, bias parameters and the
         # Transformer-XL features (terms.py keeps them float32; dqx is made like qx)
         own_type = {"LSE": "*fp32", "DLT": "*fp32", "PARTS": "*fp32", "PAD": "*u8", "BIAS_ROWS": "*fp32",
                     "BUCKET": "*i32", "P1": "*fp32", "P2": "*fp32", "QX": "*fp32", "KX": "*fp32", "DQX": "*fp32",
-                    "WK": t, "WV": t, "DWK": "*fp32", "DWV": "*fp32"}
+                    "WK": t, "WV": t, "DWK": "*fp32", "DWV": "*fp32", "ROT_Q": "*fp32", "ROT_K": "*fp32",
+                    "PARTNER": "*i32", "QB": "*fp32"}
         n_parts = {0: 1, 1: self.nb, 2: 1}.get(self.bias, 2)
         sig, ones, div16 = {}, {}, []
         constexpr_names = set(constexpr_names)
@@ -252,7 +257,7 @@ def pairwise(factors: dict) -> list[dict]:
 # need not meet it, and an overflow hides in exactly such a corner. (One corner a
 # kernel: each costs two of the slowest compiles, and the default run must stay short.)
 CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128, "shaw": "kv",
-            "clamp": True},)
+            "clamp": True, "rope": True},)
 
 
 def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:
@@ -270,7 +275,7 @@ def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only
 
 
 def full_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:
-    """Every specialisation of the product (720 without ``only``)."""
+    """Every specialisation of the product (11,520 without ``only``)."""
     factors = {k: tuple(only.get(k, v)) for k, v in FACTORS.items()}
     return [Spec(**dict(zip(factors, values)), launch=launch, aligned=aligned)
             for values in itertools.product(*factors.values())]
@@ -517,7 +522,7 @@ def _parse_only(item: str) -> tuple[str, tuple]:
             values.append(BIAS_NAMES.index(v) if v in BIAS_NAMES else int(v))
         elif name == "head":
             values.append(int(v))
-        elif name in ("has_x", "causal", "has_pad", "clamp"):
+        elif name in ("has_x", "causal", "has_pad", "clamp", "rope"):
             values.append(v.lower() in ("1", "true", "yes"))
         elif name == "shaw":
             values.append("" if v == "none" else v)

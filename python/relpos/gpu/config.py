@@ -51,9 +51,10 @@ def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, shaw: bool =
 # Query programs of the backward's dq kernel, all heads together, where Shaw's tables learn.
 # Each program writes its partial sums of a table's gradient, (2k+1) x d float32 rows padded
 # to a power of two, which the host adds in a fixed order; at one program per query tile they
-# took tiles x rows x d floats per head (4.3 GiB per table at B = 4, H = 16, L = 16384, d = 128,
-# k = 64). A program that owns every n-th tile keeps one partial for all of them: at most
-# SHAW_PROGRAMS x rows x d floats (134 MB at rows 256, d 128), still several programs per SM.
+# took tiles x rows x d floats per head (4.3 GB per table at B = 4, H = 16, L = 16384, d = 128,
+# k = 64). A program that owns every n-th tile keeps one partial for all of them: about
+# SHAW_PROGRAMS x rows x d floats (134 MB at rows 256, d 128; one program per head where
+# B x H passes SHAW_PROGRAMS), still several programs per SM.
 SHAW_PROGRAMS = 1024
 
 

@@ -15,6 +15,10 @@ kinds of term a call has, never by scheme:
   +-k with ``ZERO_BEYOND``), computed per tile: the query tile times the rows of the
   tile's BM + BN - 1 distances, and P's sums per distance times the value rows, each
   a product of the tile laid out by distance (``tl.gather``), never an L x L x d tensor;
+- a rotation of q and k by their positions ``ROPE`` (RoPE: each row read as
+  ``x * cos + x[:, partner] * sin`` from per-position tables, the gradients rotated back);
+- a bias added to every query row of a head ``QUERY_BIAS`` (Transformer-XL's u), read
+  as one more float32 product per key, ``u . k``;
 - causal cut and key padding; grouped-query heads (query head ``h`` reads key
   head ``h // GROUP``).
 
@@ -195,16 +199,60 @@ def _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL: tl.c
 
 
 @triton.jit
-def _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-            bias_row, p1, p2, pad, stride_pb, stride_pn, wk, t0, shaw_k, stride_wkh, far_hi, far_lo, xl_clamp,
+def _rows(base, offs_r, offs_d, stride_r, stride_d, L, d, ROT, PARTNER, ROPE: tl.constexpr, D: tl.constexpr):
+    """Rows ``offs_r`` of an (L, d) matrix at ``base`` (zeros outside it); with ROPE each
+    rotated by its position: ``x * cos + x[:, partner] * sin``, from the table ROT
+    ``(L, 2, D)`` float32 (per row its cos, then its sin with the rotation's sign; 1 and 0
+    past the rotated dimensions) and PARTNER ``(D,)`` int32 that terms.py makes. Rounded to
+    x's dtype as the rotation in float32 then stored would be."""
+    mask = (offs_r[:, None] < L) & (offs_d[None, :] < d)
+    rows = base + offs_r[:, None] * stride_r
+    x = tl.load(rows + offs_d[None, :] * stride_d, mask=mask, other=0.0)
+    if ROPE:
+        partner = tl.load(PARTNER + offs_d)
+        x_partner = tl.load(rows + partner[None, :] * stride_d, mask=mask & (partner[None, :] < d), other=0.0)
+        at = offs_r.to(tl.int64)[:, None] * (2 * D) + offs_d[None, :]
+        cos = tl.load(ROT + at, mask=mask, other=0.0)
+        sin = tl.load(ROT + at + D, mask=mask, other=0.0)
+        x = (x.to(tl.float32) * cos + x_partner.to(tl.float32) * sin).to(x.dtype)
+    return x
+
+
+@triton.jit
+def _unrotated(g, offs_r, L, d, ROT, PARTNER, ROPE: tl.constexpr, D: tl.constexpr):
+    """With ROPE, the gradient of rows before their rotation from ``g``, theirs after it:
+    the rotation's transpose, ``g * cos + (g * sin)[:, partner]`` (a column's partner's
+    partner is the column itself)."""
+    if ROPE:
+        offs_d = tl.arange(0, D)
+        mask = (offs_r[:, None] < L) & (offs_d[None, :] < d)
+        at = offs_r.to(tl.int64)[:, None] * (2 * D) + offs_d[None, :]
+        cos = tl.load(ROT + at, mask=mask, other=0.0)
+        sin = tl.load(ROT + at + D, mask=mask, other=0.0)
+        partner = tl.broadcast_to(tl.load(PARTNER + offs_d)[None, :], g.shape)
+        g = g * cos + tl.gather(g * sin, partner, 1)
+    return g
+
+
+@triton.jit
+def _query_bias(qb, h, offs_d, d):
+    """Head h's row of the query bias ``(H, d)`` float32 (zeros past d)."""
+    return tl.load(qb + h * d + offs_d, mask=offs_d < d, other=0.0)
+
+
+@triton.jit
+def _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
+            bias_row, p1, p2, pad, stride_pb, stride_pn, wk, t0, shaw_k, stride_wkh, far_hi, far_lo, xl_clamp, qb,
             BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
             PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr,
-            X_CLAMP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+            X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile.
     Shaw's key term (KEMB): the query tile times the table rows of the tile's BM + BN - 1
-    distances (from ``t0``), each pair then reading its distance's column."""
-    k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
+    distances (from ``t0``), each pair then reading its distance's column; ``k`` is the key
+    tile as _rows loads it."""
     s = _dot(q, tl.trans(k), PRECISION)
+    if QUERY_BIAS:  # (q + u) . k as q . k + u . k: one float32 dot per key, q + u never rounded
+        s += tl.sum(k.to(tl.float32) * _query_bias(qb, h, offs_d, d)[None, :], 1)[None, :]
     if HAS_X:
         kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
         xs = _dot(qx, tl.trans(kx), X_PRECISION)
@@ -247,12 +295,13 @@ def _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, str
 
 
 @triton.jit
-def _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm, stride_qd,
-                stride_xb, stride_xh, stride_xm, stride_xd, HAS_X: tl.constexpr):
-    """A query tile's rows of q and, with HAS_X, of its features qx (else q again, unread)."""
+def _query_rows(Q, QX, ROT_Q, PARTNER, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
+                stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X: tl.constexpr, ROPE: tl.constexpr,
+                D: tl.constexpr):
+    """A query tile's rows of q (rotated with ROPE) and, with HAS_X, of its features qx (else
+    q again, unread)."""
     row = offs_m[:, None] < Lq
-    q = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=row & (offs_d[None, :] < d), other=0.0)
+    q = _rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qm, stride_qd, Lq, d, ROT_Q, PARTNER, ROPE, D)
     qx = q
     if HAS_X:
         qx = tl.load(QX + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xm + offs_x[None, :] * stride_xd,
@@ -273,7 +322,7 @@ def _causal_key_end(m_start, Lk, delta, BM: tl.constexpr, CAUSAL: tl.constexpr):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_forward_kernel(
-        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV,
+        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, ROT_Q, ROT_K, PARTNER, QB,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -284,7 +333,7 @@ def attention_forward_kernel(
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr):
+        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, ROPE: tl.constexpr, QUERY_BIAS: tl.constexpr):
     bh, b, h, hk = _query_program(H, GROUP)
     m_start = tl.program_id(0) * BM
     offs_m = m_start + tl.arange(0, BM)
@@ -292,8 +341,8 @@ def attention_forward_kernel(
     offs_d = tl.arange(0, D)
     offs_v = tl.arange(0, DV)
     offs_x = tl.arange(0, DX)
-    q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm, stride_qd,
-                        stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
+    q, qx = _query_rows(Q, QX, ROT_Q, PARTNER, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh,
+                        stride_qm, stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X, ROPE, D)
     far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd, X_CLAMP, BM)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
@@ -303,12 +352,12 @@ def attention_forward_kernel(
     for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
         offs_n = n_start + offs_n0
         t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)  # the tile pair's first distance
-        s, ok, rel = _logits(q, qx, k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
-                             KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
+        k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d, ROT_K, PARTNER, ROPE, D)
+        s, ok, rel = _logits(q, qx, k, KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
                              offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
                              BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k, stride_wkh, far_hi, far_lo,
-                             xl_clamp,
-                             BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, ZERO_BEYOND, X_CLAMP, BM, BN)
+                             xl_clamp, QB, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, ZERO_BEYOND,
+                             X_CLAMP, QUERY_BIAS, BM, BN)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
         p = tl.exp2(s - shift[:, None])
@@ -338,7 +387,7 @@ def _probabilities(s, ok, lse_ptr, dlt_ptr, offs_m, Lq):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_kv_kernel(
-        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV,
+        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, ROT_Q, ROT_K, PARTNER, QB,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -349,7 +398,7 @@ def attention_backward_kv_kernel(
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr):
+        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, ROPE: tl.constexpr, QUERY_BIAS: tl.constexpr):
     """dk, dv of one key tile of one key head, over the query tiles of every query head
     that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
     n_start = tl.program_id(0) * BN
@@ -362,7 +411,7 @@ def attention_backward_kv_kernel(
     offs_d = tl.arange(0, D)
     offs_v = tl.arange(0, DV)
     offs_x = tl.arange(0, DX)
-    k_ptrs = K + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    k = _rows(K + b * stride_kb + hk * stride_kh, offs_n, offs_d, stride_kn, stride_kd, Lk, d, ROT_K, PARTNER, ROPE, D)
     kx_ptrs = KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd
     v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                 mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
@@ -377,15 +426,15 @@ def attention_backward_kv_kernel(
         for m_start in range(first, Lq, BM):
             offs_m = m_start + offs_m0
             row = (offs_m[:, None] < Lq)
-            q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
-                                stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
+            q, qx = _query_rows(Q, QX, ROT_Q, PARTNER, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh,
+                                stride_qm, stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X, ROPE, D)
             far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd,
                                            X_CLAMP, BM)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
-            s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
+            s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
                                  r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
-                                 stride_wkh, far_hi, far_lo, xl_clamp, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION,
-                                 X_PRECISION, KEMB, ZERO_BEYOND, X_CLAMP, BM, BN)
+                                 stride_wkh, far_hi, far_lo, xl_clamp, QB, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION,
+                                 X_PRECISION, KEMB, ZERO_BEYOND, X_CLAMP, QUERY_BIAS, BM, BN)
             p, dlt = _probabilities(s, ok, LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
             do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
                          mask=row & (offs_v[None, :] < dv), other=0.0)
@@ -395,7 +444,10 @@ def attention_backward_kv_kernel(
                 dp += _rows_read(do, WV, h, t0, rel, shaw_k, stride_wvh, dv, offs_v, PRECISION, ZERO_BEYOND, BM, BN)
             ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
             dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION)
+            if QUERY_BIAS:  # the keys' share of u . k
+                dk += tl.sum(ds, 0)[:, None] * _query_bias(QB, h, offs_d, d)[None, :]
     out_mask = (offs_n[:, None] < Lk)
+    dk = _unrotated(dk, offs_n, Lk, d, ROT_K, PARTNER, ROPE, D)
     tl.store(DK + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
              (dk * scale).to(DK.dtype.element_ty), mask=out_mask & (offs_d[None, :] < d))
     tl.store(DVV + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
@@ -435,7 +487,8 @@ def _bias_grads(ds, rel, ok, h, bucket, r_min, R, p1, p2, g1, g2, gt, NB: tl.con
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_q_kernel(
-        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, DWK, DWV,
+        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, ROT_Q, ROT_K, PARTNER,
+        QB, DWK, DWV,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -447,7 +500,8 @@ def attention_backward_q_kernel(
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, CP: tl.constexpr):
+        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, ROPE: tl.constexpr, QUERY_BIAS: tl.constexpr,
+        CP: tl.constexpr):
     """dq (and dqx) of the query tiles pid, pid + programs, ... (pid = program_id(0), programs =
     num_programs(0)) of one head, and the program's partial sums of the positional parameters'
     gradients, PARTS[(b * H + h) * programs + pid, :] and its rows of DWK, DWV (DQ contiguous,
@@ -469,8 +523,8 @@ def attention_backward_q_kernel(
         m_start = tile * BM
         offs_m = m_start + tl.arange(0, BM)
         row = offs_m[:, None] < Lq
-        q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
-                            stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
+        q, qx = _query_rows(Q, QX, ROT_Q, PARTNER, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh,
+                            stride_qm, stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X, ROPE, D)
         far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd, X_CLAMP,
                                        BM)
         do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
@@ -482,12 +536,12 @@ def attention_backward_q_kernel(
         for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
             offs_n = n_start + offs_n0
             kx_ptrs = KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd
-            k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
+            k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d, ROT_K, PARTNER, ROPE, D)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
-            s, ok, rel = _logits(q, qx, k_ptrs, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
+            s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
                                  r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
-                                 stride_wkh, far_hi, far_lo, xl_clamp, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION,
-                                 X_PRECISION, KEMB, ZERO_BEYOND, X_CLAMP, BM, BN)
+                                 stride_wkh, far_hi, far_lo, xl_clamp, QB, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION,
+                                 X_PRECISION, KEMB, ZERO_BEYOND, X_CLAMP, QUERY_BIAS, BM, BN)
             p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
             v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                         mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
@@ -500,7 +554,6 @@ def attention_backward_q_kernel(
                 dq += _rows_weighted(ds, q, WK, h, t0, shaw_k, stride_wkh, d, offs_d, D, PRECISION, ZERO_BEYOND, BM,
                                      BN)
                 dwk = _rows_grad(dwk, ds, q, t0, shaw_k, CP, PRECISION, ZERO_BEYOND, BM, BN)
-            k = tl.load(k_ptrs, mask=(offs_n[:, None] < Lk) & (offs_d[None, :] < d), other=0.0)
             dq += _dot(ds.to(k.dtype), k, PRECISION)
             if HAS_X:
                 kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
@@ -512,6 +565,7 @@ def attention_backward_q_kernel(
                     ds_x = tl.where(beyond_hi | beyond_lo, 0.0, ds)
                 dqx += _dot(ds_x, kx, X_PRECISION)
             g1, g2, gt = _bias_grads(ds, rel, ok, h, BUCKET, r_min, R, P1, P2, g1, g2, gt, NB, BIAS)
+        dq = _unrotated(dq, offs_m, Lq, d, ROT_Q, PARTNER, ROPE, D)
         tl.store(DQ + (bh * Lq + offs_m[:, None]) * d + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
                  mask=row & (offs_d[None, :] < d))
         if HAS_X:

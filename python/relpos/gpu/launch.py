@@ -79,9 +79,11 @@ class Call:
                           self.q.element_size(), shaw)
 
     def pointers(self, bias_rows: Optional[torch.Tensor]) -> list[torch.Tensor]:
-        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV; q's where an input is absent (never read)."""
+        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, ROT_Q, ROT_K, PARTNER, QB; q's where an input
+        is absent (never read)."""
         t = self.terms
-        return [x if x is not None else self.q for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv)]
+        return [x if x is not None else self.q
+                for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv, t.rot_q, t.rot_k, t.partner, t.qb)]
 
     def strides(self, out_or_dout: torch.Tensor) -> list[int]:
         return [*self.q.stride(), *self.k.stride(), *self.v.stride(), *out_or_dout.stride(),
@@ -109,7 +111,8 @@ class Call:
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, BIAS=t.bias, HAS_X=t.qx is not None,
                     CAUSAL=self.causal, HAS_PAD=self.pad is not None, PRECISION=_precision(self.q),
                     X_PRECISION=_feature_precision(self.q), KEMB=t.wk is not None, VEMB=t.wv is not None,
-                    ZERO_BEYOND=t.zero_beyond, X_CLAMP=t.xl_clamp > 0)
+                    ZERO_BEYOND=t.zero_beyond, X_CLAMP=t.xl_clamp > 0, ROPE=t.rot_q is not None,
+                    QUERY_BIAS=t.qb is not None)
 
     def table_rows(self) -> int:
         """Rows of a Shaw table as the backward's partial sums hold them (a power of two)."""
@@ -159,28 +162,32 @@ def backward(call: Call, out, lse, dout):
     switches = call.switches(cfg)
     programs = query_programs(triton.cdiv(Lq, cfg.block_m), B * H, t.wk is not None or t.wv is not None)
     n_parts, cp = call.bias_parts(), call.table_rows()
-    dq = q.new_zeros(B, H, Lq, d)
-    dk, dvv = torch.zeros_like(k), torch.zeros_like(v)  # the strides of k and v, as the kernels write them
-    dqx = torch.zeros_like(t.qx) if t.qx is not None else None
+    # The kernels write every element of these (rows past Lq or Lk masked off, a program's whole
+    # partial slab); they are zeros only where the kernels do not run (an empty call).
+    runs = call.runs_kernels()
+    like = torch.empty_like if runs else torch.zeros_like
+    dq = like(q, memory_format=torch.contiguous_format)
+    dk, dvv = like(k), like(v)  # the strides of k and v, as the kernels write them
+    dqx = like(t.qx) if t.qx is not None else None
 
     def partials(*shape):  # one partial sum per (batch, head, query program), summed below in a fixed order
-        return q.new_zeros(B * H, programs, *shape, dtype=torch.float32)
+        return (q.new_empty if runs else q.new_zeros)(B * H, programs, *shape, dtype=torch.float32)
 
-    parts = partials(n_parts)
+    parts = q.new_zeros(B * H, programs, n_parts, dtype=torch.float32)  # unwritten without a bias: kept zero
     dwk = partials(cp, switches["D"]) if t.wk is not None else None
     dwv = partials(cp, switches["DV"]) if t.wv is not None else None
-    if call.runs_kernels():
+    if runs:
         dout, lse = dout.to(q.dtype), lse.contiguous()  # the kernels read lse as (B, H, Lq) rows
         delta_rows = _row_dots(dout, out)
         pointers, strides, sizes = call.pointers(call.bias_rows()), call.strides(dout), call.sizes()
         wrap_triton(kernels.attention_backward_kv_kernel)[(triton.cdiv(Lk, cfg.block_n), B * k.shape[1])](
             q, k, v, dout, lse, delta_rows, dk, dvv, *pointers, *strides, *sizes,
             call.scale * kernels.LOG2E, call.scale, **switches)
-        pad_p, rows_p, p1_p, p2_p, qx_p, kx_p, wk_p, wv_p = pointers
+        pad_p, rows_p, *rest = pointers  # the q kernel takes BUCKET after BIAS_ROWS, DWK and DWV after QB
         wrap_triton(kernels.attention_backward_q_kernel)[(programs, B * H)](
             q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
-            t.bucket if t.bucket is not None else q, p1_p, p2_p, qx_p, kx_p, wk_p, wv_p,
-            dwk if dwk is not None else parts, dwv if dwv is not None else parts, *strides, *sizes,
+            t.bucket if t.bucket is not None else q, *rest, dwk if dwk is not None else parts,
+            dwv if dwv is not None else parts, *strides, *sizes,
             call.scale * kernels.LOG2E, call.scale, n_parts, NB=max(n_parts, 16), CP=cp, **switches)
 
     def per_head(x):

@@ -18,6 +18,7 @@ import torch
 from relpos.schemes import ALiBi, KERPLE, KERPLEPower, NoPosition, RoPE, Shaw, T5, TransformerXL, alibi_slopes
 
 from . import kernels
+from .config import padded
 
 # Largest distance any bias formula is asked for; T5's buckets and ALiBi's |r| are
 # exact below it (relpos's kMaxPosition).
@@ -34,7 +35,12 @@ _TABLES_MAX = 64
 
 
 def _cached(key, make):
-    """The table for ``key``, made by ``make()`` the first time (never modified in place)."""
+    """The table for ``key``, made by ``make()`` the first time (never modified in place).
+    While torch.export traces with fake tensors a table is made and not kept: a fake one
+    kept would be what later eager calls read (torch.compile's Dynamo keeps real ones)."""
+    if not torch.compiler.is_dynamo_compiling() and \
+            torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is not None:
+        return make()
     table = _TABLES.get(key)
     if table is None:
         if len(_TABLES) >= _TABLES_MAX:
@@ -66,6 +72,10 @@ class Terms:
     shaw_k: int = 0
     zero_beyond: bool = False
     xl_clamp: int = 0  # > 0: qx ends with the feature products at +-xl_clamp (Transformer-XL's clamp_len)
+    rot_q: Optional[torch.Tensor] = None  # RoPE: (Lq, 2, D) cos and signed sin per query row and column
+    rot_k: Optional[torch.Tensor] = None  # (Lk, 2, D) the same per key row
+    partner: Optional[torch.Tensor] = None  # (D,) int32: the column each column is rotated with
+    qb: Optional[torch.Tensor] = None  # (H, d): a bias added to every query row of a head (Transformer-XL's u)
 
 
 def t5_buckets(distances: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -93,27 +103,35 @@ def _positions(length: int, offset: int, device) -> torch.Tensor:
     return torch.arange(length, dtype=torch.float64, device=device) + float(offset)
 
 
-def _rotate(x: torch.Tensor, offset: int, rope: RoPE) -> torch.Tensor:
-    """x ``(B, H, L, d)`` with each row rotated by its absolute position (angles in float64)."""
-    d = x.shape[-1]
+def _rotation(length: int, offset: int, rope: RoPE, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE as the kernels apply it to rows at positions ``offset + i`` (kernels._rows):
+    a ``(length, 2, D)`` float32 table, cos then sin with the rotation's sign, per row and
+    column (1 and 0 past the rotated dimensions and d; D = config.padded(d)), and the
+    ``(D,)`` int32 column each column is rotated with. Angles in float64, as the oracle's;
+    made once per key on the device."""
     dims = d if rope.dims is None else int(rope.dims)
-    half = dims // 2
+    if dims % 2 or not 2 <= dims <= d:
+        raise ValueError(f"relpos: rope.dims: must be even, >= 2 and <= d={d}, got {dims}")
+    half, width = dims // 2, padded(d)
 
     def make():
         inv_freq = 1.0 / torch.tensor(float(rope.base), dtype=torch.float64) ** (
             torch.arange(half, dtype=torch.float64) * 2 / dims)
-        angle = _positions(x.shape[2], offset, "cpu")[:, None] * inv_freq[None, :]
-        return tuple(f(angle).to(device=x.device, dtype=torch.float32) for f in (torch.cos, torch.sin))
+        angle = _positions(length, offset, "cpu")[:, None] * inv_freq[None, :]
+        cos, sin = torch.cos(angle).float(), torch.sin(angle).float()
+        table = torch.zeros(length, 2, width, dtype=torch.float32)
+        table[:, 0] = 1.0
+        partner = torch.arange(width, dtype=torch.int32)
+        if rope.style == "half_split":  # columns j and j + half: (a, b) -> (a cos - b sin, b cos + a sin)
+            first, second = torch.arange(half), torch.arange(half, dims)
+        else:  # columns 2i and 2i + 1
+            first, second = torch.arange(0, dims, 2), torch.arange(1, dims, 2)
+        table[:, 0, first], table[:, 1, first] = cos, -sin
+        table[:, 0, second], table[:, 1, second] = cos, sin
+        partner[first], partner[second] = second.to(torch.int32), first.to(torch.int32)
+        return table.to(device), partner.to(device)
 
-    cos, sin = _cached(("rope", x.shape[2], int(offset), float(rope.base), dims, x.device), make)
-    xf = x.float()
-    if rope.style == "half_split":
-        a, b = xf[..., :half], xf[..., half:dims]
-        rotated = torch.cat((a * cos - b * sin, b * cos + a * sin), -1)
-    else:
-        a, b = xf[..., 0:dims:2], xf[..., 1:dims:2]
-        rotated = torch.stack((a * cos - b * sin, b * cos + a * sin), -1).flatten(-2)
-    return torch.cat((rotated, xf[..., dims:]), -1).to(x.dtype)
+    return _cached(("rope", length, int(offset), float(rope.base), dims, rope.style, d, device), make)
 
 
 def _xl_features(q: torch.Tensor, xl: TransformerXL, q_offset: int, Lk: int, k_offset: int):
@@ -153,7 +171,9 @@ def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
     if isinstance(scheme, NoPosition):
         return Terms(q, k)
     if isinstance(scheme, RoPE):
-        return Terms(_rotate(q, q_offset, scheme), _rotate(k, k_offset, scheme))
+        rot_q, partner = _rotation(Lq, q_offset, scheme, q.shape[3], q.device)
+        rot_k, _ = _rotation(Lk, k_offset, scheme, q.shape[3], q.device)
+        return Terms(q, k, rot_q=rot_q, rot_k=rot_k, partner=partner)
     if isinstance(scheme, ALiBi):
         slopes = scheme.slopes
         if slopes is None:
@@ -178,6 +198,6 @@ def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
         return Terms(q, k, wk=scheme.wk, wv=scheme.wv, shaw_k=int(scheme.k), zero_beyond=scheme.beyond == "zero")
     if isinstance(scheme, TransformerXL):
         qx, kx = _xl_features(q, scheme, q_offset, Lk, k_offset)
-        return Terms(q + scheme.u[None, :, None, :].to(q.dtype), k, qx=qx, kx=kx, xl_clamp=int(scheme.clamp_len))
+        return Terms(q, k, qx=qx, kx=kx, xl_clamp=int(scheme.clamp_len), qb=scheme.u)
     raise ValueError(f"relpos: scheme: {getattr(scheme, 'name', type(scheme).__name__)} has no GPU kernel yet; "
                      "its CPU tensors run on the C++ kernels")

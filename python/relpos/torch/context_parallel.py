@@ -191,7 +191,7 @@ def _padding_of(pad, like: torch.Tensor):
     """Key padding as uint8 ``(B, Lk)`` on the keys' device (zeros: none), the ring's travelling form."""
     if pad is None:
         return torch.zeros(like.shape[0], like.shape[2], dtype=torch.uint8, device=like.device)
-    return pad.to(torch.uint8).contiguous()
+    return pad.to(device=like.device, dtype=torch.uint8).contiguous()
 
 
 class _CpuSteps:
