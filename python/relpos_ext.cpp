@@ -245,6 +245,10 @@ NB_MODULE(_relpos, m) {
         d["cpu_avx512_bf16"] = i.cpu_avx512_bf16;
         d["threads"] = i.max_threads;
         d["openmp_wait_policy"] = i.openmp_wait_policy;
+        d["l1d_bytes"] = i.l1d_bytes;
+        d["l2_bytes"] = i.l2_bytes;
+        d["l3_bytes"] = i.l3_bytes;
+        d["forward_tiles"] = i.forward_tiles;
         return d;
       },
       "What this build runs on (see relpos.info()).");

@@ -3,6 +3,7 @@
 // `relpos info` and `relpos.info()` print it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@ struct BuildInfo {
   bool cpu_avx512_bf16 = false;              // whether this CPU has AVX512-BF16 instructions
   int max_threads = 0;                       // OpenMP's maximum (threads = 0)
   std::string openmp_wait_policy;            // OMP_WAIT_POLICY as this process sees it ("" = default)
+  int64_t l1d_bytes = 0, l2_bytes = 0, l3_bytes = 0;  // the CPU's caches as it reports them (0 = not reported)
+  std::string forward_tiles;                 // the fused forward's tiles, rows x keys, and why
 };
 
 BuildInfo build_info();

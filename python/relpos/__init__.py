@@ -196,7 +196,10 @@ def info() -> dict:
     loops run on, chosen at run time; the environment variable RELPOS_SIMD limits
     it), ``simd_compiled``, ``simd_supported``, ``gemm`` and ``gemm_isa`` (oneDNN and
     the instruction set it uses), ``half_storage`` (how bfloat16 / float16 calls compute)
-    and ``cpu_avx512_bf16``, ``threads`` and ``openmp_wait_policy``; ``gpu``: what the GPU
+    and ``cpu_avx512_bf16``, ``threads`` and ``openmp_wait_policy``, ``l1d_bytes``, ``l2_bytes``
+    (one core's) and ``l3_bytes`` (0 where the CPU reports none) and ``forward_tiles`` (the
+    fused forward's query rows x keys, chosen from the L2 size and the head dimension, or set
+    by RELPOS_FORWARD_TILES=ROWSxKEYS); ``gpu``: what the GPU
     path (``relpos.gpu``, Triton kernels for CUDA tensors) finds here."""
     return {**_relpos.build_info(), "gpu": _gpu_info()}
 

@@ -41,27 +41,27 @@
 #include "head.hpp"
 #include "key_band.hpp"
 #include "tile_products.hpp"
+#include "tiles.hpp"
 
 namespace relpos::fused {
 namespace {
 
-// Tile sizes from measurements (relpos bench attention, L=4096, d=64 and 128,
-// 2 threads, two alternating rounds): 128 x 128 ran plain, T5 and
-// Transformer-XL forwards 20-25% faster than 64 x 64 and 8-10% faster than
-// 64 x 128; larger tiles amortise the GEMM library's per-call cost.
-constexpr int64_t kBlockQ = 128;  // query rows per tile
+// The backward's tile, from measurements (relpos bench attention, L=4096,
+// d=64 and 128, 2 threads, two alternating rounds): 128 x 128 ran plain, T5
+// and Transformer-XL 20-25% faster than 64 x 64 and 8-10% faster than
+// 64 x 128; larger tiles amortise the GEMM library's per-call cost. The
+// forward's tiles are chosen per call (tiles.hpp).
+constexpr int64_t kBlockQ = 128;  // query rows per backward tile
 constexpr int64_t kBlockK = 128;  // keys per backward tile; the causal skip's granularity
 
-// Keys per tile of a forward query tile of bq rows. Full query tiles take
-// kForwardBlockK keys (measured on AVX2, 2 threads, B=1, H=8, L=4096: 512
-// ran the plain forward 6-7% faster than 128 and 0-3% faster than 256;
-// 64 or 256 query rows were slower); a query tile of few rows (a decode step)
-// takes proportionally more, up to kDecodeBlockK keys per GEMM call (Lq = 1,
+// Keys per step of a forward query tile of bq rows: a full query tile takes
+// the keys of its tiles (tiles.hpp), a query tile of few rows (a decode step)
+// proportionally more, up to kDecodeBlockK keys per GEMM call (Lq = 1,
 // Lk = 32768, B = 8, H = 8, ALiBi, two threads: 34.0 ms instead of 40.0 with
 // 128 keys per call).
-constexpr int64_t kForwardBlockK = 512, kDecodeBlockK = 4096;
-inline int64_t forward_key_block(int64_t bq) {
-  return std::clamp<int64_t>(kBlockQ * kForwardBlockK / bq / kBlockK * kBlockK, kForwardBlockK, kDecodeBlockK);
+constexpr int64_t kDecodeBlockK = 4096;
+inline int64_t forward_key_block(const tiles::ForwardTiles& f, int64_t bq) {
+  return std::clamp<int64_t>(f.rows * f.keys / bq / kBlockK * kBlockK, f.keys, kDecodeBlockK);
 }
 
 // The rows of one head as a bfloat16 call stores them (pointer, row stride),
@@ -363,12 +363,12 @@ struct ForwardScratch {
 
 // One query tile of one head: all key tiles, online softmax, out and lse.
 template <class F, class T, class Stored>
-void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const CallEmbeddings<T>& e, int64_t b,
-                  int64_t h, int64_t i0, ForwardScratch<T>& w) {
+void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const CallEmbeddings<T>& e,
+                  const tiles::ForwardTiles& f, int64_t b, int64_t h, int64_t i0, ForwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
   prepare(p, data, e, b, h, c);
   const Head<T>& hd = c.x.hd;
-  const int64_t d = hd.d, dv = hd.dv, bq = std::min(kBlockQ, hd.lq - i0);
+  const int64_t d = hd.d, dv = hd.dv, bq = std::min(f.rows, hd.lq - i0);
   const T scale = T(effective_scale(p));
   w.O.assign(bq * dv, T(0));
   w.m.assign(bq, kNegInf<T>);
@@ -378,7 +378,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
     gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), c.nb);
   }
   if (F::table && c.value_table()) w.Pb.assign(bq * c.nb, T(0));
-  const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(bq), keys);
+  const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(f, bq), keys);
   w.S.resize(bq * block);
   if (F::band && keys) w.band.reset(hd, c.E, F::causal, i0, bq, 0, keys, w.transposed);
   for (int64_t j0 = 0; j0 < keys; j0 += block) {
@@ -699,8 +699,9 @@ namespace {
 
 template <class T, class Stored>
 void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& data) {
-  const int64_t heads = p.q.shape[1], tiles = (p.q.shape[2] + kBlockQ - 1) / kBlockQ;
-  const int64_t items = p.q.shape[0] * heads * tiles;
+  const tiles::ForwardTiles f = tiles::forward(p.q.shape[3], p.v.shape[3]);
+  const int64_t heads = p.q.shape[1], query_tiles = (p.q.shape[2] + f.rows - 1) / f.rows;
+  const int64_t items = p.q.shape[0] * heads * query_tiles;
   const int threads = thread_count(p.num_threads, items);
   std::vector<ForwardScratch<T>> scratch(threads);
   const CallEmbeddings<T> e(p);
@@ -708,9 +709,9 @@ void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& d
     parallel_for(
         items, threads, [](int) {},
         [&](int t, int64_t item) {
-          const int64_t bh = item / tiles;
-          forward_tile<decltype(features)>(p, data, e, bh / heads, bh % heads,
-                                           head_tail(item % tiles, tiles) * kBlockQ, scratch[t]);
+          const int64_t bh = item / query_tiles;
+          forward_tile<decltype(features)>(p, data, e, f, bh / heads, bh % heads,
+                                           head_tail(item % query_tiles, query_tiles) * f.rows, scratch[t]);
         });
   });
 }

@@ -15,6 +15,7 @@
 
 #include "fused.hpp"
 #include "half_storage.hpp"
+#include "tiles.hpp"
 #include "relpos/attention.hpp"
 #include "../schemes/registry.hpp"
 
@@ -50,12 +51,12 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * table_rows) * 4.0 + tile * tile +
                             table_rows * (d + dv));
       if (band) elements += (double(p.q.shape[1]) * d + double(sizes.per_distance)) * (Lq + Lk);
-      // bfloat16 products on matrix units: the forward's P (a tile of up to
-      // 512 keys) split into three bfloat16 tiles (SplitTile); the
+      // bfloat16 products on matrix units: the forward's P (a tile of its
+      // keys, tiles.hpp) split into three bfloat16 tiles (SplitTile); the
       // backward's P and dS split, its keys thrice, the query tile's q and
       // dout transposed thrice, dk and dv transposed (SplitBackward).
       if (is_half_v<T>)
-        elements += workers * (tile * 512.0 * 1.5 + 3.0 * tile * tile + 1.5 * Lk * d + 1.5 * tile * (d + dv) +
+        elements += workers * (tile * double(tiles::forward(p.q.shape[3], p.v.shape[3]).keys) * 1.5 + 3.0 * tile * tile + 1.5 * Lk * d + 1.5 * tile * (d + dv) +
                                Lk * (d + dv));
       // Backward with a head's key tiles in groups: each group's query-side
       // gradients, and every head's dk, dv until its groups are summed.

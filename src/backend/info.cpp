@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "relpos/gemm.hpp"
+#include "../attention/tiles.hpp"
 #include "simd.hpp"
 
 namespace relpos {
@@ -57,6 +58,9 @@ BuildInfo build_info() {
   info.max_threads = omp_get_max_threads();
   const char* policy = std::getenv("OMP_WAIT_POLICY");
   info.openmp_wait_policy = policy ? policy : "";
+  const tiles::CacheSizes& caches = tiles::this_cpu();
+  info.l1d_bytes = caches.l1d, info.l2_bytes = caches.l2, info.l3_bytes = caches.l3;
+  info.forward_tiles = tiles::describe();
   return info;
 }
 

@@ -1,0 +1,59 @@
+// The fused kernel's forward tile: how many query rows and keys one step of
+// its online softmax takes, chosen per call from the CPU's cache sizes and the
+// head dimensions (the rule below), or as RELPOS_FORWARD_TILES says.
+//
+// One forward step reads a block of keys and values and writes the logits of
+// the tile's rows against them; the rule keeps those three buffers (float32:
+// the compute type of every storage type) within three quarters of the L2
+// cache of one core, with the most keys that fit of 512, 256 and 128. 128 query
+// rows throughout. Measured with the plain forward (B = 1, H = 8, 2 threads):
+//   - Zen 5 and an Intel AMX Xeon (1-2 MiB L2): 512 keys 6-7% faster than 128
+//     and 0-3% faster than 256; 64 or 256 rows slower than 128;
+//   - Zen 3 (512 KiB L2): 256, 512 and 1024 keys within the machine's noise
+//     (+-3%), 64 rows 3-10% and 32 rows up to 25% slower than 128
+//     (docs/benchmarks.md, "Forward tiles").
+// The backward's tiles stay 128 x 128 (its P and dP, 64 KiB each, fit every L2).
+//
+// The rule is deterministic per machine, and so are the results: the tile
+// decides where the online softmax rescales, which changes the last bits of
+// the output. No timing-based tuning picks tiles, since it would make the bits
+// of a result depend on how busy the machine was when it was chosen.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace relpos::tiles {
+
+// Cache sizes in bytes as the CPU reports them (0 = not reported); l2 is one core's.
+struct CacheSizes {
+  int64_t l1d = 0, l2 = 0, l3 = 0;
+};
+
+// Read once: /sys/devices/system/cpu/cpu0/cache, then sysconf where sysfs lists nothing.
+const CacheSizes& this_cpu();
+
+struct ForwardTiles {
+  int64_t rows = 0;  // query rows per tile
+  int64_t keys = 0;  // keys per step of a full query tile
+  bool operator==(const ForwardTiles&) const = default;
+};
+
+constexpr int64_t kRows = 128;
+constexpr int64_t kAssumedL2 = 1 << 20;  // where the CPU reports no L2: the size the tiles were tuned on
+
+// The rule (see above) for these caches and head dimensions.
+ForwardTiles forward_rule(const CacheSizes& caches, int64_t d, int64_t dv);
+
+// "ROWSxKEYS" as RELPOS_FORWARD_TILES takes it: rows 16 to 512, keys a multiple
+// of 128 from 128 to 4096; std::invalid_argument naming the variable otherwise.
+ForwardTiles parse_override(const std::string& text);
+
+// This call's tiles: RELPOS_FORWARD_TILES (read once) if set, else the rule
+// for this CPU.
+ForwardTiles forward(int64_t d, int64_t dv);
+
+// "128 x 256 (d = 64), 128 x 256 (d = 128), rule for 512 KiB of L2" for relpos info.
+std::string describe();
+
+}  // namespace relpos::tiles
