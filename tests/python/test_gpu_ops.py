@@ -133,3 +133,13 @@ def test_a_batch_entry_past_int32_offsets_is_refused():
     q = wide.unflatten(-1, (16, 128)).transpose(1, 2)  # a (B, L, H, d) view of a fused projection
     with pytest.raises(ValueError, match="spans"):
         relpos.gpu.attention(q, q, q)
+
+
+def test_double_backward_is_refused():
+    import relpos.gpu
+
+    q, k, v = (x.requires_grad_() for x in _inputs(seed=5, Lq=9, Lk=9)[:3])
+    out = relpos.gpu.attention(q, k, v, relpos.ALiBi(), causal=True)
+    (g,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="no double backward"):
+        g.sum().backward()

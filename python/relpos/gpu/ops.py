@@ -17,6 +17,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from relpos._autograd import no_double_backward, setup_nothing
+
 from . import kernels, launch
 from .terms import Terms
 
@@ -112,10 +114,5 @@ def _gradients(ctx, dout, _dlse):
     return tuple(input_gradients(inputs, backward(*inputs[:3], out, lse, dout, *inputs[3:])))
 
 
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError("relpos: attention has no double backward: a gradient of its gradient "
-                       "(create_graph=True, then a second backward) is not supported")
-
-
 forward.register_autograd(_gradients, setup_context=_setup_context)
-backward.register_autograd(_no_double_backward, setup_context=lambda ctx, inputs, output: None)
+backward.register_autograd(no_double_backward, setup_context=setup_nothing)

@@ -20,6 +20,7 @@ from typing import Optional, Sequence
 import torch
 
 import relpos
+from relpos._autograd import no_double_backward, setup_nothing
 from relpos._calls import ALGORITHMS, check_dtypes, check_threads
 from relpos.schemes import SCHEMES, choice, integer, number
 
@@ -144,16 +145,7 @@ attention_forward.register_autograd(_backward, setup_context=_setup_context)
 torch.library.register_autocast("relpos::attention_forward", "cpu", torch.bfloat16)
 
 
-def _no_double_backward(ctx, *grads):
-    raise RuntimeError("relpos: attention has no double backward: a gradient of its gradient "
-                       "(create_graph=True, then a second backward) is not supported")
-
-
-def _setup_nothing(ctx, inputs, output):
-    pass
-
-
-attention_backward.register_autograd(_no_double_backward, setup_context=_setup_nothing)
+attention_backward.register_autograd(no_double_backward, setup_context=setup_nothing)
 
 
 # ---- vmap: a mapped dimension of q, k, v (and key_padding) folds into the batch.
