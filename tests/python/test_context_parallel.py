@@ -65,25 +65,32 @@ def whole_problem(name, L, seed, hkv=HKV):
     return q, k, v, pad, dout, make_params(name, g)
 
 
-def run_case(name, causal, chunks, rank, seed, zigzag=False, strategy="ring", hkv=HKV, kv_pieces=None):
-    """Uneven contiguous chunks, or shard_sequence's zigzag pieces of the same length;
-    ring attention (its key/value chunks travelling in kv_pieces pieces) or the
-    all-to-all strategy."""
-    L = sum(chunks)
-    q, k, v, pad, dout, params = whole_problem(name, L, seed, hkv)
+def rank_rows(chunks, rank, zigzag):
+    """This rank's rows of the whole sequence and their segments: shard_sequence's zigzag
+    pieces, or the rank's contiguous chunk."""
     if zigzag:
-        index, segments = shard_sequence(torch.arange(L), rank, len(chunks), dim=0, position=POSITION)
-        rows = index
-    else:
-        start = sum(chunks[:rank])
-        rows = torch.arange(start, start + chunks[rank])
-        segments = [(POSITION + start, chunks[rank])]
-    # the whole sequence in this process
+        return shard_sequence(torch.arange(sum(chunks)), rank, len(chunks), dim=0, position=POSITION)
+    start = sum(chunks[:rank])
+    return torch.arange(start, start + chunks[rank]), [(POSITION + start, chunks[rank])]
+
+
+def whole_sequence(name, causal, q, k, v, pad, dout, params):
+    """The whole sequence in this process (the C++ kernels, float64): out and the gradients
+    of q, k, v and the scheme's parameters."""
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     whole_params = {n: p.clone().requires_grad_() for n, p in params.items()}
     out = rt.attention(*leaves, make_scheme(name, whole_params), causal=causal, key_padding=pad,
                        q_offset=POSITION, k_offset=POSITION)
-    expected = torch.autograd.grad(out, [*leaves, *whole_params.values()], dout)
+    return out, torch.autograd.grad(out, [*leaves, *whole_params.values()], dout)
+
+
+def run_case(name, causal, chunks, rank, seed, zigzag=False, strategy="ring", hkv=HKV, kv_pieces=None):
+    """Uneven contiguous chunks, or shard_sequence's zigzag pieces of the same length;
+    ring attention (its key/value chunks travelling in kv_pieces pieces) or the
+    all-to-all strategy."""
+    q, k, v, pad, dout, params = whole_problem(name, sum(chunks), seed, hkv)
+    rows, segments = rank_rows(chunks, rank, zigzag)
+    out, expected = whole_sequence(name, causal, q, k, v, pad, dout, params)
     # this rank's chunk through the ring
     mine = [x[:, :, rows].clone().requires_grad_() for x in (q, k, v)]
     my_params = {n: p.clone().requires_grad_() for n, p in params.items()}

@@ -19,24 +19,14 @@ import torch.multiprocessing as mp
 pytest.importorskip("triton")
 assert os.environ.get("TRITON_INTERPRET") == "1", "run through pytest (conftest.py sets TRITON_INTERPRET=1)"
 
-import relpos.torch as rt  # noqa: E402
-from relpos.context_parallel import gather_sequence, ring_attention, shard_sequence  # noqa: E402
-from test_context_parallel import CHUNKS, POSITION, SCHEMES, init, make_scheme, whole_problem  # noqa: E402
+from relpos.context_parallel import gather_sequence, ring_attention  # noqa: E402
+from test_context_parallel import CHUNKS, SCHEMES, init, make_scheme, rank_rows, whole_problem, whole_sequence  # noqa: E402
 
 
 def gpu_ring_case(name, causal, rank, world, seed, zigzag, kv_pieces=None):
-    L = sum(CHUNKS[world])
-    q, k, v, pad, dout, params = whole_problem(name, L, seed)
-    if zigzag:
-        rows, segments = shard_sequence(torch.arange(L), rank, world, dim=0, position=POSITION)
-    else:
-        start = sum(CHUNKS[world][:rank])
-        rows, segments = torch.arange(start, start + CHUNKS[world][rank]), [(POSITION + start, CHUNKS[world][rank])]
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    whole_params = {n: p.clone().requires_grad_() for n, p in params.items()}
-    out = rt.attention(*leaves, make_scheme(name, whole_params), causal=causal, key_padding=pad,
-                       q_offset=POSITION, k_offset=POSITION)
-    expected = torch.autograd.grad(out, [*leaves, *whole_params.values()], dout)
+    q, k, v, pad, dout, params = whole_problem(name, sum(CHUNKS[world]), seed)
+    rows, segments = rank_rows(CHUNKS[world], rank, zigzag)
+    out, expected = whole_sequence(name, causal, q, k, v, pad, dout, params)
     mine = [x[:, :, rows].float().requires_grad_() for x in (q, k, v)]
     my_params = {n: p.float().requires_grad_() for n, p in params.items()}
     ring_out = ring_attention(*mine, make_scheme(name, my_params), causal=causal, key_padding=pad[:, rows],
