@@ -46,13 +46,8 @@
 namespace relpos::fused {
 namespace {
 
-// The backward's tile, from measurements (relpos bench attention, L=4096,
-// d=64 and 128, 2 threads, two alternating rounds): 128 x 128 ran plain, T5
-// and Transformer-XL 20-25% faster than 64 x 64 and 8-10% faster than
-// 64 x 128; larger tiles amortise the GEMM library's per-call cost. The
-// forward's tiles are chosen per call (tiles.hpp).
-constexpr int64_t kBlockQ = 128;  // query rows per backward tile
-constexpr int64_t kBlockK = 128;  // keys per backward tile; the causal skip's granularity
+using tiles::kBackwardKeys;
+using tiles::kBackwardRows;
 
 // Keys per step of a forward query tile of bq rows: a full query tile takes
 // the keys of its tiles (tiles.hpp), a query tile of few rows (a decode step)
@@ -61,7 +56,7 @@ constexpr int64_t kBlockK = 128;  // keys per backward tile; the causal skip's g
 // 128 keys per call).
 constexpr int64_t kDecodeBlockK = 4096;
 inline int64_t forward_key_block(const tiles::ForwardTiles& f, int64_t bq) {
-  return std::clamp<int64_t>(f.rows * f.keys / bq / kBlockK * kBlockK, f.keys, kDecodeBlockK);
+  return std::clamp<int64_t>(f.rows * f.keys / bq / kBackwardKeys * kBackwardKeys, f.keys, kDecodeBlockK);
 }
 
 // The rows of one head as a bfloat16 call stores them (pointer, row stride),
@@ -278,8 +273,8 @@ TileCut cut_of(const AttentionForward<T>& p, const Head<T>& hd, const Tile& t) {
 template <class T>
 int64_t visited_keys(const AttentionForward<T>& p, const Head<T>& hd, int64_t i0, int64_t bq) {
   int64_t end = 0;
-  for (int64_t j0 = 0; j0 < hd.lk; j0 += kBlockK) {
-    const Tile t{i0, bq, j0, std::min(kBlockK, hd.lk - j0)};
+  for (int64_t j0 = 0; j0 < hd.lk; j0 += kBackwardKeys) {
+    const Tile t{i0, bq, j0, std::min(kBackwardKeys, hd.lk - j0)};
     if (above_diagonal(p, hd, t)) break;  // later key tiles lie further in the future
     end = j0 + t.bk;
   }
@@ -439,7 +434,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
 
 template <class T>
 int64_t backward_key_groups(const AttentionForward<T>& p) {
-  const int64_t heads = p.q.shape[0] * p.q.shape[1], tiles = (p.k.shape[2] + kBlockK - 1) / kBlockK;
+  const int64_t heads = p.q.shape[0] * p.q.shape[1], tiles = (p.k.shape[2] + kBackwardKeys - 1) / kBackwardKeys;
   const int64_t threads = thread_count(p.num_threads, heads * tiles);
   if (threads == 1) return 1;
   return std::clamp<int64_t>((2 * threads + heads - 1) / heads, 1, std::max<int64_t>(tiles, 1));
@@ -490,7 +485,7 @@ bool splits_backward(const HeadContext<T>& c) {
 // The start of a key group [begin, end) of a backward that splits.
 template <class T>
 void start_split(const HeadContext<T>& c, SplitBackward& split, int64_t begin, int64_t end, int64_t d, int64_t dv) {
-  split.start_group(end - begin, kBlockK, c.stored.k + begin * c.stored.ldk, c.stored.ldk, d, dv);
+  split.start_group(end - begin, kBackwardKeys, c.stored.k + begin * c.stored.ldk, c.stored.ldk, d, dv);
 }
 
 // The dense dout of the prepared head and D_i = dout_i . out_i.
@@ -528,14 +523,14 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
   const T scale = T(effective_scale(p));
-  const int64_t tiles = (hd.lk + kBlockK - 1) / kBlockK;
-  const int64_t begin = group * tiles / groups * kBlockK, end = std::min(hd.lk, (group + 1) * tiles / groups * kBlockK);
-  w.P.resize(kBlockQ * kBlockK), w.dP.resize(kBlockQ * kBlockK);
+  const int64_t tiles = (hd.lk + kBackwardKeys - 1) / kBackwardKeys;
+  const int64_t begin = group * tiles / groups * kBackwardKeys, end = std::min(hd.lk, (group + 1) * tiles / groups * kBackwardKeys);
+  w.P.resize(kBackwardRows * kBackwardKeys), w.dP.resize(kBackwardRows * kBackwardKeys);
   const bool split = splits_backward(c);
   if (split) start_split(c, w.split, begin, end, d, dvd);
 
-  for (int64_t i0 = 0; i0 < lq; i0 += kBlockQ) {
-    const int64_t bq = std::min(kBlockQ, lq - i0), keys = std::min(end, visited_keys(p, hd, i0, bq));
+  for (int64_t i0 = 0; i0 < lq; i0 += kBackwardRows) {
+    const int64_t bq = std::min(kBackwardRows, lq - i0), keys = std::min(end, visited_keys(p, hd, i0, bq));
     if (keys <= begin) continue;
     if (split)
       w.split.start_query_tile(c.stored.q + i0 * c.stored.ldq, c.stored.ldq, c.stored.dout + i0 * c.stored.lddout,
@@ -553,8 +548,8 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       w.band.reset(hd, c.E, F::causal, i0, bq, begin, keys, w.transposed);
       w.dband.assign(bq * w.band.width(), T(0));
     }
-    for (int64_t j0 = begin; j0 < keys; j0 += kBlockK) {
-      const Tile t{i0, bq, j0, std::min(kBlockK, keys - j0)};
+    for (int64_t j0 = begin; j0 < keys; j0 += kBackwardKeys) {
+      const Tile t{i0, bq, j0, std::min(kBackwardKeys, keys - j0)};
       const int64_t bk = t.bk;
       T *P = w.P.data(), *dS = w.dP.data();
       const TileCut cut = cut_of(p, hd, t);

@@ -44,10 +44,11 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       break;
     case Algorithm::fused: {
       // Per thread (one per query tile of a head at most): a head's rows,
-      // tiles of 128 and a transposed key or value tile, clipped tables'
-      // per-row bucket sums and slices; per call: a key band's rows per head
-      // and what its embedding needs.
-      const double tile = 128.0, workers = std::min(requested, heads * std::ceil(std::max(Lq, Lk) / tile));
+      // tiles of 128 (tiles.hpp) and a transposed key or value tile, clipped
+      // tables' per-row bucket sums and slices; per call: a key band's rows
+      // per head and what its embedding needs.
+      const double tile = double(tiles::kBackwardRows);
+      const double workers = std::min(requested, heads * std::ceil(std::max(Lq, Lk) / tile));
       elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * table_rows) * 4.0 + tile * tile +
                             table_rows * (d + dv));
       if (band) elements += (double(p.q.shape[1]) * d + double(sizes.per_distance)) * (Lq + Lk);
@@ -56,7 +57,8 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       // backward's P and dS split, its keys thrice, the query tile's q and
       // dout transposed thrice, dk and dv transposed (SplitBackward).
       if (is_half_v<T>)
-        elements += workers * (tile * double(tiles::forward(p.q.shape[3], p.v.shape[3]).keys) * 1.5 + 3.0 * tile * tile + 1.5 * Lk * d + 1.5 * tile * (d + dv) +
+        elements += workers * (tile * double(tiles::forward(p.q.shape[3], p.v.shape[3]).keys) * 1.5 +
+                               3.0 * tile * tile + 1.5 * Lk * d + 1.5 * tile * (d + dv) +
                                Lk * (d + dv));
       // Backward with a head's key tiles in groups: each group's query-side
       // gradients, and every head's dk, dv until its groups are summed.
