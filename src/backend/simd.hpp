@@ -13,6 +13,18 @@
 //
 // The environment variable RELPOS_SIMD (avx512, avx2, sse4, scalar) limits the
 // targets, to test or measure a lesser CPU's path on a better one.
+//
+// The loops live one family per file: simd_softmax.cpp, simd_rows.cpp,
+// simd_convert.cpp, simd_staircase.cpp, simd_trainer.cpp; the helpers more
+// than one family uses (the exponential, the lane loops) in
+// simd_common-inl.h; target selection in simd.cpp. Each family file ends with
+// its HWY_EXPORT lines and one thin wrapper per function below, written out
+// so that each can be read and found by name. The wrappers call
+// RELPOS_SIMD_DISPATCH(Name) (simd_dispatch.h), HWY_DYNAMIC_DISPATCH after
+// RELPOS_SIMD is applied: a macro, because HWY_DYNAMIC_DISPATCH names the
+// table that HWY_EXPORT defines in that file, which a function cannot take;
+// and only that, not one that also declares the export and the wrapper,
+// which would hide the signatures.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,159 @@
+// The element-wise row operations (simd.hpp): the attention tiles'
+// epilogues, RoPE's rotation, column sums, the gradient norm's sum of squares
+// and the transpose. Highway compiles this file once per target
+// (foreach_target.h includes it again for each) and HWY_DYNAMIC_DISPATCH calls
+// the best one the CPU supports.
+#include "simd_dispatch.h"  // first: the targets to compile
+
+#include <cstdint>
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "src/backend/simd_rows.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "simd_common-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace relpos::simd::HWY_NAMESPACE {
+
+void Multiply(const float* a, const float* b, float* out, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Mul(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, out + i); });
+}
+
+void AddScaled(float* y, const float* x, float alpha, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    hn::StoreU(hn::MulAdd(hn::Set(d, alpha), hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+  });
+}
+
+// y[i] += alpha x[n - 1 - i]: the block of y at i takes x's mirrored block, reversed.
+void AddScaledReversed(float* y, const float* x, float alpha, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const auto mirrored = hn::Reverse(d, hn::LoadU(d, x + n - i - int64_t(hn::Lanes(d))));
+    hn::StoreU(hn::MulAdd(hn::Set(d, alpha), mirrored, hn::LoadU(d, y + i)), d, y + i);
+  });
+}
+
+void AddConstant(float* y, float c, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::Set(d, c)), d, y + i); });
+}
+
+void Scale(float* y, float alpha, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Mul(hn::LoadU(d, y + i), hn::Set(d, alpha)), d, y + i); });
+}
+
+// sums[c] += x(r, c) for r = 0, 1, ... in order, each lane a column held in
+// a register over all rows: the order of a row-by-row sum, one load per row.
+template <class Load>
+void AddColumnSumsOf(int64_t rows, int64_t cols, float* sums, Load load) {
+  ForEachLane(cols, [&](auto d, int64_t c) {
+    auto acc = hn::LoadU(d, sums + c);
+    for (int64_t r = 0; r < rows; ++r) acc = hn::Add(acc, load(d, r * cols + c));
+    hn::StoreU(acc, d, sums + c);
+  });
+}
+
+void AddColumnSums(const float* x, int64_t rows, int64_t cols, float* sums) {
+  AddColumnSumsOf(rows, cols, sums, [&](auto d, int64_t i) { return hn::LoadU(d, x + i); });
+}
+
+void AddColumnSumsBf16(const uint16_t* x, int64_t rows, int64_t cols, float* sums) {
+  AddColumnSumsOf(rows, cols, sums, [&](auto d, int64_t i) { return LoadBf16(d, x + i); });
+}
+
+// The sum of x[i]^2 in double: lanes of doubles, then across lanes, then the
+// tail in order.
+double SumOfSquares(const float* x, int64_t n) {
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> df;
+  const int64_t lanes = int64_t(hn::Lanes(dd));
+  auto sum = hn::Zero(dd);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const auto v = hn::PromoteTo(dd, hn::LoadU(df, x + i));
+    sum = hn::MulAdd(v, v, sum);
+  }
+  double total = hn::GetLane(hn::SumOfLanes(dd, sum));
+  for (; i < n; ++i) total += double(x[i]) * x[i];
+  return total;
+}
+
+void RotatePairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n) {
+  ForEachLane(n, [&](auto d, int64_t i) {
+    const auto x1 = hn::LoadU(d, a + i), x2 = hn::LoadU(d, b + i), cs = hn::LoadU(d, c + i);
+    const auto sn = hn::Mul(hn::LoadU(d, s + i), hn::Set(d, sign));
+    hn::StoreU(hn::Sub(hn::Mul(x1, cs), hn::Mul(x2, sn)), d, a + i);
+    hn::StoreU(hn::Add(hn::Mul(x2, cs), hn::Mul(x1, sn)), d, b + i);
+  });
+}
+
+// out (cols x rows, row stride rows) = the transpose of x (rows x cols, row
+// stride ldx), by 4 x 4 blocks of 128-bit vectors (every x86 target has
+// them) and element by element at the edges.
+void Transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out) {
+  int64_t r = 0;
+#if HWY_TARGET != HWY_SCALAR  // one lane: element by element
+  const hn::FixedTag<float, 4> d;
+  for (; r + 4 <= rows; r += 4) {
+    int64_t c = 0;
+    for (; c + 4 <= cols; c += 4) {
+      const auto r0 = hn::LoadU(d, x + r * ldx + c), r1 = hn::LoadU(d, x + (r + 1) * ldx + c);
+      const auto r2 = hn::LoadU(d, x + (r + 2) * ldx + c), r3 = hn::LoadU(d, x + (r + 3) * ldx + c);
+      const auto lo01 = hn::InterleaveLower(d, r0, r1), lo23 = hn::InterleaveLower(d, r2, r3);
+      const auto hi01 = hn::InterleaveUpper(d, r0, r1), hi23 = hn::InterleaveUpper(d, r2, r3);
+      hn::StoreU(hn::ConcatLowerLower(d, lo23, lo01), d, out + c * rows + r);
+      hn::StoreU(hn::ConcatUpperUpper(d, lo23, lo01), d, out + (c + 1) * rows + r);
+      hn::StoreU(hn::ConcatLowerLower(d, hi23, hi01), d, out + (c + 2) * rows + r);
+      hn::StoreU(hn::ConcatUpperUpper(d, hi23, hi01), d, out + (c + 3) * rows + r);
+    }
+    for (; c < cols; ++c)
+      for (int64_t i = r; i < r + 4; ++i) out[c * rows + i] = x[i * ldx + c];
+  }
+#endif
+  for (; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = x[r * ldx + c];
+}
+
+}  // namespace relpos::simd::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace relpos::simd {
+
+HWY_EXPORT(Multiply);
+HWY_EXPORT(AddScaled);
+HWY_EXPORT(AddScaledReversed);
+HWY_EXPORT(AddConstant);
+HWY_EXPORT(Scale);
+HWY_EXPORT(SumOf);
+HWY_EXPORT(AddColumnSums);
+HWY_EXPORT(AddColumnSumsBf16);
+HWY_EXPORT(SumOfSquares);
+HWY_EXPORT(RotatePairs);
+HWY_EXPORT(Transpose);
+
+void multiply(const float* a, const float* b, float* out, int64_t n) { RELPOS_SIMD_DISPATCH(Multiply)(a, b, out, n); }
+void add_scaled(float* y, const float* x, float alpha, int64_t n) { RELPOS_SIMD_DISPATCH(AddScaled)(y, x, alpha, n); }
+void add_scaled_reversed(float* y, const float* x, float alpha, int64_t n) {
+  RELPOS_SIMD_DISPATCH(AddScaledReversed)(y, x, alpha, n);
+}
+void add_constant(float* y, float c, int64_t n) { RELPOS_SIMD_DISPATCH(AddConstant)(y, c, n); }
+void scale(float* y, float alpha, int64_t n) { RELPOS_SIMD_DISPATCH(Scale)(y, alpha, n); }
+float sum_of(const float* x, int64_t n) { return RELPOS_SIMD_DISPATCH(SumOf)(x, n); }
+void add_column_sums(const float* x, int64_t rows, int64_t cols, float* sums) {
+  RELPOS_SIMD_DISPATCH(AddColumnSums)(x, rows, cols, sums);
+}
+void add_column_sums_bf16(const uint16_t* x, int64_t rows, int64_t cols, float* sums) {
+  RELPOS_SIMD_DISPATCH(AddColumnSumsBf16)(x, rows, cols, sums);
+}
+double sum_of_squares(const float* x, int64_t n) { return RELPOS_SIMD_DISPATCH(SumOfSquares)(x, n); }
+void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n) {
+  RELPOS_SIMD_DISPATCH(RotatePairs)(a, b, c, s, sign, n);
+}
+void transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out) {
+  RELPOS_SIMD_DISPATCH(Transpose)(x, rows, cols, ldx, out);
+}
+
+}  // namespace relpos::simd
+#endif  // HWY_ONCE
