@@ -103,7 +103,11 @@ ForwardTiles forward(int64_t d, int64_t dv) {
 
 std::string describe() {
   const auto shown = [](ForwardTiles t) { return std::to_string(t.rows) + " x " + std::to_string(t.keys); };
-  if (override_tiles().rows) return shown(override_tiles()) + " (RELPOS_FORWARD_TILES)";
+  try {
+    if (override_tiles().rows) return shown(override_tiles()) + " (RELPOS_FORWARD_TILES)";
+  } catch (const std::invalid_argument& e) {  // reported, not thrown: relpos info and import still work
+    return std::string("none: ") + e.what();
+  }
   const CacheSizes& c = this_cpu();
   return shown(forward(64, 64)) + " (d = 64), " + shown(forward(128, 128)) + " (d = 128); rule for " +
          (c.l2 > 0 ? kib(c.l2) + " of L2" : "an unreported L2, taken as " + kib(kAssumedL2));

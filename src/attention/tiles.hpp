@@ -61,7 +61,8 @@ ForwardTiles parse_override(const std::string& text);
 // for this CPU.
 ForwardTiles forward(int64_t d, int64_t dv);
 
-// "128 x 256 (d = 64), 128 x 256 (d = 128), rule for 512 KiB of L2" for relpos info.
+// "128 x 256 (d = 64), 128 x 256 (d = 128), rule for 512 KiB of L2" for relpos info;
+// a malformed RELPOS_FORWARD_TILES is described, not thrown (the attention calls refuse it).
 std::string describe();
 
 }  // namespace relpos::tiles

@@ -60,17 +60,18 @@ std::string active_target() { return RELPOS_SIMD_DISPATCH(TargetName)(); }
 std::vector<std::string> compiled_targets() { return names(HWY_TARGETS); }
 std::vector<std::string> supported_targets() { return names(hwy::SupportedTargets() & HWY_TARGETS); }
 
-// Highway's DisableTargets: SupportedTargets() is then what the CPU supports
-// less the mask, and the chosen target is reset, so that the next dispatch
-// chooses again among what is left. Disabling all but `allowed` makes
-// SupportedTargets() exactly `allowed`, and the mask replaces the one before,
-// so a later, higher limit (or "") enables the targets again.
+// Highway 1.0.3 offers DisableTargets for this, but its SupportedTargets()
+// sets the chosen target from every target the CPU has before applying the
+// disabled mask, so the first SupportedTargets() call after a dispatch
+// (relpos.info() makes one at import) brought the best target back and
+// RELPOS_SIMD was lost. SetSupportedTargetsForTest's targets replace the
+// detection itself, and hold: the limit uses it.
 void limit_targets(const std::string& name) {
-  hwy::DisableTargets(0);  // back to what the CPU supports
+  hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
   if (name.empty()) return;
   const int64_t allowed = targets_up_to(name) & hwy::SupportedTargets() & HWY_TARGETS;
   if (allowed == 0) throw std::invalid_argument("relpos: RELPOS_SIMD: no target up to '" + name + "' runs here");
-  hwy::DisableTargets(~allowed);
+  hwy::SetSupportedTargetsForTest(allowed);
 }
 
 }  // namespace relpos::simd

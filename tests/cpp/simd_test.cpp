@@ -449,6 +449,11 @@ TEST(Simd, EveryTargetThisMachineRunsAgreesWithTheFormulas) {
   for (const std::string name : {"sse4", "scalar"}) {  // below every x86-64 CPU: always what is asked
     limit_targets(name);
     EXPECT_TRUE(runs_as(name, active_target())) << name << " runs as " << active_target();
+    // Asking what the CPU supports (relpos info does, after a dispatch) keeps the limit.
+    for (const std::string& target : relpos::simd::supported_targets())
+      EXPECT_TRUE(name == "sse4" ? runs_as("sse4", target) || runs_as("scalar", target) : runs_as("scalar", target))
+          << name << " supports " << target;
+    EXPECT_TRUE(runs_as(name, active_target())) << name << " after supported_targets runs as " << active_target();
   }
   limit_targets("");
 }
