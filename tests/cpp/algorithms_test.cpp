@@ -258,25 +258,10 @@ TEST(AlgorithmRule, LiteralExamples) {
 
 // ---- long sequence -----------------------------------------------------------------
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
-
 // Gather and fused at L = 1025 (the longest odd shape of docs/design.md 4.1), Shaw K+V
 // with the window well inside the sequence, causal with key padding, in float.
-// The reference they are measured against materialises (L, L, d + dv): a
-// second in an optimised build, too slow under the sanitizers, which run the
-// L = 97 cases.
+// The reference they are measured against materialises (L, L, d + dv).
 TEST(AlgorithmLongSequence, GatherAndFusedAtL1025InFloat) {
-  if (kSanitized) GTEST_SKIP() << "L = 1025 runs in the optimised build only";
   Spec s;
   s.label = "shaw_L1025";
   s.scheme = Scheme::shaw;
