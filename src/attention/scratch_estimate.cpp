@@ -43,21 +43,24 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       elements = threads * pairs * (relative_terms + 8.0);
       break;
     case Algorithm::fused: {
-      // Per thread (one per query tile of a head at most): a head's rows,
-      // tiles of 128 (tiles.hpp) and a transposed key or value tile, clipped
-      // tables' per-row bucket sums and slices; per call: a key band's rows
-      // per head and what its embedding needs.
+      // Per thread (one per query tile of a head at most): a head's rows, the
+      // backward's tiles (tiles.hpp) and a transposed key or value tile, or
+      // the forward's logits (its rows x keys, larger with RELPOS_FORWARD_TILES),
+      // clipped tables' per-row bucket sums and slices; per call: a key band's
+      // rows per head and what its embedding needs.
       const double tile = double(tiles::kBackwardRows);
+      const tiles::ForwardTiles forward = tiles::forward(p.q.shape[3], p.v.shape[3]);
+      const double forward_logits = double(forward.rows) * double(forward.keys);
       const double workers = std::min(requested, heads * std::ceil(std::max(Lq, Lk) / tile));
-      elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * table_rows) * 4.0 + tile * tile +
-                            table_rows * (d + dv));
+      elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * table_rows) * 4.0 +
+                            std::max(tile * tile, forward_logits) + table_rows * (d + dv));
       if (band) elements += (double(p.q.shape[1]) * d + double(sizes.per_distance)) * (Lq + Lk);
       // bfloat16 products on matrix units: the forward's P (a tile of its
       // keys, tiles.hpp) split into three bfloat16 tiles (SplitTile); the
       // backward's P and dS split, its keys thrice, the query tile's q and
       // dout transposed thrice, dk and dv transposed (SplitBackward).
       if (is_half_v<T>)
-        elements += workers * (tile * double(tiles::forward(p.q.shape[3], p.v.shape[3]).keys) * 1.5 +
+        elements += workers * (forward_logits * 1.5 +
                                3.0 * tile * tile + 1.5 * Lk * d + 1.5 * tile * (d + dv) +
                                Lk * (d + dv));
       // Backward with a head's key tiles in groups: each group's query-side
