@@ -72,6 +72,7 @@ TrainOptions TrainOptions::from_config(const train::TrainConfig& c) {
   o.steps = c.steps, o.batch = c.batch, o.warmup = c.warmup, o.seed = int64_t(c.seed);
   o.lr = c.lr, o.min_lr_ratio = c.min_lr_ratio, o.weight_decay = c.weight_decay, o.clip = c.clip;
   o.dtype = nn::to_string(c.precision);
+  o.xl_memory = c.xl_memory;
   return o;
 }
 
@@ -86,6 +87,8 @@ void TrainOptions::add_to(Options& o) {
   o.add_int("--seed", &seed, "seed of the initialisation and the batch sampling", 0,
             std::numeric_limits<int64_t>::max());
   o.add_int("--threads", &threads, "threads (0 = all cores)", 0, kMaxThreads);
+  o.add_int("--xl-memory", &xl_memory, "Transformer-XL: keys of memory carried from batch to batch (0 = --length)", 0,
+            train::kMaxXlMemory);
   o.add_string("--dtype", &dtype,
                "float32; bf16: mixed precision (GEMM and attention operands rounded to bfloat16, float32 "
                "accumulation, weights, optimizer state and checkpoints); auto: bf16 where the CPU multiplies "
@@ -102,6 +105,7 @@ train::TrainConfig TrainOptions::config() const {
   c.weight_decay = weight_decay;
   c.clip = clip;
   c.seed = uint64_t(seed);
+  c.xl_memory = xl_memory;
   try {
     // auto: bfloat16 only where it is faster; elsewhere its operands are
     // rounded in float32 buffers and the GEMMs are float32's (docs/trainer.md).

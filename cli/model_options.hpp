@@ -40,7 +40,7 @@ void add_positions_option(Options& options, std::string* target, const std::stri
 
 struct TrainOptions {
   int64_t steps = 1000, batch = 16, warmup = 100, seed = 1;
-  int threads = 0;
+  int threads = 0, xl_memory = 0;
   double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
   std::string dtype = "float32";
 

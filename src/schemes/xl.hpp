@@ -28,10 +28,6 @@ struct XLScheme {
     f("xl_w_r", pos.xl.w_r, g.xl_w_r...);
   }
 
-  static constexpr std::array<ModelOption, 1> model_options = {
-      {{"xl_memory", &nn::ModelConfig::xl_memory, nullptr, 0, 1 << 24,
-        "Transformer-XL memory in training (0 = the training length)"}}};
-
   static void check_model(const nn::ModelConfig& c) {
     if (c.width % 2 != 0) model_config_error("width", "Transformer-XL's sinusoid needs an even width, got " + std::to_string(c.width));
   }

@@ -90,6 +90,27 @@ std::runtime_error io_error(const std::string& what, const std::string& path) {
   return std::runtime_error(what + " '" + path + "': " + std::strerror(errno));
 }
 
+size_t line_of(const std::string& text, const std::string& key) {  // where a "key=" line starts, or npos
+  if (text.starts_with(key)) return 0;
+  const size_t at = text.find("\n" + key);
+  return at == std::string::npos ? at : at + 1;
+}
+
+// Checkpoints of relpos versions that kept the Transformer-XL memory in the
+// model's configuration carry an "xl_memory=" line in the model's text: moved
+// to the training text, where TrainConfig reads it, so that they load and resume.
+void move_xl_memory_to_training(Checkpoint& c) {
+  const std::string key = "xl_memory=";
+  const size_t at = line_of(c.model_config, key);
+  if (at == std::string::npos) return;
+  const size_t newline = c.model_config.find('\n', at);
+  const size_t end = newline == std::string::npos ? c.model_config.size() : newline + 1;
+  std::string line = c.model_config.substr(at, end - at);
+  c.model_config.erase(at, end - at);
+  if (!line.ends_with('\n')) line += '\n';
+  if (line_of(c.train_config, key) == std::string::npos) c.train_config += line;
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const Checkpoint& c) {
@@ -191,6 +212,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   if (!r.at_end()) throw std::runtime_error(name + " is malformed (unread bytes at the end of its payload)");
   if (c.adam_m.size() != c.parameters.size() || c.adam_v.size() != c.parameters.size())
     throw std::runtime_error(name + " is malformed (optimizer moments and parameters differ in size)");
+  move_xl_memory_to_training(c);
   return c;
 }
 

@@ -62,6 +62,7 @@ void TrainConfig::validate() const {
   need(beta1 >= 0 && beta1 < 1, "beta1", "must be in [0, 1)");
   need(beta2 >= 0 && beta2 < 1, "beta2", "must be in [0, 1)");
   need(clip >= 0 && std::isfinite(clip), "clip", "must be >= 0");
+  need(xl_memory >= 0 && xl_memory <= kMaxXlMemory, "xl_memory", "must be in [0, " + std::to_string(kMaxXlMemory) + "]");
 }
 
 std::string TrainConfig::to_text() const {
@@ -70,7 +71,7 @@ std::string TrainConfig::to_text() const {
     << "\nmin_lr_ratio=" << number_text(min_lr_ratio) << "\nwarmup=" << warmup
     << "\nweight_decay=" << number_text(weight_decay) << "\nbeta1=" << number_text(beta1)
     << "\nbeta2=" << number_text(beta2) << "\nclip=" << number_text(clip) << "\nseed=" << seed
-    << "\nprecision=" << nn::to_string(precision) << "\n";
+    << "\nprecision=" << nn::to_string(precision) << "\nxl_memory=" << xl_memory << "\n";
   return o.str();
 }
 
@@ -88,6 +89,7 @@ TrainConfig TrainConfig::from_text(const std::string& text) {
     else if (key == "clip") c.clip = parse_number<double>(key, value);
     else if (key == "seed") c.seed = parse_number<uint64_t>(key, value);
     else if (key == "precision") c.precision = parse_precision_value(value);
+    else if (key == "xl_memory") c.xl_memory = parse_number<int>(key, value);
     else throw std::invalid_argument("training config: unknown key '" + key + "'");
   }
   c.validate();
@@ -124,8 +126,7 @@ Trainer::Trainer(const nn::ModelConfig& model, const TrainConfig& config, std::s
 }
 
 int Trainer::memory_capacity() const {
-  const nn::ModelConfig& m = model_.config();
-  return m.xl_memory > 0 ? m.xl_memory : m.context;
+  return config_.xl_memory > 0 ? config_.xl_memory : model_.config().context;
 }
 
 void Trainer::set_threads(int n) {

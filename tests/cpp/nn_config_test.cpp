@@ -49,14 +49,13 @@ TEST(NnConfig, ErrorsNameTheField) {
                              "heads"));  // head dimension 3 cannot be rotated in pairs
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "sinusoidal", c.width = 9, c.heads = 3; }),
                              "width"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "xl", c.xl_memory = -2; }), "xl_memory"));
   EXPECT_THROW(Model(with([](ModelConfig& c) { c.ffn = 0; })), std::invalid_argument);
 }
 
 TEST(NnConfig, TextRoundTrips) {
   ModelConfig c;
   c.layers = 3, c.width = 96, c.heads = 6, c.ffn = 200, c.context = 48, c.position = "t5";
-  c.shaw_k = 5, c.t5_buckets = 16, c.t5_max_distance = 64, c.rope_base = 12345.678, c.xl_memory = 17;
+  c.shaw_k = 5, c.t5_buckets = 16, c.t5_max_distance = 64, c.rope_base = 12345.678;
   c.seed = 18446744073709551615ull;
   const ModelConfig back = ModelConfig::from_text(c.to_text());
   EXPECT_EQ(back.to_text(), c.to_text());
@@ -70,7 +69,6 @@ TEST(NnConfig, TextRoundTrips) {
   EXPECT_EQ(back.t5_buckets, 16);
   EXPECT_EQ(back.t5_max_distance, 64);
   EXPECT_EQ(back.rope_base, 12345.678);
-  EXPECT_EQ(back.xl_memory, 17);
   EXPECT_EQ(back.seed, 18446744073709551615ull);
 }
 

@@ -29,7 +29,6 @@ ModelConfig config_of(PositionKind kind) {
   c.shaw_k = 3;
   c.t5_buckets = 6;
   c.t5_max_distance = 12;
-  c.xl_memory = 5;
   c.seed = 11;
   return c;
 }

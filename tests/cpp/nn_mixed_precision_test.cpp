@@ -235,19 +235,17 @@ TEST_P(NnMixedPrecisionKinds, LossAndGradientsStayNearFloat64) {
 // keys and values in memory (rounded to bfloat16 there; their gradients are
 // not taken). Loss and gradients of both calls against float64, as above.
 TEST(NnMixedPrecision, TransformerXlWithMemoryStaysNearFloat64) {
-  ModelConfig config = small_config("xl");
-  config.xl_memory = 8;
-  MixedAndExact models(config, 23);
-  const int batch = 2, length = 8;
-  auto mixed_cache = models.mixed.make_cache<KVCacheOf<float>>(batch, config.xl_memory);
-  auto exact_cache = models.exact.make_cache<KVCacheOf<double>>(batch, config.xl_memory);
+  MixedAndExact models(small_config("xl"), 23);
+  const int batch = 2, length = 8, memory = 8;
+  auto mixed_cache = models.mixed.make_cache<KVCacheOf<float>>(batch, memory);
+  auto exact_cache = models.exact.make_cache<KVCacheOf<double>>(batch, memory);
   for (int call = 0; call < 2; ++call) {
     const std::vector<uint8_t> tokens = random_tokens(batch * (length + 1), 40 + call);
     const double m = models.mixed.loss(tokens.data(), batch, length, &mixed_cache, 0, true);
     const double e = models.exact.loss(tokens.data(), batch, length, &exact_cache, 0, true);
     EXPECT_NEAR(m, e, 2e-3 * e) << "call " << call;
   }
-  EXPECT_EQ(mixed_cache.length, config.xl_memory);  // the second call read a full memory
+  EXPECT_EQ(mixed_cache.length, memory);  // the second call read a full memory
   models.expect_gradients_near();
 }
 

@@ -208,15 +208,44 @@ TEST(TrainCheckpoint, ResumeRefusesOtherConfigurationsAndData) {
   EXPECT_EQ(resume_error(tiny_model("t5"), tiny_training(), data), "");
 }
 
+// A checkpoint whose model text holds the Transformer-XL memory (where relpos
+// kept it before it became a training setting) loads with the line moved to the
+// training text, and resumes with the same memory.
+TEST(TrainCheckpoint, XlMemoryInTheModelTextMovesToTheTrainingText) {
+  TempDir dir;
+  const auto data = relpos_train_test::sample_text(400);
+  TrainConfig training = tiny_training();
+  training.xl_memory = 7;
+  Trainer trainer(tiny_model("xl"), training, data, "sample");
+  trainer.set_threads(1);
+  trainer.step();
+  Checkpoint old = trainer.checkpoint();
+  const size_t at = old.train_config.find("xl_memory=7\n");
+  ASSERT_NE(at, std::string::npos);
+  old.train_config.erase(at, std::string("xl_memory=7\n").size());
+  old.model_config = "xl_memory=7\n" + old.model_config;
+  save_checkpoint(dir.file("old.ckpt"), old);
+  const Checkpoint loaded = load_checkpoint(dir.file("old.ckpt"));
+  EXPECT_EQ(loaded.model_config, trainer.checkpoint().model_config);
+  EXPECT_EQ(TrainConfig::from_text(loaded.train_config).xl_memory, 7);
+  Trainer resumed(tiny_model("xl"), training, data, "sample");
+  EXPECT_NO_THROW(resumed.resume(loaded));
+  EXPECT_EQ(resumed.checkpoint().memory.capacity, 7);
+}
+
 TEST(TrainCheckpoint, TrainConfigTextRoundTrips) {
   TrainConfig t;
   t.lr = 0.1 + 0.2;  // not exactly representable in few digits
   t.seed = 18446744073709551615ull;
   t.clip = 0;
+  t.xl_memory = 17;
   const TrainConfig back = TrainConfig::from_text(t.to_text());
   EXPECT_EQ(back.to_text(), t.to_text());
   EXPECT_EQ(back.lr, t.lr);
   EXPECT_EQ(back.seed, t.seed);
+  EXPECT_EQ(back.xl_memory, 17);
+  EXPECT_THROW(TrainConfig::from_text("xl_memory=-2\n"), std::invalid_argument);
+  EXPECT_THROW(TrainConfig::from_text("xl_memory=16777217\n"), std::invalid_argument);
   EXPECT_THROW(TrainConfig::from_text("steps=5\nspeed=3\n"), std::invalid_argument);
   EXPECT_THROW(TrainConfig::from_text("steps=five\n"), std::invalid_argument);
   EXPECT_THROW(TrainConfig::from_text("steps=0\n"), std::invalid_argument);

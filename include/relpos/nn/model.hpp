@@ -74,7 +74,6 @@ struct ModelConfig {
   int t5_buckets = 32;          // T5 (causal buckets, one table shared by all layers, as in T5)
   int t5_max_distance = 128;
   double rope_base = 10000.0;   // RoPE over the whole head dimension, half-split
-  int xl_memory = 0;            // Transformer-XL memory length used in training (0 = segment length)
   uint64_t seed = 1;            // parameter initialisation
 
   void validate() const;        // throws std::invalid_argument naming the field

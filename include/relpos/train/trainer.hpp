@@ -16,6 +16,8 @@
 
 namespace relpos::train {
 
+inline constexpr int kMaxXlMemory = 1 << 24;  // the largest TrainConfig::xl_memory
+
 struct TrainConfig {
   int64_t steps = 1000;
   int64_t batch = 16;
@@ -29,6 +31,10 @@ struct TrainConfig {
   // Mixed precision (nn::Precision); parameters, optimizer state and
   // checkpoints stay float32. Part of the run: a resume must ask for the same.
   nn::Precision precision = nn::Precision::float32;
+  // Transformer-XL: keys of memory carried from batch to batch (0 = the model's
+  // context). A setting of the run, not of the model: evaluation and sampling
+  // choose their own. Other schemes carry no memory and ignore it.
+  int xl_memory = 0;
 
   void validate() const;        // throws std::invalid_argument naming the field
   std::string to_text() const;  // "key=value" lines; round-trips through from_text
