@@ -80,7 +80,7 @@ int64_t memory_keys(const ProblemShape& s, const SchemeCase& c) { return c.mem_l
 // scheme's options set in pos.
 template <class T>
 std::vector<ModelTensor> scheme_tables(const ProblemShape& s, const SchemeCase& c, PositionParams<T>& pos) {
-  nn::ModelConfig model;
+  SchemeModelConfig model;
   model.heads = int(s.heads), model.width = int(s.heads * s.dim), model.shaw_k = int(c.shaw_k);
   std::vector<ModelTensor> tensors;
   AllSchemes::visit(c.scheme, [&](auto scheme) { tensors = decltype(scheme)::model(pos, model); });

@@ -20,13 +20,13 @@ struct AlibiScheme {
     f("alibi_slopes", pos.alibi.slopes, g.alibi_slopes...);
   }
 
-  static void check_model(const nn::ModelConfig& c) {
+  static void check_model(const SchemeModelConfig& c) {
     if (c.heads > 65536) model_config_error("heads", "ALiBi's slopes take at most 65536 heads, got " + std::to_string(c.heads));
   }
 
   // The model: the paper's slopes, fixed.
   template <class T>
-  static std::vector<ModelTensor> model(PositionParams<T>&, const nn::ModelConfig&) {
+  static std::vector<ModelTensor> model(PositionParams<T>&, const SchemeModelConfig&) {
     return {};
   }
 

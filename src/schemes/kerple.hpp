@@ -110,7 +110,7 @@ struct KerpleScheme : KerpleKernelScheme<KerpleLogKernel> {
   // The model: r1, r2 per layer, initialised to 1 and read clamped at 0.01
   // (a parameter below it gets no gradient), as the paper's code clamps them.
   template <class T>
-  static std::vector<ModelTensor> model(PositionParams<T>&, const nn::ModelConfig& c) {
+  static std::vector<ModelTensor> model(PositionParams<T>&, const SchemeModelConfig& c) {
     constexpr double floor = 0.01;
     return {{"kerple_r1", {c.heads}, false, true, floor}, {"kerple_r2", {c.heads}, false, true, floor}};
   }

@@ -46,7 +46,7 @@ struct KerplePowerScheme : KerpleKernelScheme<KerplePowerKernel> {
   // [0.01, inf) and [0.01, 2] (an entry outside gets no gradient), as the
   // paper's code clamps them.
   template <class T>
-  static std::vector<ModelTensor> model(PositionParams<T>&, const nn::ModelConfig& c) {
+  static std::vector<ModelTensor> model(PositionParams<T>&, const SchemeModelConfig& c) {
     constexpr double floor = 0.01, inf = std::numeric_limits<double>::infinity();
     return {{"kerple_power_r1", {c.heads}, false, true, floor, inf},
             {"kerple_power_r2", {c.heads}, false, true, floor, KerplePowerKernel::r2_ceiling}};

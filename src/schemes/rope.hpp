@@ -20,16 +20,16 @@ struct RopeScheme : NoLearnableTensors {
   static constexpr AlgorithmSet algorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
 
   static constexpr std::array<ModelOption, 1> model_options = {
-      {{"rope_base", nullptr, &nn::ModelConfig::rope_base, 1, std::numeric_limits<double>::max(), "RoPE frequency base"}}};
+      {{"rope_base", nullptr, &SchemeModelConfig::rope_base, 1, std::numeric_limits<double>::max(), "RoPE frequency base"}}};
 
-  static void check_model(const nn::ModelConfig& c) {
+  static void check_model(const SchemeModelConfig& c) {
     if ((c.width / c.heads) % 2 != 0)
       model_config_error("heads", "RoPE needs an even head dimension width / heads, got " + std::to_string(c.width / c.heads));
   }
 
   // The model: base rope_base, half-split, over the whole head dimension.
   template <class T>
-  static std::vector<ModelTensor> model(PositionParams<T>& p, const nn::ModelConfig& c) {
+  static std::vector<ModelTensor> model(PositionParams<T>& p, const SchemeModelConfig& c) {
     p.rope.base = c.rope_base;
     return {};
   }

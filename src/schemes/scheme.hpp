@@ -50,8 +50,8 @@
 #include <vector>
 
 #include "relpos/attention.hpp"
-#include "relpos/nn/model.hpp"
 #include "relpos/position.hpp"
+#include "relpos/scheme_model.hpp"
 
 namespace relpos {
 
@@ -104,17 +104,17 @@ struct ModelTensor {
   }
 };
 
-// One of a scheme's options in relpos's byte-level model: a ModelConfig
-// member (an int or a double), its key in the config's text form (its
-// command-line flag is the key with '-' for '_': "--shaw-k"), what it means,
-// and the range ModelConfig::validate holds it to: an int in [low, high], a
+// One of a scheme's options in relpos's byte-level model: a SchemeModelConfig
+// member (an int or a double), its key in the model configuration's text form
+// (its command-line flag is the key with '-' for '_': "--shaw-k"), what it
+// means, and the range nn::ModelConfig::validate holds it to: an int in [low, high], a
 // double finite and in (low, high]. A scheme lists its options as
 // `static constexpr std::array<ModelOption, N> model_options` and may add
-// checks across fields as `static void check_model(const nn::ModelConfig&)`.
+// checks across fields as `static void check_model(const SchemeModelConfig&)`.
 struct ModelOption {
   const char* key;
-  int nn::ModelConfig::*integer = nullptr;  // exactly one of the two
-  double nn::ModelConfig::*real = nullptr;
+  int SchemeModelConfig::*integer = nullptr;  // exactly one of the two
+  double SchemeModelConfig::*real = nullptr;
   double low = 0, high = 0;
   const char* help = "";
 };
@@ -129,7 +129,7 @@ struct NoLearnableTensors {
   template <class Params, class F, class... Grads>
   static void for_each_param(Params&, F&&, Grads&...) {}
   template <class T>
-  static std::vector<ModelTensor> model(PositionParams<T>&, const nn::ModelConfig&) {
+  static std::vector<ModelTensor> model(PositionParams<T>&, const SchemeModelConfig&) {
     return {};
   }
 };

@@ -22,11 +22,11 @@ struct ShawScheme {
   }
 
   static constexpr std::array<ModelOption, 1> model_options = {
-      {{"shaw_k", &nn::ModelConfig::shaw_k, nullptr, 0, 1 << 20, "Shaw clipping distance k"}}};
+      {{"shaw_k", &SchemeModelConfig::shaw_k, nullptr, 0, 1 << 20, "Shaw clipping distance k"}}};
 
   // The model: per layer, K and V tables shared by heads, clipped at shaw_k.
   template <class T>
-  static std::vector<ModelTensor> model(PositionParams<T>& p, const nn::ModelConfig& c) {
+  static std::vector<ModelTensor> model(PositionParams<T>& p, const SchemeModelConfig& c) {
     p.shaw.k = c.shaw_k;
     const std::vector<int64_t> shape = {1, 2 * int64_t(c.shaw_k) + 1, c.width / c.heads};
     return {{"shaw_wk", shape}, {"shaw_wv", shape}};

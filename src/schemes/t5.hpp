@@ -20,10 +20,10 @@ struct T5Scheme {
   }
 
   static constexpr std::array<ModelOption, 2> model_options = {
-      {{"t5_buckets", &nn::ModelConfig::t5_buckets, nullptr, 1, 1 << 16, "T5 relative-position buckets"},
-       {"t5_max_distance", &nn::ModelConfig::t5_max_distance, nullptr, 1, 1 << 30, "T5 distance of the last bucket"}}};
+      {{"t5_buckets", &SchemeModelConfig::t5_buckets, nullptr, 1, 1 << 16, "T5 relative-position buckets"},
+       {"t5_max_distance", &SchemeModelConfig::t5_max_distance, nullptr, 1, 1 << 30, "T5 distance of the last bucket"}}};
 
-  static void check_model(const nn::ModelConfig& c) {
+  static void check_model(const SchemeModelConfig& c) {
     try {
       check_t5_config(false, c.t5_buckets, c.t5_max_distance);
     } catch (const std::invalid_argument& e) {
@@ -35,7 +35,7 @@ struct T5Scheme {
 
   // The model: one table for all layers (as T5), causal buckets.
   template <class T>
-  static std::vector<ModelTensor> model(PositionParams<T>& p, const nn::ModelConfig& c) {
+  static std::vector<ModelTensor> model(PositionParams<T>& p, const SchemeModelConfig& c) {
     p.t5.bidirectional = false;
     p.t5.max_distance = c.t5_max_distance;
     return {{"t5_table", {c.heads, c.t5_buckets}, true}};

@@ -28,14 +28,14 @@ struct XLScheme {
     f("xl_w_r", pos.xl.w_r, g.xl_w_r...);
   }
 
-  static void check_model(const nn::ModelConfig& c) {
+  static void check_model(const SchemeModelConfig& c) {
     if (c.width % 2 != 0) model_config_error("width", "Transformer-XL's sinusoid needs an even width, got " + std::to_string(c.width));
   }
 
   // The model: u, v shared by all layers, W_R per layer, a sinusoid of size
   // width; no absolute embeddings.
   template <class T>
-  static std::vector<ModelTensor> model(PositionParams<T>&, const nn::ModelConfig& c) {
+  static std::vector<ModelTensor> model(PositionParams<T>&, const SchemeModelConfig& c) {
     const int64_t dh = c.width / c.heads;
     return {{"xl_u", {c.heads, dh}, true}, {"xl_v", {c.heads, dh}, true}, {"xl_w_r", {c.heads, dh, c.width}}};
   }

@@ -30,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "relpos/scheme_model.hpp"
+
 namespace relpos::nn {
 
 // Where position information enters the model, by name. `sinusoidal` and
@@ -63,18 +65,13 @@ enum class Precision { float32, bfloat16 };
 const char* to_string(Precision precision);
 Precision parse_precision(const std::string& name);  // "float32", "bfloat16" or "bf16"; throws std::invalid_argument
 
-struct ModelConfig {
+// The model's configuration: its shape and the position schemes' options
+// (width, heads, context and those, from SchemeModelConfig) and the rest.
+struct ModelConfig : SchemeModelConfig {
   int layers = 2;
-  int width = 128;  // model dimension; heads * head_dim
-  int heads = 4;
-  int ffn = 512;    // hidden width of the GELU feed-forward block
-  int context = 64; // training length; size of the learned absolute table
+  int ffn = 512;  // hidden width of the GELU feed-forward block
   PositionKind position = "alibi";
-  int shaw_k = 16;              // Shaw clipping distance (tables per layer, shared by heads, K and V)
-  int t5_buckets = 32;          // T5 (causal buckets, one table shared by all layers, as in T5)
-  int t5_max_distance = 128;
-  double rope_base = 10000.0;   // RoPE over the whole head dimension, half-split
-  uint64_t seed = 1;            // parameter initialisation
+  uint64_t seed = 1;  // parameter initialisation
 
   void validate() const;        // throws std::invalid_argument naming the field
   std::string to_text() const;  // "key=value" lines; round-trips through from_text
