@@ -102,6 +102,25 @@ X option(const nb::dict& a, const char* key, X fallback) {
   }
 }
 
+// The options named by words: Shaw's beyond, RoPE's style.
+void read_option(const nb::dict& a, const char* key, Beyond& member) {
+  const std::string beyond = option<std::string>(a, key, member == Beyond::zero ? "zero" : "clip");
+  if (beyond != "clip" && beyond != "zero") fail("shaw beyond: must be 'clip' or 'zero', got '" + beyond + "'");
+  member = beyond == "zero" ? Beyond::zero : Beyond::clip;
+}
+
+void read_option(const nb::dict& a, const char* key, RopeStyle& member) {
+  const std::string style = option<std::string>(a, key, member == RopeStyle::interleaved ? "interleaved" : "half_split");
+  if (style != "half_split" && style != "interleaved")
+    fail("rope style: must be 'half_split' or 'interleaved', got '" + style + "'");
+  member = style == "interleaved" ? RopeStyle::interleaved : RopeStyle::half_split;
+}
+
+template <class X>
+void read_option(const nb::dict& a, const char* key, X& member) {
+  member = option<X>(a, key, member);
+}
+
 template <class T>
 void fill_forward(const nb::dict& a, AttentionForward<T>& p) {
   p.q = input<T, 4>(a, "q");
@@ -124,23 +143,12 @@ void fill_forward(const nb::dict& a, AttentionForward<T>& p) {
 
   PositionParams<T>& pos = p.pos;
   pos.scheme = parse_scheme(option<std::string>(a, "scheme", "none"));
-  pos.shaw.k = option<int64_t>(a, "shaw_k", 0);
-  const std::string beyond = option<std::string>(a, "shaw_beyond", "clip");
-  if (beyond != "clip" && beyond != "zero") fail("shaw beyond: must be 'clip' or 'zero', got '" + beyond + "'");
-  pos.shaw.beyond = beyond == "zero" ? Beyond::zero : Beyond::clip;
-  // Every scheme's learnable tensors, by their names ("t5_table", ...).
+  // Every scheme's learnable tensors and other options, by their names
+  // ("t5_table", "shaw_k", ...); an option not given keeps its default.
   for_each_scheme_param(pos, [&](const char* name, auto& param) {
     param = input<T, std::tuple_size_v<decltype(param.shape)>>(a, name);
   });
-  pos.t5.bidirectional = option<bool>(a, "t5_bidirectional", true);
-  pos.t5.max_distance = option<int64_t>(a, "t5_max_distance", 128);
-  pos.rope.base = option<double>(a, "rope_base", 10000.0);
-  pos.rope.rotary_dims = option<int64_t>(a, "rope_dims", 0);
-  const std::string style = option<std::string>(a, "rope_style", "half_split");
-  if (style != "half_split" && style != "interleaved")
-    fail("rope style: must be 'half_split' or 'interleaved', got '" + style + "'");
-  pos.rope.style = style == "interleaved" ? RopeStyle::interleaved : RopeStyle::half_split;
-  pos.xl.clamp_len = option<int64_t>(a, "xl_clamp_len", 0);
+  for_each_scheme_option([&](const char* name, auto& member) { read_option(a, name, member); }, pos);
 }
 
 template <class T>

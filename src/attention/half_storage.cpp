@@ -70,7 +70,7 @@ View<T, N> rows(View<T, N> v, int64_t b0, int64_t n) {
 }
 
 // The call's positional parameters in float32: the options as given (each
-// scheme's copy_options), every learnable table widened (owned here).
+// scheme's for_each_option), every learnable table widened (owned here).
 template <class S>
 struct WideParams {
   PositionParams<float> pos;

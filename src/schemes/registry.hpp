@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string_view>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -142,23 +143,26 @@ EmbeddingSizes embedding_sizes(const AttentionForward<T>& p) {
   return sizes;
 }
 
-template <class S, class A, class B, class = void>
-struct HasOptions : std::false_type {};
-template <class S, class A, class B>
-struct HasOptions<S, A, B,
-                  std::void_t<decltype(S::copy_options(std::declval<const PositionParams<A>&>(),
-                                                       std::declval<PositionParams<B>&>()))>> : std::true_type {};
+// Calls f(name, members...) for every scheme's options that are not tensors,
+// the member of each of pos... (for_each_option of the schemes that have some).
+template <class S>
+concept HasOptions = requires(PositionParams<float>& p) { S::for_each_option([](const char*, auto&) {}, p); };
 
-// Copies the options of every scheme that are not tensors (copy_options of
-// the schemes that have some) from one element type's parameters to
-// another's; tensors are not touched.
+template <class F, class... Params>
+void for_each_scheme_option(F&& f, Params&... pos) {
+  const auto params = std::forward_as_tuple(pos...);  // a tuple, not the pack: GCC 12 cannot capture a pack here
+  AllSchemes::for_each([&](auto scheme) {
+    using S = decltype(scheme);
+    if constexpr (HasOptions<S>) std::apply([&](auto&... p) { S::for_each_option(f, p...); }, params);
+  });
+}
+
+// Copies the scheme and every scheme's options that are not tensors from one
+// element type's parameters to another's; tensors are not touched.
 template <class A, class B>
 void copy_scheme_options(const PositionParams<A>& from, PositionParams<B>& to) {
   to.scheme = from.scheme;
-  AllSchemes::for_each([&](auto scheme) {
-    using S = decltype(scheme);
-    if constexpr (HasOptions<S, A, B>::value) S::copy_options(from, to);
-  });
+  for_each_scheme_option([](const char*, const auto& source, auto& target) { target = source; }, from, to);
 }
 
 inline bool scheme_serves(Scheme id, Algorithm a) {

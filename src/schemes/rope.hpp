@@ -34,9 +34,13 @@ struct RopeScheme : NoLearnableTensors {
     return {};
   }
 
-  template <class A, class B>
-  static void copy_options(const PositionParams<A>& from, PositionParams<B>& to) {
-    to.rope = from.rope;
+  // Its options other than tensors, each once, by the name the Python
+  // binding reads: f(name, the member of each of pos...).
+  template <class F, class... Params>
+  static void for_each_option(F&& f, Params&... pos) {
+    f("rope_base", pos.rope.base...);
+    f("rope_dims", pos.rope.rotary_dims...);
+    f("rope_style", pos.rope.style...);
   }
 
   template <class T>

@@ -23,8 +23,9 @@
 //                    (Transformer-XL's u and v): a QueryBiases<T> (below)
 //   embedding_sizes  with KeyEmbedding or ValueEmbedding: their sizes for
 //                    the scratch estimate, before anything is built
-//   copy_options     its options that are not tensors (Shaw's k), from one
-//                    element type's parameters to another's
+//   for_each_option  its options that are not tensors (Shaw's k), each once
+//                    with the name the Python binding reads: copied between
+//                    element types for half storage, parsed by the binding
 //   model(p, c)      how relpos's byte-level model (src/nn) holds the scheme:
 //                    sets the options of p from the model's configuration c
 //                    and returns the learnable tensors the model trains (a

@@ -32,9 +32,12 @@ struct ShawScheme {
     return {{"shaw_wk", shape}, {"shaw_wv", shape}};
   }
 
-  template <class A, class B>
-  static void copy_options(const PositionParams<A>& from, PositionParams<B>& to) {
-    to.shaw.k = from.shaw.k, to.shaw.beyond = from.shaw.beyond;
+  // Its options other than tensors, each once, by the name the Python
+  // binding reads: f(name, the member of each of pos...).
+  template <class F, class... Params>
+  static void for_each_option(F&& f, Params&... pos) {
+    f("shaw_k", pos.shaw.k...);
+    f("shaw_beyond", pos.shaw.beyond...);
   }
 
   // The tables as the kernels read them: clipped tables, each present or not.

@@ -41,9 +41,12 @@ struct T5Scheme {
     return {{"t5_table", {c.heads, c.t5_buckets}, true}};
   }
 
-  template <class A, class B>
-  static void copy_options(const PositionParams<A>& from, PositionParams<B>& to) {
-    to.t5.bidirectional = from.t5.bidirectional, to.t5.max_distance = from.t5.max_distance;
+  // Its options other than tensors, each once, by the name the Python
+  // binding reads: f(name, the member of each of pos...).
+  template <class F, class... Params>
+  static void for_each_option(F&& f, Params&... pos) {
+    f("t5_bidirectional", pos.t5.bidirectional...);
+    f("t5_max_distance", pos.t5.max_distance...);
   }
 
   template <class T>

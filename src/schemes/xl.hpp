@@ -40,9 +40,11 @@ struct XLScheme {
     return {{"xl_u", {c.heads, dh}, true}, {"xl_v", {c.heads, dh}, true}, {"xl_w_r", {c.heads, dh, c.width}}};
   }
 
-  template <class A, class B>
-  static void copy_options(const PositionParams<A>& from, PositionParams<B>& to) {
-    to.xl.clamp_len = from.xl.clamp_len;
+  // Its options other than tensors, each once, by the name the Python
+  // binding reads: f(name, the member of each of pos...).
+  template <class F, class... Params>
+  static void for_each_option(F&& f, Params&... pos) {
+    f("xl_clamp_len", pos.xl.clamp_len...);
   }
 
   // The positional keys W_R[h] R(xl_distance(r)), a row per distance; the
