@@ -51,7 +51,8 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       const double tile = double(tiles::kBackwardRows);
       const tiles::ForwardTiles forward = tiles::forward(p.q.shape[3], p.v.shape[3]);
       const double forward_logits = double(forward.rows) * double(forward.keys);
-      const double workers = std::min(requested, heads * std::ceil(std::max(Lq, Lk) / tile));
+      const double workers = std::min(
+          requested, heads * std::max(std::ceil(std::max(Lq, Lk) / tile), std::ceil(Lq / double(forward.rows))));
       elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * table_rows) * 4.0 +
                             std::max(tile * tile, forward_logits) + table_rows * (d + dv));
       if (band) elements += (double(p.q.shape[1]) * d + double(sizes.per_distance)) * (Lq + Lk);

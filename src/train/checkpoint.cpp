@@ -108,7 +108,9 @@ void move_xl_memory_to_training(Checkpoint& c) {
   std::string line = c.model_config.substr(at, end - at);
   c.model_config.erase(at, end - at);
   if (!line.ends_with('\n')) line += '\n';
-  if (line_of(c.train_config, key) == std::string::npos) c.train_config += line;
+  if (line_of(c.train_config, key) != std::string::npos) return;
+  if (!c.train_config.empty() && !c.train_config.ends_with('\n')) c.train_config += '\n';
+  c.train_config += line;
 }
 
 }  // namespace

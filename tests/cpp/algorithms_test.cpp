@@ -10,7 +10,7 @@
 //  * one the rule does not serve throws std::invalid_argument naming
 //    'algorithm' from check_algorithm, validate_forward, forward and backward,
 //    before writing anything.
-// Plus gather and fused at L = 1025 in float (optimised builds only).
+// Plus gather and fused at L = 1025 in float.
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -6,12 +6,14 @@ resolved to the file it names, so a new backward include fails here by name."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+# Quoted includes, and angle-bracket ones of relpos's own headers.
+INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<(relpos/[^>]+)>)', re.MULTILINE)
 
 # Each layer, and the layers above it that it must not include.
 ATTENTION = ["include/relpos/*.hpp", "src/backend/*", "src/position/*", "src/schemes/*", "src/attention/*"]
@@ -25,9 +27,11 @@ def files(patterns):
 
 
 def included(source: Path):
-    """The files a source's quoted includes name: beside it first, then under include/."""
-    for name in INCLUDE.findall(source.read_text()):
-        for base in (source.parent, ROOT / "include"):
+    """The files a source's includes name: beside it first, then under include/, then from
+    the repository's root (on the library's private include path)."""
+    for quoted, angled in INCLUDE.findall(source.read_text()):
+        name = quoted or angled
+        for base in (source.parent, ROOT / "include", ROOT):
             if (base / name).is_file():
                 yield name, (base / name).resolve()
                 break
@@ -49,6 +53,6 @@ def test_the_reader_sees_a_backward_include(tmp_path, monkeypatch):
     (tmp_path / "include" / "relpos" / "nn").mkdir(parents=True)
     (tmp_path / "include" / "relpos" / "nn" / "model.hpp").write_text("")
     fake.write_text('#include "relpos/nn/model.hpp"\n')
-    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     with pytest.raises(AssertionError, match="bad.hpp includes relpos/nn/model.hpp"):
         test_no_include_reaches_a_layer_above(*FORBIDDEN[0])

@@ -159,3 +159,17 @@ def test_module_parameters_are_the_records_tensors_drawn_in_order():
             assert (mine is None) == (params.get(field) is None), (name, field)
             if mine is not None:
                 assert isinstance(mine, torch.nn.Parameter) and torch.equal(mine, params[field]), (name, field)
+
+
+# Every option the records pass reaches the extension under the same name: the extension
+# reads each scheme's options from the scheme's own list (for_each_option in
+# src/schemes/), and an option given with a type none of them has is refused naming it.
+# A name the two sides spell differently would be ignored there, silently, and fail here.
+@pytest.mark.parametrize("core", sorted({o.core for cls in SCHEMES.values() for o in cls.option_table()}))
+def test_every_option_name_reaches_the_extension(core):
+    from relpos import _relpos
+    q = np.zeros((1, 1, 2, 4), np.float32)
+    args = dict(q=q, k=q.copy(), v=q.copy(), out=np.zeros_like(q), lse=np.zeros((1, 1, 2), np.float32))
+    args[core] = [1, 2]  # a list: no option is one
+    with pytest.raises(ValueError, match=core):
+        _relpos.forward(args)
