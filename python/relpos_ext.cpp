@@ -9,6 +9,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <array>
 #include <cstring>
 #include <stdexcept>
 #include <typeinfo>
@@ -103,17 +104,24 @@ X option(const nb::dict& a, const char* key, X fallback) {
 }
 
 // The options named by words: Shaw's beyond, RoPE's style.
+// An enum option, by the names Python passes for its values (in the enum's order).
+template <class E, std::size_t N>
+void read_named(const nb::dict& a, const char* key, E& member, const std::array<const char*, N>& names) {
+  const std::string given = option<std::string>(a, key, names[static_cast<std::size_t>(member)]);
+  std::string allowed;
+  for (std::size_t n = 0; n < N; ++n) {
+    if (given == names[n]) return void(member = static_cast<E>(n));
+    allowed += std::string(n == 0 ? "" : n + 1 == N ? " or " : ", ") + "'" + names[n] + "'";
+  }
+  fail(std::string(key) + ": must be " + allowed + ", got '" + given + "'");
+}
+
 void read_option(const nb::dict& a, const char* key, Beyond& member) {
-  const std::string beyond = option<std::string>(a, key, member == Beyond::zero ? "zero" : "clip");
-  if (beyond != "clip" && beyond != "zero") fail("shaw beyond: must be 'clip' or 'zero', got '" + beyond + "'");
-  member = beyond == "zero" ? Beyond::zero : Beyond::clip;
+  read_named(a, key, member, std::array{"clip", "zero"});
 }
 
 void read_option(const nb::dict& a, const char* key, RopeStyle& member) {
-  const std::string style = option<std::string>(a, key, member == RopeStyle::interleaved ? "interleaved" : "half_split");
-  if (style != "half_split" && style != "interleaved")
-    fail("rope style: must be 'half_split' or 'interleaved', got '" + style + "'");
-  member = style == "interleaved" ? RopeStyle::interleaved : RopeStyle::half_split;
+  read_named(a, key, member, std::array{"half_split", "interleaved"});
 }
 
 template <class X>

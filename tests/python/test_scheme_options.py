@@ -173,3 +173,25 @@ def test_every_option_name_reaches_the_extension(core):
     args[core] = [1, 2]  # a list: no option is one
     with pytest.raises(ValueError, match=core):
         _relpos.forward(args)
+
+
+# An enum option is read by its names: one the extension does not know is refused naming the
+# option and the names it accepts; each accepted name gives its own result.
+@pytest.mark.parametrize("core, names", [("shaw_beyond", ("clip", "zero")), ("rope_style", ("half_split", "interleaved"))])
+def test_enum_options_are_read_by_name(core, names):
+    from relpos import _relpos
+    rng = np.random.default_rng(3)
+    L, d = 8, 4
+    q, k, v = (rng.standard_normal((1, 1, L, d)) for _ in range(3))
+    scheme = core.split("_")[0]
+    base = dict(q=q, k=k, v=v, lse=np.zeros((1, 1, L)), scheme=scheme)
+    if scheme == "shaw":
+        base.update(shaw_k=1, shaw_wk=rng.standard_normal((1, 3, d)))
+    outs = []
+    for name in names:
+        args = dict(base, out=np.zeros_like(q), **{core: name})
+        _relpos.forward(args)
+        outs.append(args["out"])
+    assert not np.allclose(outs[0], outs[1]), "the two names computed the same"
+    with pytest.raises(ValueError, match=f"{core}: must be '{names[0]}' or '{names[1]}', got 'sideways'"):
+        _relpos.forward(dict(base, out=np.zeros_like(q), **{core: "sideways"}))
