@@ -40,7 +40,7 @@ void logits(const AttentionForward<T>& p, HeadData<T>& x, RelativeTerm<T>& term,
 // from some rows, the visible pairs only.
 template <class T>
 TileCut head_cut(const AttentionForward<T>& p, const Head<T>& hd) {
-  return {p.causal, /*staircase=*/false, -hd.r(0, 0)};
+  return {p.causal, /*staircase=*/false, -hd.r(0, 0), hd.lk};
 }
 
 // Row i of P where its shift (maximum or logsumexp) is NaN, the row having

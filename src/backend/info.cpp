@@ -44,7 +44,7 @@ BuildInfo build_info() {
                                        : "widened to float32 (oneDNN's instruction set has no AVX512-BF16)";
   // Half-storage attention calls run the float32 kernels on widened rows
   // (src/attention/half_storage.cpp); the fused kernel multiplies stored
-  // bfloat16 rows in place where their products are exact (src/attention/fused.cpp).
+  // bfloat16 rows in place where their products are exact (src/attention/bf16_split.hpp).
   info.half_storage = gemm_bf16_matrix_units()
                           ? "fused: q k^T and dout v^T as bfloat16 products of the stored rows; P v, dS k, dS^T q "
                             "and P^T dout with P and dS split exactly into three bfloat16 parts (values of 64+ "

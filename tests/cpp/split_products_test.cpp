@@ -1,5 +1,5 @@
 // The products of float32 tiles split into three bfloat16 parts
-// (src/attention/tile_products.hpp) against double-precision sums of the same
+// (src/attention/bf16_split.hpp) against double-precision sums of the same
 // products. The bfloat16 error rule of the attention tests cannot see the
 // third part (its bits lie below a bfloat16 result's rounding), so these
 // tiles pair entries that agree in all but their last 8 significant bits
@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "../../src/attention/tile_products.hpp"
+#include "../../src/attention/bf16_split.hpp"
 
 namespace {
 

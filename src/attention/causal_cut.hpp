@@ -1,0 +1,88 @@
+// The causal mask's cut, at the three scales the fused kernel works at, one
+// name each:
+//   a query tile   visited_keys: the end of the keys it visits, its key tiles
+//                  up to the last one not wholly in its future
+//   a tile         TileCut: key jj of the tile is visible to its row ii iff
+//                  jj <= ii + delta (every key without a causal mask)
+//   a tile's row   TileCut::shown(ii): the keys [0, shown) the mask shows it;
+//                  TileCut::computed(ii): those its softmax runs over, shown
+//                  rounded up to whole vectors (the rest of the row is zero)
+// Rows and keys the cut hides from part of a tile are what a product that
+// must skip a non-finite row reads (hidden_key_rows, hidden_query_rows).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "../backend/simd.hpp"
+#include "head.hpp"
+#include "tiles.hpp"
+
+namespace relpos {
+
+struct TileCut {
+  bool causal = false;
+  bool staircase = false;  // the mask cuts the tile and it is small enough for simd::staircase_product
+  int64_t delta = 0;
+  int64_t keys = 0;  // the tile's
+
+  int64_t shown(int64_t ii) const { return causal ? std::clamp<int64_t>(ii + delta + 1, 0, keys) : keys; }
+
+  // Rounded up to 16 so that the vector loops run whole vectors (a tail runs
+  // lane by lane, and a third of the plain forward at L = 64 went to it); the
+  // masked keys among them are -inf logits and come out 0.
+  int64_t computed(int64_t ii) const {
+    constexpr int64_t kVector = 16;
+    return causal ? std::min(keys, (shown(ii) + kVector - 1) / kVector * kVector) : keys;
+  }
+};
+
+// The cut of a tile of bq queries and bk keys of `features` (the larger of
+// d and dv) where key jj is visible to row ii iff jj <= ii + delta.
+inline TileCut tile_cut(bool causal, int64_t delta, int64_t bq, int64_t bk, int64_t features) {
+  const int64_t most = simd::kStaircaseMaxSize;
+  const bool cut = causal && delta < bk - 1;  // row 0 cannot see the last key
+  return {causal, cut && bq <= most && bk <= most && features <= most, delta, bk};
+}
+
+// Key rows jj of a tile hidden from its row 0 (jj > delta), and query rows
+// ii that do not see its last key (ii < bk - 1 - delta).
+inline std::pair<int64_t, int64_t> hidden_key_rows(const TileCut& cut) {
+  return {cut.causal ? std::clamp<int64_t>(cut.delta + 1, 0, cut.keys) : cut.keys, cut.keys};
+}
+inline std::pair<int64_t, int64_t> hidden_query_rows(const TileCut& cut, int64_t bq) {
+  return {0, cut.causal ? std::clamp<int64_t>(cut.keys - 1 - cut.delta, 0, bq) : 0};
+}
+
+namespace fused {
+
+// A tile: queries [i0, i0 + bq) against keys [j0, j0 + bk).
+struct Tile {
+  int64_t i0, bq, j0, bk;
+};
+
+// True when every pair of the tile is in the future of its query (causal).
+template <class T>
+bool above_diagonal(const AttentionForward<T>& p, const Head<T>& hd, const Tile& t) {
+  return p.causal && hd.r(t.i0 + t.bq - 1, t.j0) > 0;
+}
+
+template <class T>
+TileCut cut_of(const AttentionForward<T>& p, const Head<T>& hd, const Tile& t) {
+  return tile_cut(p.causal, -hd.r(t.i0, t.j0), t.bq, t.bk, std::max(hd.d, hd.dv));
+}
+
+template <class T>
+int64_t visited_keys(const AttentionForward<T>& p, const Head<T>& hd, int64_t i0, int64_t bq) {
+  int64_t end = 0;
+  for (int64_t j0 = 0; j0 < hd.lk; j0 += tiles::kBackwardKeys) {
+    const Tile t{i0, bq, j0, std::min(tiles::kBackwardKeys, hd.lk - j0)};
+    if (above_diagonal(p, hd, t)) break;  // later key tiles lie further in the future
+    end = j0 + t.bk;
+  }
+  return end;
+}
+
+}  // namespace fused
+}  // namespace relpos

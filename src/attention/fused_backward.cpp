@@ -1,0 +1,339 @@
+// The fused kernel's backward: P recomputed from the saved logsumexp, query
+// tiles outer and key tiles inner, a head's key tiles in groups where there
+// are fewer heads than threads; positional gradients summed in a fixed
+// order (fused_tile.hpp).
+#include <algorithm>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "fused.hpp"
+#include "fused_tile.hpp"
+#include "grad_partials.hpp"
+
+namespace relpos::fused {
+
+// Key-tile groups per head in the backward. Fewer heads than threads would
+// leave threads idle (B = 1, H = 1 ran on one thread), so each head's key
+// tiles are split into contiguous groups that run as separate work items,
+// each with its own query-side gradients (dq and the positional sums), added
+// in group order. Two items per thread let the head-tail order balance a
+// causal mask. Groups cost copies and sums (one head at L = 8192 on one
+// thread in 8 groups: 8-20% slower), so one thread, or at least two heads per
+// thread, keeps one group per head. The grouping depends on the thread count,
+// so dq's rounding does too; the same thread count gives the same bits.
+
+template <class T>
+int64_t backward_key_groups(const AttentionForward<T>& p) {
+  const int64_t heads = p.q.shape[0] * p.q.shape[1], tiles = (p.k.shape[2] + kBackwardKeys - 1) / kBackwardKeys;
+  const int64_t threads = thread_count(p.num_threads, heads * tiles);
+  if (threads == 1) return 1;
+  return std::clamp<int64_t>((2 * threads + heads - 1) / heads, 1, std::max<int64_t>(tiles, 1));
+}
+
+namespace {
+
+// The gradients of one head that sum over its key tiles, for one group of them.
+template <class T>
+struct QueryGrads {
+  Scratch<T> dqc, dqp;  // dL/d(q + u) and dL/d(q + v), (lq, d)
+  Scratch<T> dR, Pb;    // clipped tables: key-score gradients and value bucket sums of P, (lq, 2k+1)
+  Scratch<T> dE;        // a key band: gradients of its rows, (distances, d)
+  Scratch<T> dbias;     // a bias per distance with learnable parameters: its gradient per distance
+
+  void reset(const HeadContext<T>& c, bool bias_grads) {
+    const Head<T>& hd = c.x.hd;
+    dqc.assign(hd.lq * hd.d, T(0)), dqp.assign(hd.lq * hd.d, T(0));
+    dR.assign(c.key_table() ? hd.lq * c.nb : 0, T(0)), Pb.assign(c.value_table() ? hd.lq * c.nb : 0, T(0));
+    dE.assign(c.band() ? hd.distances() * hd.d : 0, T(0));
+    dbias.assign(c.x.bias.empty() || !bias_grads ? 0 : hd.distances(), T(0));
+  }
+
+  void add(const QueryGrads& o) {
+    for (auto [mine, theirs] : {std::pair{&dqc, &o.dqc}, {&dqp, &o.dqp}, {&dR, &o.dR}, {&Pb, &o.Pb}, {&dE, &o.dE},
+                                {&dbias, &o.dbias}})
+      for (std::size_t n = 0; n < mine->size(); ++n) (*mine)[n] += (*theirs)[n];
+  }
+};
+
+template <class T>
+struct BackwardScratch {
+  HeadContext<T> head;
+  Scratch<T> dout, out_row, D, P, dP, Rq, G, dband, transposed;
+  KeyBand<T> band;
+  QueryGrads<T> query;  // one head's, when a head is one group
+  Scratch<T> dk, dv;
+  SplitBackward split;  // where splits_backward
+};
+
+// The dense dout of the prepared head and D_i = dout_i . out_i.
+template <class Stored, class T>
+void load_dout(const AttentionBackward<Stored>& data, BackwardScratch<T>& w) {
+  const Head<T>& hd = w.head.x.hd;
+  const int64_t dv = hd.dv;
+  w.dout.resize(hd.lq * dv), w.out_row.resize(dv), w.D.resize(hd.lq);
+  for (int64_t i = 0; i < hd.lq; ++i) {
+    read_row(data.dout, hd.b, hd.h, i, &w.dout[i * dv]);
+    read_row(View4<const Stored>(data.out), hd.b, hd.h, i, w.out_row.data());
+    T D = 0;
+    for (int64_t x = 0; x < dv; ++x) D += w.dout[i * dv + x] * w.out_row[x];
+    w.D[i] = D;
+  }
+  if constexpr (std::is_same_v<Stored, bfloat16>)
+    if (w.head.stored && data.dout.stride[3] == 1 && data.dout.stride[2] >= dv) {
+      w.head.stored.dout = &data.dout(hd.b, hd.h, 0, 0);
+      w.head.stored.lddout = data.dout.stride[2];
+    }
+}
+
+// Key tiles [group n / groups, (group + 1) n / groups) of the n of head
+// (b, h) against every query tile that sees them: dk and dv of those keys
+// (rows no other group writes; dk, dv zeroed by the caller) and the group's
+// query-side sums in q.
+template <class F, class T, class Stored>
+void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e,
+                        int64_t b, int64_t h, int64_t group, int64_t groups, QueryGrads<T>& q, Scratch<T>& dk,
+                        Scratch<T>& dv, BackwardScratch<T>& w) {
+  HeadContext<T>& c = w.head;
+  prepare(p, data, e, b, h, c);
+  load_dout(data, w);
+  q.reset(c, wants_scheme_grads(p));
+  const Head<T>& hd = c.x.hd;
+  const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
+  const T scale = T(effective_scale(p));
+  const int64_t tiles = (hd.lk + kBackwardKeys - 1) / kBackwardKeys;
+  const int64_t begin = group * tiles / groups * kBackwardKeys, end = std::min(hd.lk, (group + 1) * tiles / groups * kBackwardKeys);
+  w.P.resize(kBackwardRows * kBackwardKeys), w.dP.resize(kBackwardRows * kBackwardKeys);
+  const bool split = std::is_same_v<T, float> && c.stored.splits_backward();
+  if (split) w.split.start_group(end - begin, kBackwardKeys, c.stored.k + begin * c.stored.ldk, c.stored.ldk, d, dvd);
+
+  for (int64_t i0 = 0; i0 < lq; i0 += kBackwardRows) {
+    const int64_t bq = std::min(kBackwardRows, lq - i0), keys = std::min(end, visited_keys(p, hd, i0, bq));
+    if (keys <= begin) continue;
+    if (split)
+      w.split.start_query_tile(c.stored.q + i0 * c.stored.ldq, c.stored.ldq, c.stored.dout + i0 * c.stored.lddout,
+                               c.stored.lddout, bq);
+    if constexpr (F::key_table) {  // key-table scores of the query tile, (bq, nb)
+      w.Rq.resize(bq * nb);
+      gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), nb);
+    }
+    if constexpr (F::value_table) {  // dout wv^T of the query tile, (bq, nb)
+      w.G.resize(bq * nb);
+      gemm<T>(Trans::no, Trans::yes, bq, nb, dvd, T(1), w.dout.data() + i0 * dvd, dvd, c.wv.data(), dvd, T(0),
+              w.G.data(), nb);
+    }
+    if constexpr (F::band) {  // one band for all the keys of the group this query tile sees
+      w.band.reset(hd, c.E, F::causal, i0, bq, begin, keys, w.transposed);
+      w.dband.assign(bq * w.band.width(), T(0));
+    }
+    for (int64_t j0 = begin; j0 < keys; j0 += kBackwardKeys) {
+      const Tile t{i0, bq, j0, std::min(kBackwardKeys, keys - j0)};
+      const int64_t bk = t.bk;
+      T *P = w.P.data(), *dS = w.dP.data();
+      const TileCut cut = cut_of(p, hd, t);
+      // Keys before p.key_grads_from get no gradient: dv and dk of the tile's later keys only.
+      const int64_t skip = std::clamp<int64_t>(p.key_grads_from - j0, 0, bk), graded = bk - skip;
+      // Split products serve whole tiles; a tile the mask cuts small enough
+      // for the staircase kernel keeps float32, which skips the hidden half
+      // where the split would multiply three whole parts.
+      // Nor a tile whose hidden part holds a non-finite row (tile_products.hpp).
+      const bool split_tile = split && !cut.staircase && skip == 0 &&
+                              !hides_nonfinite(cut, bq, c.x.kp + j0 * c.x.ldk, c.x.ldk, d, c.x.qc.data() + i0 * d,
+                                               w.dout.data() + i0 * dvd, dvd);
+      if (split_tile)
+        for (SplitTile* tile : {&w.split.P, &w.split.dS}) tile->reshape(bq, bk, SplitTile::Layout::interleaved);
+      tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, P, w.transposed);
+      const int64_t m0 = hd.diagonal(i0 + bq - 1, j0);
+      for (int64_t ii = 0; ii < bq; ++ii) {
+        const T lse = data.lse(b, h, i0 + ii);
+        T* row = P + ii * bk;
+        const int64_t computed = lse == kNegInf<T> ? 0 : cut.computed(ii);
+        const BucketedRow<T> buckets = bucketed_row<F>(c, hd.r(i0 + ii, j0), computed, w.Rq.data(), ii, scale);
+        const auto sums = buckets.exp_shifted(row, lse);
+        std::fill(row + computed, row + bk, T(0));
+        if (std::isnan(lse)) zero_masked<F>(p, hd, j0, cut.shown(ii), row, computed);
+        if constexpr (F::value_table) buckets.add_bucket_sums(&q.Pb[(i0 + ii) * nb], c.k, c.clip, row, sums);
+        if (split_tile) split_row(w.split.P, ii, row);
+      }
+      const TileCut graded_cut = cut_of(p, hd, Tile{i0, bq, j0 + skip, graded});
+      if (graded > 0 && !split_tile)
+        tile_transposed_times(graded_cut, bq, dvd, graded, T(1), P + skip, bk, w.dout.data() + i0 * dvd, dvd, T(1),
+                              dv.data() + (j0 + skip) * dvd, dvd);
+      product_of_rows(c.stored.dout, c.stored.lddout, c.stored.v, c.stored.ldv, w.dout.data(), dvd, c.x.vp, c.x.ldv,
+                      i0, j0, bq, bk, dvd, T(1), dS, cut, w.transposed);
+      for (int64_t ii = 0; ii < bq; ++ii) {
+        const int64_t i = i0 + ii, mrow = m0 + (bq - 1 - ii);
+        T* prow = P + ii * bk;
+        T* srow = dS + ii * bk;
+        const int64_t r0 = hd.rmin + mrow, k = c.k;
+        if constexpr (F::value_table)
+          add_by_row(srow, bk, r0, k, c.clip, &w.G[ii * nb], T(1));
+        const int64_t computed = cut.computed(ii);
+        rows::softmax_grad(prow, srow, w.D[i], computed);
+        std::fill(srow + computed, srow + bk, T(0));
+        if (split_tile) split_row(w.split.dS, ii, srow);
+        if (F::bias && !q.dbias.empty())
+          rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
+        if constexpr (F::key_table) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
+        if constexpr (F::band) {  // un-skew scale * dS onto the band: each shown (ii, j) owns one column of row ii
+          const int64_t shown = cut.shown(ii);
+          rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, j0, shown), srow, scale, shown);
+        }
+      }
+      if (split_tile) {
+        split_products(w.split, j0 - begin, bk, scale, q.dqc.data() + i0 * d);
+        continue;
+      }
+      tile_times(cut, bq, d, bk, scale, dS, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1), q.dqc.data() + i0 * d, d);
+      if (graded > 0)
+        tile_transposed_times(graded_cut, bq, d, graded, scale, dS + skip, bk, c.x.qc.data() + i0 * d, d, T(1),
+                              dk.data() + (j0 + skip) * d, d);
+    }
+    if constexpr (F::band) {  // the band's products backwards, once per query tile
+      const KeyBand<T>& band = w.band;
+      const int64_t rows = band.row_offset(hd);
+      tile_times(band.cut(), bq, d, band.width(), T(1), w.dband.data(), c.E + rows, d, T(1), q.dqp.data() + i0 * d, d);
+      tile_transposed_times(band.cut(), bq, d, band.width(), T(1), w.dband.data(), band.width(), hd.qp + i0 * d, d, T(1),
+                            q.dE.data() + rows, d);
+    }
+  }
+  if (split) finish_split(w.split, dk, dv, begin, d, dvd);
+}
+
+// A key band's row gradients, summed over the batch entries of one head that
+// a thread finishes in a row before they become the embedding's parameter
+// gradient (W_R's: a (rows, d)^T (rows, pos_dim) product per head and thread,
+// not per batch entry; at the trainer's L = 64 that product cost twice the
+// band's own). The backward's items run head-major for it. Under a causal
+// mask only the rows of distances <= 0 can be non-zero, and only they are read.
+// dE's rows fall in distance (KeyBand); the sum's rise, as the embedding reads them.
+template <class T>
+class BandRowSum {
+ public:
+  template <class F>
+  void add(F, const CallEmbeddings<T>& e, const PositionGrads<T>& g, const Head<T>& hd, const Scratch<T>& dE) {
+    if (hd.h != head_) flush(e, g);
+    const int64_t count = hd.distances(), d = hd.d;
+    const int64_t rows = F::causal ? std::clamp<int64_t>(1 - hd.rmin, 0, count) : count;
+    if (head_ < 0) head_ = hd.h, rows_ = rows, sum_.assign(rows * d, T(0));
+    for (int64_t m = 0; m < rows; ++m) rows::add_scaled(&sum_[m * d], &dE[(count - 1 - m) * d], T(1), d);
+  }
+  void flush(const CallEmbeddings<T>& e, const PositionGrads<T>& g) {
+    if (head_ >= 0) e.keys->add_rows_grad(g, head_, rows_, sum_.data());
+    head_ = -1;
+  }
+
+ private:
+  int64_t head_ = -1, rows_ = 0;
+  Scratch<T> sum_;
+};
+
+// The backward's items in head-major order: item -> (batch entry, head).
+inline std::pair<int64_t, int64_t> head_major(int64_t item, int64_t batch) { return {item % batch, item / batch}; }
+
+// The end of one head's backward, from its query-side sums (all groups
+// added) and its dk, dv: the positional parameters' gradients into g (a key
+// band's through band_rows), then dq, dk, dv into the caller's tensors. w
+// holds the head and its dout.
+template <class F, class T, class Stored>
+void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e, const PositionGrads<T>& g,
+                 QueryGrads<T>& q, Scratch<T>& dk, const Scratch<T>& dv, BandRowSum<T>& band_rows,
+                 BackwardScratch<T>& w) {
+  const HeadContext<T>& c = w.head;
+  const Head<T>& hd = c.x.hd;
+  const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
+  if (c.key_table()) {  // dqp += dR wk; dwk += dR^T qp
+    weights_times<T>(Trans::no, lq, d, nb, T(1), q.dR.data(), nb, c.wk.data(), d, T(1), q.dqp.data(), d);
+    if (e.key_table()->wants_grad(g)) {
+      Scratch<T> dwk(nb * d);
+      weights_times<T>(Trans::yes, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), dwk.data(), d);
+      e.key_table()->add_slice_grad(g, hd.h, dwk.data());
+    }
+  }
+  if (c.value_table() && e.value_table()->wants_grad(g)) {  // dwv += Pb^T dout
+    Scratch<T> dwv(nb * dvd);
+    weights_times<T>(Trans::yes, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout.data(), dvd, T(0), dwv.data(), dvd);
+    e.value_table()->add_slice_grad(g, hd.h, dwv.data());
+  }
+  if constexpr (F::band) band_rows.add(F{}, e, g, hd, q.dE);
+  if (!q.dbias.empty()) add_bias_grad(g, c.x, q.dbias);
+  write_input_grads(data, c.x, g, q.dqc, q.dqp, dk, dv);
+}
+
+
+// Heads that are one group each run whole on one thread; otherwise the
+// (batch, head, group) items run first, then per head the groups' sums are
+// added in group order and the head finished. Positional-parameter gradients
+// go to per-thread partials added in thread order.
+template <class F, class T, class Stored>
+void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e) {
+  const int64_t batch = p.q.shape[0], heads = p.q.shape[1], count = batch * heads, groups = backward_key_groups(p);
+  const int64_t lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
+  const int threads = thread_count(p.num_threads, count * groups);
+  std::vector<BackwardScratch<T>> scratch(threads);
+  std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
+  std::vector<BandRowSum<T>> band_rows(threads);
+  const auto make_partials = [&](int t) { partials[t] = std::make_unique<GradPartials<T>>(p.dpos); };
+  if (groups == 1) {
+    parallel_for(count, threads, make_partials, [&](int t, int64_t item) {
+      const auto [b, h] = head_major(item, batch);
+      BackwardScratch<T>& w = scratch[t];
+      w.dk.assign(lk * d, T(0)), w.dv.assign(lk * dv, T(0));
+      backward_key_group<F>(p, data, e, b, h, 0, 1, w.query, w.dk, w.dv, w);
+      finish_head(F{}, data, e, partials[t]->grads(), w.query, w.dk, w.dv, band_rows[t], w);
+    });
+  } else {
+    std::vector<QueryGrads<T>> query(count * groups);
+    std::vector<Scratch<T>> dk(count, Scratch<T>(lk * d)), dvs(count, Scratch<T>(lk * dv));
+    parallel_for(count * groups, threads, [](int) {}, [&](int t, int64_t item) {
+      const int64_t bh = item / groups;
+      const int64_t group = head_tail(item % groups, groups);  // causal: early key groups cost more
+      backward_key_group<F>(p, data, e, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh],
+                            dvs[bh], scratch[t]);
+    });
+    parallel_for(count, thread_count(p.num_threads, count), make_partials, [&](int t, int64_t item) {
+      const auto [b, h] = head_major(item, batch);
+      const int64_t bh = b * heads + h;
+      QueryGrads<T>& sum = query[bh * groups];
+      for (int64_t g = 1; g < groups; ++g) sum.add(query[bh * groups + g]);
+      BackwardScratch<T>& w = scratch[t];
+      prepare(p, data, e, b, h, w.head);
+      load_dout(data, w);
+      finish_head(F{}, data, e, partials[t]->grads(), sum, dk[bh], dvs[bh], band_rows[t], w);
+    });
+  }
+  if constexpr (F::band)  // each thread's last head; item t of a static split of `threads` items runs on thread t
+    parallel_for(threads, threads, [](int) {}, [&](int t, int64_t) {
+      if (partials[t]) band_rows[t].flush(e, partials[t]->grads());
+    });
+  for (const auto& part : partials)  // fixed order: deterministic sums
+    if (part) part->add_into(p.dpos);
+}
+
+template <class T, class Stored>
+void run_backward(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data) {
+  const CallEmbeddings<T> e(p);
+  with_tile_features(p, e, [&](auto features) { backward_with<decltype(features)>(p, data, e); });
+}
+
+}  // namespace
+
+template <class T>
+void backward(const AttentionBackward<T>& p) {
+  run_backward(p, p);
+}
+template <class S>
+void backward_stored(const AttentionBackward<compute_t<S>>& twin, const AttentionBackward<S>& data) {
+  run_backward(twin, data);
+}
+
+template void backward<float>(const AttentionBackward<float>&);
+template void backward<double>(const AttentionBackward<double>&);
+template void backward_stored<bfloat16>(const AttentionBackward<float>&, const AttentionBackward<bfloat16>&);
+template void backward_stored<float16>(const AttentionBackward<float>&, const AttentionBackward<float16>&);
+template int64_t backward_key_groups<float>(const AttentionForward<float>&);
+template int64_t backward_key_groups<double>(const AttentionForward<double>&);
+template int64_t backward_key_groups<bfloat16>(const AttentionForward<bfloat16>&);
+template int64_t backward_key_groups<float16>(const AttentionForward<float16>&);
+
+}  // namespace relpos::fused

@@ -1,0 +1,119 @@
+// The fused kernel's forward: per query tile of a head, its key tiles with
+// an online softmax (online_softmax.hpp); the output and each row's
+// logsumexp, which the backward recomputes P from (fused_tile.hpp).
+#include <algorithm>
+#include <vector>
+
+#include "fused.hpp"
+#include "fused_tile.hpp"
+#include "online_softmax.hpp"
+
+namespace relpos::fused {
+namespace {
+
+// Keys per step of a forward query tile of bq rows: a full query tile takes
+// the keys of its tiles (tiles.hpp), a query tile of few rows (a decode step)
+// proportionally more, up to kDecodeBlockK keys per GEMM call (Lq = 1,
+// Lk = 32768, B = 8, H = 8, ALiBi, two threads: 34.0 ms instead of 40.0 with
+// 128 keys per call).
+constexpr int64_t kDecodeBlockK = 4096;
+inline int64_t forward_key_block(const tiles::ForwardTiles& f, int64_t bq) {
+  return std::clamp<int64_t>(f.rows * f.keys / bq / kBackwardKeys * kBackwardKeys, f.keys, kDecodeBlockK);
+}
+
+template <class T>
+struct ForwardScratch {
+  HeadContext<T> head;
+  Scratch<T> S, O, Rq, Pb, transposed;
+  OnlineSoftmax<T> softmax;
+  KeyBand<T> band;
+  SplitTile split;  // P, where split_row splits it
+};
+
+// One query tile of one head: all key tiles, online softmax, out and lse.
+template <class F, class T, class Stored>
+void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const CallEmbeddings<T>& e,
+                  const tiles::ForwardTiles& f, int64_t b, int64_t h, int64_t i0, ForwardScratch<T>& w) {
+  HeadContext<T>& c = w.head;
+  prepare(p, data, e, b, h, c);
+  const Head<T>& hd = c.x.hd;
+  const int64_t d = hd.d, dv = hd.dv, bq = std::min(f.rows, hd.lq - i0);
+  const T scale = T(effective_scale(p));
+  w.O.assign(bq * dv, T(0));
+  w.softmax.reset(bq);
+  if constexpr (F::key_table) {
+    w.Rq.resize(bq * c.nb);
+    gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), c.nb);
+  }
+  if constexpr (F::value_table) w.Pb.assign(bq * c.nb, T(0));
+  const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(f, bq), keys);
+  w.S.resize(bq * block);
+  if (F::band && keys) w.band.reset(hd, c.E, F::causal, i0, bq, 0, keys, w.transposed);
+  for (int64_t j0 = 0; j0 < keys; j0 += block) {
+    const Tile t{i0, bq, j0, std::min(block, keys - j0)};
+    T* S = w.S.data();
+    const TileCut cut = cut_of(p, hd, t);
+    tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, S, w.transposed);
+    if (c.stored.split) w.split.reshape(bq, t.bk, SplitTile::Layout::stacked);
+    for (int64_t ii = 0; ii < bq; ++ii) {  // S becomes P; O and Pb rescaled where the row's maximum rose
+      T* row = S + ii * t.bk;
+      const int64_t computed = cut.computed(ii);
+      std::fill(row + computed, row + t.bk, T(0));
+      const BucketedRow<T> buckets = bucketed_row<F>(c, hd.r(i0 + ii, j0), computed, w.Rq.data(), ii, scale);
+      const auto step = w.softmax.step(ii, buckets, row);
+      if (step.rescale != T(1)) {
+        rows::scale(&w.O[ii * dv], step.rescale, dv);
+        if constexpr (F::value_table) rows::scale(&w.Pb[ii * c.nb], step.rescale, c.nb);
+      }
+      if (F::value_table && step.visible)
+        buckets.add_bucket_sums(&w.Pb[ii * c.nb], c.k, c.clip, row, step.sums);
+      if (c.stored.split) split_row(w.split, ii, row);
+    }
+    times_values(c.stored, w.split, cut, S, bq, t.bk, j0, dv, c.x.vp + j0 * c.x.ldv, c.x.ldv, w.O.data());
+  }
+  if constexpr (F::value_table)
+    weights_times<T>(Trans::no, bq, dv, c.nb, T(1), w.Pb.data(), c.nb, c.wv.data(), dv, T(1), w.O.data(), dv);
+  for (int64_t ii = 0; ii < bq; ++ii) {
+    rows::scale(&w.O[ii * dv], w.softmax.normaliser(ii), dv);
+    write_row(data.out, b, h, i0 + ii, &w.O[ii * dv]);
+    data.lse(b, h, i0 + ii) = w.softmax.logsumexp(ii);
+  }
+}
+
+
+template <class T, class Stored>
+void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& data) {
+  const tiles::ForwardTiles f = tiles::forward(p.q.shape[3], p.v.shape[3]);
+  const int64_t heads = p.q.shape[1], query_tiles = (p.q.shape[2] + f.rows - 1) / f.rows;
+  const int64_t items = p.q.shape[0] * heads * query_tiles;
+  const int threads = thread_count(p.num_threads, items);
+  std::vector<ForwardScratch<T>> scratch(threads);
+  const CallEmbeddings<T> e(p);
+  with_tile_features(p, e, [&](auto features) {
+    parallel_for(
+        items, threads, [](int) {},
+        [&](int t, int64_t item) {
+          const int64_t bh = item / query_tiles;
+          forward_tile<decltype(features)>(p, data, e, f, bh / heads, bh % heads,
+                                           head_tail(item % query_tiles, query_tiles) * f.rows, scratch[t]);
+        });
+  });
+}
+
+}  // namespace
+
+template <class T>
+void forward(const AttentionForward<T>& p) {
+  run_forward(p, p);
+}
+template <class S>
+void forward_stored(const AttentionForward<compute_t<S>>& twin, const AttentionForward<S>& data) {
+  run_forward(twin, data);
+}
+
+template void forward<float>(const AttentionForward<float>&);
+template void forward<double>(const AttentionForward<double>&);
+template void forward_stored<bfloat16>(const AttentionForward<float>&, const AttentionForward<bfloat16>&);
+template void forward_stored<float16>(const AttentionForward<float>&, const AttentionForward<float16>&);
+
+}  // namespace relpos::fused

@@ -1,0 +1,245 @@
+// The fused streaming kernel: flash-style tiles with an online softmax; no
+// (L, L) buffer anywhere. Per (batch, head) it keeps O((Lq + Lk) d) prepared
+// inputs and, for clipped tables, O(Lq (2k+1)) bucket matrices; per tile a
+// (Bq, Bk) block.
+//
+// Relative terms per tile, by kind (src/schemes/scheme.hpp; docs/design.md
+// section 2):
+//   bias per distance   precomputed per head (T5, ALiBi, KERPLE)
+//   rotation            q and k rotated once, before the tiles (RoPE)
+//   query biases        added to the head's queries when loaded (XL's u, v)
+//   key table           clipped table (Shaw): R = qp wk^T (Bq, 2k+1) per
+//                       query tile, gathered by c(r)
+//   value table         clipped table (Shaw): per-row bucket sums of P,
+//                       rescaled with the running max like the output, then
+//                       one (Bq, 2k+1) x (2k+1, dv) product
+//   key band            a key embedding with a row per distance (XL's W_R R):
+//                       qp times those rows, per query tile for the band of
+//                       distances its key tiles reach (Bq + keys - 1), filled
+//                       as the key tiles reach it and read skewed by each;
+//                       under a causal mask a cut tile of its own (key_band.hpp)
+//
+// Backward recomputes P from the saved logsumexp, query tiles outer and key
+// tiles inner; positional gradients go to per-thread partials summed in
+// thread order, so results do not depend on thread timing. Small tiles on the
+// causal diagonal skip what the mask hides (tile_products.hpp).
+//
+// This header holds what the forward (fused_forward.cpp) and the backward
+// (fused_backward.cpp) share: a head's prepared inputs, the compile-time
+// features of a call's tiles and a tile's logits. The two halves compile
+// apart, on two cores at once.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <type_traits>
+#include <vector>
+
+#include "relpos/gemm.hpp"
+#include "../backend/parallel.hpp"
+#include "../backend/row_ops.hpp"
+#include "bf16_split.hpp"
+#include "causal_cut.hpp"
+#include "distance_table.hpp"
+#include "head.hpp"
+#include "key_band.hpp"
+#include "tile_products.hpp"
+#include "tiles.hpp"
+
+namespace relpos::fused {
+
+using tiles::kBackwardKeys;
+using tiles::kBackwardRows;
+
+// One (batch, head), prepared once and shared by its tiles.
+template <class T>
+struct HeadContext {
+  int64_t b = -1, h = -1;
+  HeadData<T> x;
+  int64_t k = 0, nb = 0;    // clipped tables: window k, rows 2k+1
+  bool clip = true;         // clipped tables: distances beyond +-k use the edge rows (else a zero embedding)
+  Scratch<T> wk, wv;        // the clipped tables' slices of this head (nb, d), (nb, dv)
+  const T* E = nullptr;     // a key band's rows per distance (distances, d), falling, from CallEmbeddings
+  StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
+
+  bool key_table() const { return !wk.empty(); }
+  bool value_table() const { return !wv.empty(); }
+  bool band() const { return E != nullptr; }
+};
+
+// What shapes a tile's row loops, fixed at compile time at one dispatch point
+// (with_tile_features, in run_forward and run_backward) so that the loops
+// over a tile's rows test none of it, as FlashAttention's static switches do:
+// the causal mask, a key-padding mask, and the kind of relative term a tile
+// adds (rotations and query biases happen before the tiles: plain), clipped
+// tables of keys, of values or both apart.
+enum class TileTerm { plain, bias, key_table, value_table, key_and_value_tables, band };
+
+template <bool Causal, bool Padding, TileTerm Term>
+struct TileFeatures {
+  static constexpr bool causal = Causal, padding = Padding;
+  static constexpr bool bias = Term == TileTerm::bias, band = Term == TileTerm::band;
+  static constexpr bool key_table = Term == TileTerm::key_table || Term == TileTerm::key_and_value_tables;
+  static constexpr bool value_table = Term == TileTerm::value_table || Term == TileTerm::key_and_value_tables;
+  static constexpr bool table = key_table || value_table;
+};
+
+template <class F>
+void bool_switch(bool value, F&& f) {
+  if (value)
+    f(std::true_type{});
+  else
+    f(std::false_type{});
+}
+
+// The call's embeddings per distance (its scheme's KeyEmbedding and
+// ValueEmbedding), made once per call. Clipped tables are read through their
+// per-head slices; a key embedding with a row per distance is read as a band,
+// its rows for every head over the call's distances computed here once (they
+// depend on the head, not on the batch row), in falling distance order (see
+// KeyBand). Value embeddings must be clipped tables (the schemes' capability
+// table offers fused for no other).
+template <class T>
+struct CallEmbeddings {
+  std::unique_ptr<DistanceEmbedding<T>> keys, values;
+  std::vector<Scratch<T>> E;  // a key band: per head (distances, d), row r the distance index distances - 1 - r
+
+  explicit CallEmbeddings(const AttentionForward<T>& p) : keys(make_key_embedding(p)), values(make_value_embedding(p)) {
+    if (values && !values->clipped()) throw std::logic_error("relpos: fused reads value embeddings as clipped tables");
+    if (const ClippedTable<T>*a = key_table(), *b = value_table();
+        a && b && (a->k() != b->k() || a->repeats_edges() != b->repeats_edges()))
+      throw std::logic_error("relpos: fused reads a key and a value table of one window k and edge rule");
+    if (!band()) return;
+    const int64_t heads = p.q.shape[1], count = keys->count();
+    // Under a causal mask no pair has a distance past 0: only the rows up to
+    // distance 0 are made (half of them in self-attention); the rest stay zero, unread.
+    const int64_t made = p.causal ? std::clamp<int64_t>(1 - keys->rmin(), 0, count) : count;
+    E.resize(heads);
+    // In a parallel region like every GEMM of the kernel: one thread per GEMM, not OpenMP's default team.
+    parallel_for(
+        heads, thread_count(p.num_threads, heads), [](int) {},
+        [&](int, int64_t h) {
+          const int64_t width = keys->width();
+          E[h].assign(count * width, T(0));
+          keys->rows(h, made, E[h].data());
+          for (int64_t r = 0; r < count / 2; ++r)
+            std::swap_ranges(&E[h][r * width], &E[h][(r + 1) * width], &E[h][(count - 1 - r) * width]);
+        });
+  }
+
+  const ClippedTable<T>* key_table() const { return keys ? keys->clipped() : nullptr; }
+  const ClippedTable<T>* value_table() const { return values ? values->clipped() : nullptr; }
+  bool band() const { return keys && !keys->clipped(); }
+};
+
+// Calls f(TileFeatures<...>{}) with the features of call p.
+template <class T, class F>
+void with_tile_features(const AttentionForward<T>& p, const CallEmbeddings<T>& embeddings, F&& f) {
+  const bool bias = scheme_has<BiasOf, T>(p.pos.scheme);
+  const bool keys = embeddings.key_table() != nullptr, values = embeddings.value_table() != nullptr;
+  const TileTerm term = embeddings.band()  ? TileTerm::band
+                        : keys && values   ? TileTerm::key_and_value_tables
+                        : keys             ? TileTerm::key_table
+                        : values           ? TileTerm::value_table
+                        : bias             ? TileTerm::bias
+                                           : TileTerm::plain;
+  bool_switch(p.causal, [&](auto causal) {
+    bool_switch(!p.key_padding.empty(), [&](auto padding) {
+      constexpr bool c = decltype(causal)::value, k = decltype(padding)::value;
+      switch (term) {
+        case TileTerm::plain: return f(TileFeatures<c, k, TileTerm::plain>{});
+        case TileTerm::bias: return f(TileFeatures<c, k, TileTerm::bias>{});
+        case TileTerm::key_table: return f(TileFeatures<c, k, TileTerm::key_table>{});
+        case TileTerm::value_table: return f(TileFeatures<c, k, TileTerm::value_table>{});
+        case TileTerm::key_and_value_tables: return f(TileFeatures<c, k, TileTerm::key_and_value_tables>{});
+        case TileTerm::band: return f(TileFeatures<c, k, TileTerm::band>{});
+      }
+    });
+  });
+}
+
+// p: the call; data: where its tensors are (p itself, or the stored call of
+// a half-storage twin; see load_head).
+template <class T, class Stored>
+void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data, const CallEmbeddings<T>& e,
+             int64_t b, int64_t h, HeadContext<T>& c) {
+  if (c.b == b && c.h == h) return;
+  c.b = b, c.h = h;
+  load_head(p, data, b, h, c.x, /*in_place=*/true);
+  c.wk.clear(), c.wv.clear();
+  for (const ClippedTable<T>* table : {e.key_table(), e.value_table()})
+    if (table) c.k = table->k(), c.nb = table->table_rows(), c.clip = table->repeats_edges();
+  if (e.key_table()) c.wk = table_slice(*e.key_table(), h);
+  if (e.value_table()) c.wv = table_slice(*e.value_table(), h);
+  c.E = e.E.empty() ? nullptr : e.E[h].data();
+  c.stored = stored_bf16_rows(p, data, b, h, c.x.padded_keys_zeroed);
+}
+
+// A tile row's P where its logsumexp is NaN (the row saw a NaN): the
+// exponentials of its masked logits are NaN too, and are set to 0, so that
+// a key the row cannot see gets no gradient from it. shown, computed: the
+// row's (TileCut).
+template <class F, class T>
+void zero_masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t j0, int64_t shown, T* row, int64_t computed) {
+  if (shown < computed) std::fill(row + shown, row + computed, T(0));
+  if constexpr (F::padding)
+    for (int64_t jj = 0; jj < computed; ++jj)
+      if (p.key_padding(hd.b, j0 + jj)) row[jj] = T(0);
+}
+
+// Row ii of a tile, the keys [0, computed) from distance r0 on, by clipped-table
+// bucket, with the key table's edge scores from Rq (BucketedRow); one part
+// without a table.
+template <class F, class T>
+BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t computed, const T* Rq, int64_t ii,
+                            T scale) {
+  if constexpr (!F::table) {
+    return BucketedRow<T>::whole(computed);
+  } else {
+    BucketedRow<T> row = BucketedRow<T>::clipped(r0, computed, c.k);
+    // Under a causal mask the keys past +k are all masked: no shift (a NaN table row there must not reach the row).
+    if (F::key_table && c.clip) row.below = scale * Rq[ii * c.nb], row.above = F::causal ? T(0) : scale * Rq[ii * c.nb + 2 * c.k];
+    return row;
+  }
+}
+
+// S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
+// table's edge scores (bucketed_row). Rq: the key table's scores of the tile's queries, (bq, nb).
+// band: the query tile's key band scores.
+template <class F, class T>
+void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const TileCut& cut,
+                 const T* Rq, KeyBand<T>& band, T* S, Scratch<T>& transposed) {
+  const Head<T>& hd = c.x.hd;
+  if constexpr (F::band) band.reach_keys(t.j0, t.bk);
+  const int64_t d = hd.d, bq = t.bq, bk = t.bk;
+  product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
+                  bq, bk, d, scale, S, cut, transposed);
+  const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
+  const Scratch<T>& bias = c.x.bias;
+  for (int64_t ii = 0; ii < bq; ++ii) {
+    T* row = S + ii * bk;
+    const int64_t mrow = m0 + (bq - 1 - ii);  // distance index of (ii, jj = 0)
+    const int64_t shown = cut.shown(ii);
+    if constexpr (F::band)  // the band holds the shown keys' columns only, right to left
+      rows::add_scaled_reversed(row, band.scores() + band.at(ii, t.j0, shown), scale, shown);
+    if constexpr (F::key_table)  // the window's scores; the edges' are the softmax's (bucketed_row)
+      add_window_by_row(row, bk, hd.rmin + mrow, c.k, Rq + ii * c.nb, scale);
+    if constexpr (F::bias)
+      rows::add_scaled(row, &bias[mrow], T(1), bk);
+    if constexpr (F::causal)
+      for (int64_t jj = shown; jj < bk; ++jj) row[jj] = kNegInf<T>;
+    if constexpr (F::padding)
+      for (int64_t jj = 0; jj < bk; ++jj)
+        if (p.key_padding(hd.b, t.j0 + jj)) row[jj] = kNegInf<T>;
+  }
+}
+
+// A head's query tiles in head-tail order 0, n-1, 1, n-2, ...: under a causal
+// mask a tile's cost grows with its index, so the contiguous runs of items
+// that the static split hands each thread cost about the same (one head on
+// two threads: 1.34x faster than one thread in tile order, 1.81-1.98x in this).
+inline int64_t head_tail(int64_t n, int64_t tiles) { return n % 2 == 0 ? n / 2 : tiles - 1 - n / 2; }
+
+}  // namespace relpos::fused
