@@ -20,9 +20,14 @@ namespace relpos {
 
 // Dense copy of head h's slice of a clipped table, (2k+1, width).
 template <class T>
-Scratch<T> table_slice(const ClippedTable<T>& table, int64_t h) {
-  Scratch<T> dense(table.table_rows() * table.width());
+void table_slice(const ClippedTable<T>& table, int64_t h, Scratch<T>& dense) {
+  dense.resize(table.table_rows() * table.width());
   table.slice(h, dense.data());
+}
+template <class T>
+Scratch<T> table_slice(const ClippedTable<T>& table, int64_t h) {
+  Scratch<T> dense;
+  table_slice(table, h, dense);
   return dense;
 }
 

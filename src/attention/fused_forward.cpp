@@ -11,15 +11,7 @@
 namespace relpos::fused {
 namespace {
 
-// Keys per step of a forward query tile of bq rows: a full query tile takes
-// the keys of its tiles (tiles.hpp), a query tile of few rows (a decode step)
-// proportionally more, up to kDecodeBlockK keys per GEMM call (Lq = 1,
-// Lk = 32768, B = 8, H = 8, ALiBi, two threads: 34.0 ms instead of 40.0 with
-// 128 keys per call).
-constexpr int64_t kDecodeBlockK = 4096;
-inline int64_t forward_key_block(const tiles::ForwardTiles& f, int64_t bq) {
-  return std::clamp<int64_t>(f.rows * f.keys / bq / kBackwardKeys * kBackwardKeys, f.keys, kDecodeBlockK);
-}
+using tiles::forward_key_block;
 
 template <class T>
 struct ForwardScratch {

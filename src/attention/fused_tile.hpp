@@ -171,8 +171,9 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
   c.wk.clear(), c.wv.clear();
   for (const ClippedTable<T>* table : {e.key_table(), e.value_table()})
     if (table) c.k = table->k(), c.nb = table->table_rows(), c.clip = table->repeats_edges();
-  if (e.key_table()) c.wk = table_slice(*e.key_table(), h);
-  if (e.value_table()) c.wv = table_slice(*e.value_table(), h);
+  // Into the buffers of the head before: a new slice beside the old one would hold both at once.
+  if (e.key_table()) table_slice(*e.key_table(), h, c.wk);
+  if (e.value_table()) table_slice(*e.value_table(), h, c.wv);
   c.E = e.E.empty() ? nullptr : e.E[h].data();
   c.stored = stored_bf16_rows(p, data, b, h, c.x.padded_keys_zeroed);
 }
@@ -200,7 +201,8 @@ BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t compute
   } else {
     BucketedRow<T> row = BucketedRow<T>::clipped(r0, computed, c.k);
     // Under a causal mask the keys past +k are all masked: no shift (a NaN table row there must not reach the row).
-    if (F::key_table && c.clip) row.below = scale * Rq[ii * c.nb], row.above = F::causal ? T(0) : scale * Rq[ii * c.nb + 2 * c.k];
+    if (F::key_table && c.clip)
+      row.below = scale * Rq[ii * c.nb], row.above = F::causal ? T(0) : scale * Rq[ii * c.nb + 2 * c.k];
     return row;
   }
 }

@@ -13,13 +13,91 @@
 #include <stdexcept>
 #include <string>
 
+#include "bf16_split.hpp"
 #include "fused.hpp"
+#include "head.hpp"
 #include "half_storage.hpp"
 #include "tiles.hpp"
 #include "relpos/attention.hpp"
 #include "../schemes/registry.hpp"
 
 namespace relpos {
+
+// The fused kernel's scratch, buffer by buffer as fused_tile.hpp,
+// fused_forward.cpp and fused_backward.cpp allocate them, from the same tile
+// constants (tiles.hpp): per worker a head's prepared rows (HeadData), then
+// the forward's or the backward's own buffers; per call the embeddings and
+// the backward's per-thread gradient partials. The larger of the two passes.
+template <class T>
+double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes, double requested) {
+  const double batch_heads = double(p.q.shape[0]) * double(p.q.shape[1]), heads = double(p.q.shape[1]);
+  const double Lq = double(p.q.shape[2]), Lk = double(p.k.shape[2]), d = double(p.q.shape[3]),
+               dv = double(p.v.shape[3]), distances = Lq + Lk - 1, widest = std::max(d, dv);
+  const double nb = double(sizes.table_rows);                      // a clipped table's 2k+1
+  const bool band = sizes.key_width > 0 && sizes.table_rows == 0;  // a key embedding with a row per distance
+  const double rows = double(tiles::kBackwardRows), keys = double(tiles::kBackwardKeys);
+  const tiles::ForwardTiles forward = tiles::forward(p.q.shape[3], p.v.shape[3]);
+  // The forward's tile rows (fewer for fewer queries) and the logits of a step of keys.
+  const int64_t tile_rows = std::min(forward.rows, p.q.shape[2]);
+  const double forward_rows = double(std::max<int64_t>(tile_rows, 1));
+  const double forward_logits =
+      forward_rows * double(std::min(tiles::forward_key_block(forward, tile_rows ? tile_rows : 1), p.k.shape[2]));
+  // HeadData: the queries copied, the keys and values too unless read in
+  // place (never half storage; a padded key that is not finite copies them
+  // too, which is not counted), the queries with a query bias, a bias per
+  // distance, a rotation's angles for every query and key, the clipped
+  // tables' slices.
+  using C = compute_t<T>;
+  const Scheme scheme = p.pos.scheme;
+  const int64_t rotated = p.pos.rope.rotary_dims ? p.pos.rope.rotary_dims : p.q.shape[3];
+  const double rotary = scheme_has<RotationOf, C>(scheme) ? double(rotated) : 0.0;
+  bool copies_keys = true;
+  if constexpr (!is_half_v<T>) copies_keys = !keys_readable_in_place(p);
+  const double head = Lq * d + (copies_keys ? Lk * (d + dv) : 0.0) +
+                      (scheme_has<QueryBiasOf, C>(scheme) ? Lq * d : 0.0) +
+                      (scheme_has<BiasOf, C>(scheme) ? distances : 0.0) + (Lq + Lk) * rotary + nb * (d + dv);
+  // A key band's scores (and in the backward their gradients) for a query
+  // tile against every key it visits.
+  const auto band_scores = [&](double tile_rows) { return band ? tile_rows * (Lk + tile_rows - 1) : 0.0; };
+  // bfloat16 parts, three per float32 entry at half its size, where the
+  // kernel splits P and dS (bf16_split.hpp).
+  const double half = std::is_same_v<T, bfloat16> && gemm_bf16_native() && gemm_bf16_matrix_units() &&
+                              p.v.shape[3] >= kSplitMinValueWidth
+                          ? 1.0
+                          : 0.0;
+  // ForwardScratch: the logits of a step of keys, the output, the key
+  // table's scores and value bucket sums, the running max and sum, a
+  // transposed tile; P split where half storage splits it.
+  const double forward_worker = head + forward_logits * (1.0 + 1.5 * half) +
+                                forward_rows * (dv + 2.0 * nb + 2.0) + rows * widest + band_scores(forward_rows);
+  // BackwardScratch and one group's QueryGrads: dout, D, the tile's P and
+  // dS, key-table scores and dout wv^T, a transposed tile, dq's two parts,
+  // the tables' bucket sums, a band's row gradients, the bias per distance;
+  // dk, dv of the head where it is one group (else below); the tables'
+  // gradients of the head. Split tiles: P and dS thrice, the keys thrice, the
+  // query tile's q and dout transposed thrice, dk and dv transposed.
+  const double query_grads = 2.0 * Lq * d + 2.0 * Lq * nb + (band ? distances * d : 0.0) + distances;
+  const double groups = double(fused::backward_key_groups(p));
+  const double one_group = groups > 1 ? 0.0 : query_grads + Lk * (d + dv);
+  const double backward_worker = head + Lq * (dv + 1.0) + dv + 2.0 * rows * keys + rows * (2.0 * nb + widest) +
+                                 2.0 * band_scores(std::min(rows, Lq)) + one_group + nb * (d + dv) +
+                                 half * (3.0 * rows * keys + 1.5 * Lk * d + 1.5 * rows * (d + dv) + Lk * (d + dv));
+  const double forward_workers = std::min(requested, batch_heads * std::ceil(Lq / forward_rows));
+  const double backward_workers = std::min(requested, batch_heads * groups);
+  // Backward with a head's key tiles in groups: each group's query-side
+  // gradients, and every head's dk, dv until its groups are summed.
+  const double grouped = groups > 1 ? batch_heads * (groups * query_grads + Lk * (d + dv)) : 0.0;
+  // Per call: a key band's rows per head and what its embedding needs per
+  // distance; half storage's positional parameters widened to float32 and
+  // their float32 gradients (half_storage.cpp); the backward's per-thread
+  // partial gradients of the positional parameters (with a key band's row sums).
+  double parameters = 0;
+  for_each_scheme_param(p.pos, [&](const char*, const auto& x) { parameters += x.empty() ? 0.0 : double(x.numel()); });
+  const double call = (band ? (heads * d + double(sizes.per_distance)) * (Lq + Lk) : 0.0) +
+                      (is_half_v<T> ? 2.0 * parameters : 0.0);
+  const double partials = backward_workers * (parameters + (band ? distances * d : 0.0));
+  return call + std::max(forward_workers * forward_worker, backward_workers * backward_worker + grouped + partials);
+}
 
 template <class T>
 double estimated_scratch_bytes(const AttentionForward<T>& p) {
@@ -30,7 +108,6 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
   const double threads = std::min(heads, requested);  // the unfused algorithms run heads in parallel
   const EmbeddingSizes sizes = embedding_sizes(p);
   const double table_rows = double(sizes.table_rows);             // a clipped table's 2k+1
-  const bool band = sizes.key_width > 0 && sizes.table_rows == 0;  // a key embedding with a row per distance
   // Relative tensors (Lq, Lk, width) that reference and split materialise.
   const double relative_terms = double(sizes.key_width + sizes.value_width);
   const double pairs = Lq * Lk;
@@ -42,34 +119,9 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
     case Algorithm::split:
       elements = threads * pairs * (relative_terms + 8.0);
       break;
-    case Algorithm::fused: {
-      // Per thread (one per query tile of a head at most): a head's rows, the
-      // backward's tiles (tiles.hpp) and a transposed key or value tile, or
-      // the forward's logits (its rows x keys, larger with RELPOS_FORWARD_TILES),
-      // clipped tables' per-row bucket sums and slices; per call: a key band's
-      // rows per head and what its embedding needs.
-      const double tile = double(tiles::kBackwardRows);
-      const tiles::ForwardTiles forward = tiles::forward(p.q.shape[3], p.v.shape[3]);
-      const double forward_logits = double(forward.rows) * double(forward.keys);
-      const double workers = std::min(
-          requested, heads * std::max(std::ceil(std::max(Lq, Lk) / tile), std::ceil(Lq / double(forward.rows))));
-      elements = workers * ((Lq + Lk) * (d + dv) * 2.0 + tile * (tile + 2.0 * table_rows) * 4.0 +
-                            std::max(tile * tile, forward_logits) + table_rows * (d + dv));
-      if (band) elements += (double(p.q.shape[1]) * d + double(sizes.per_distance)) * (Lq + Lk);
-      // bfloat16 products on matrix units: the forward's P (a tile of its
-      // keys, tiles.hpp) split into three bfloat16 tiles (SplitTile); the
-      // backward's P and dS split, its keys thrice, the query tile's q and
-      // dout transposed thrice, dk and dv transposed (SplitBackward).
-      if (is_half_v<T>)
-        elements += workers * (forward_logits * 1.5 +
-                               3.0 * tile * tile + 1.5 * Lk * d + 1.5 * tile * (d + dv) +
-                               Lk * (d + dv));
-      // Backward with a head's key tiles in groups: each group's query-side
-      // gradients, and every head's dk, dv until its groups are summed.
-      if (const double groups = double(fused::backward_key_groups(p)); groups > 1)
-        elements += heads * (groups * (Lq * (2.0 * d + 2.0 * table_rows) + (band ? (Lq + Lk) * d : 0.0)) + Lk * (d + dv));
+    case Algorithm::fused:
+      elements = fused_elements(p, sizes, requested);
       break;
-    }
     default:  // gather, skew, generalized_skew, relshift: a few (Lq, Lk) matrices and (Lq, 2k+1) buckets
       elements = threads * (pairs * 8.0 + Lq * table_rows * 2.0 + (Lq + Lk) * (d + dv) * 2.0);
       break;

@@ -74,7 +74,8 @@ void visible_times(const TileCut& cut, int64_t bq, int64_t n, T alpha, const T* 
   for (int64_t ii = 0; ii < bq; ++ii) {
     T* row = c + ii * ldc;
     if (beta == T(0)) std::fill(row, row + n, T(0));
-    for (int64_t jj = 0, shown = cut.shown(ii); jj < shown; ++jj) rows::add_scaled(row, b + jj * ldb, alpha * P[ii * ldp + jj], n);
+    for (int64_t jj = 0, shown = cut.shown(ii); jj < shown; ++jj)
+      rows::add_scaled(row, b + jj * ldb, alpha * P[ii * ldp + jj], n);
   }
 }
 

@@ -96,3 +96,59 @@ TEST(ScratchMemory, FusedHoldsNoLByLBuffer) {
 
 }  // namespace
 }  // namespace relpos_test
+
+namespace relpos_test {
+namespace {
+
+// The scratch estimate that validation refuses calls by
+// (relpos::estimated_scratch_bytes) against what the fused kernel allocates:
+// never below the peak of a forward or a backward, and within 1.5x of it,
+// across schemes, masks, shapes (one tile to several, cross-attention, a
+// decode step; the forward's tiles of 512 keys and the backward's key
+// groups), threads and storage types (double's buffers are float32's, twice
+// the bytes).
+template <class T>
+void expect_estimate_bounds_fused_peak(Spec s) {
+  s.algorithm = Algorithm::fused;
+  Problem<T> p(s);
+  const double estimate = relpos::estimated_scratch_bytes(p.forward_args());
+  int64_t peak = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    const int64_t before = relpos::memory_stats().current_bytes;
+    relpos::reset_peak_memory();
+    pass == 0 ? p.forward() : p.backward();
+    peak = std::max(peak, relpos::memory_stats().peak_bytes - before);
+  }
+  const std::string label = s.label + (sizeof(T) == 2 ? " bfloat16" : " float32");
+  EXPECT_GE(estimate, double(peak)) << label;
+  EXPECT_LE(estimate, 1.5 * double(peak)) << label;
+}
+
+TEST(ScratchMemory, FusedEstimateBoundsWhatTheKernelAllocates) {
+  struct Kind {
+    const char* name;
+    Scheme scheme;
+    ShawTables tables;
+  } kinds[] = {{"none", Scheme::none, ShawTables::k_and_v},     {"t5", Scheme::t5, ShawTables::k_and_v},
+               {"alibi", Scheme::alibi, ShawTables::k_and_v},   {"shaw_kv", Scheme::shaw, ShawTables::k_and_v},
+               {"shaw_k", Scheme::shaw, ShawTables::k_only},    {"xl", Scheme::xl, ShawTables::k_and_v},
+               {"rope", Scheme::rope, ShawTables::k_and_v}};
+  const std::pair<int64_t, int64_t> lengths[] = {{100, 100}, {300, 300}, {300, 700}, {1, 700}};
+  for (const Kind& kind : kinds)
+    for (MaskKind mask : {MaskKind::none, MaskKind::causal, MaskKind::padding})
+      for (const auto& [lq, lk] : lengths)
+        for (int threads : {1, 2}) {
+          Spec s;
+          s.scheme = kind.scheme, s.shaw_tables = kind.tables, s.mask = mask;
+          s.B = 1, s.H = 2, s.Lq = lq, s.Lk = lk, s.d = s.dv = 64, s.num_threads = threads;
+          s.q_offset = lk - lq;  // queries end-aligned with the keys, as a causal decode step is
+          s.shaw_k = 16, s.xl_pos_dim = 64, s.t5_num_buckets = 32, s.t5_max_distance = 128;
+          s.label = std::string(kind.name) + " mask " + std::to_string(int(mask)) + " Lq=" + std::to_string(lq) +
+                    " Lk=" + std::to_string(lk) + " threads=" + std::to_string(threads);
+          expect_estimate_bounds_fused_peak<float>(s);
+          expect_estimate_bounds_fused_peak<relpos::bfloat16>(s);
+        }
+}
+
+}  // namespace
+}  // namespace relpos_test

@@ -6,7 +6,6 @@
 #include <limits>
 #include <stdexcept>
 
-#include "../../src/attention/tiles.hpp"
 #include "problem.hpp"
 
 namespace relpos_test {
@@ -334,20 +333,6 @@ TEST(ScratchEstimate, HugeBroadcastShawTableIsRefusedWithTheSize) {
     a.algorithm = alg;
     EXPECT_TRUE(throws_naming([&] { relpos::attention_forward(a); }, "algorithm")) << relpos::to_string(alg);
   }
-}
-
-// The fused estimate holds at least one thread's forward logits (rows x keys of
-// the tiles in effect): a short problem with RELPOS_FORWARD_TILES=256x1024
-// (tests/cpp/CMakeLists.txt reruns this case so) needs more for them than for
-// everything else together.
-TEST(ScratchEstimate, FusedCoversTheForwardTilesInEffect) {
-  Spec s = base(Scheme::none);
-  s.Lq = s.Lk = 128;
-  s.algorithm = relpos::Algorithm::fused;
-  Problem<float> f(s);
-  const relpos::AttentionForward<float> a = f.forward_args();
-  const relpos::tiles::ForwardTiles tiles = relpos::tiles::forward(a.q.shape[3], a.v.shape[3]);
-  EXPECT_GE(relpos::estimated_scratch_bytes(a), double(tiles.rows * tiles.keys) * sizeof(float));
 }
 
 // ---- names of schemes and algorithms ------------------------------------------
