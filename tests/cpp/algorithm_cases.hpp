@@ -189,8 +189,8 @@ inline std::function<std::string(const Spec&)> label_prefix(const std::string& s
 // generator's by scheme variant, the causal self-attention cases by Shaw
 // variant, the Transformer-XL memory cases, the L = 97 cases of the other
 // schemes. They run on one thread: an OpenMP region per call costs
-// milliseconds when ctest runs two processes on two cores; algorithms_test.cpp
-// checks the thread count apart.
+// milliseconds when ctest runs two processes on two cores;
+// attention/algorithms_test.cpp checks the thread count apart.
 inline std::vector<CaseGroup> algorithm_problem_groups() {
   std::vector<CaseGroup> out;
   for (const auto& [cases, suffix] :

@@ -9,14 +9,14 @@
 #include <cmath>
 #include <vector>
 
-#include "../../src/nn/attention_layer.hpp"
-#include "../../src/nn/cross_entropy.hpp"
-#include "../../src/nn/embedding.hpp"
-#include "../../src/nn/gelu.hpp"
-#include "../../src/nn/layer_norm.hpp"
-#include "../../src/nn/linear.hpp"
-#include "../../src/nn/row_loop.hpp"
-#include "nn_checks.hpp"
+#include "../../../src/nn/attention_layer.hpp"
+#include "../../../src/nn/cross_entropy.hpp"
+#include "../../../src/nn/embedding.hpp"
+#include "../../../src/nn/gelu.hpp"
+#include "../../../src/nn/layer_norm.hpp"
+#include "../../../src/nn/linear.hpp"
+#include "../../../src/nn/row_loop.hpp"
+#include "nn/checks.hpp"
 
 using namespace relpos;
 using namespace relpos::nn;

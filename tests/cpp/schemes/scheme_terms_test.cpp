@@ -10,7 +10,7 @@
 #include <random>
 #include <vector>
 
-#include "../../src/schemes/registry.hpp"
+#include "../../../src/schemes/registry.hpp"
 #include "relpos/position.hpp"
 
 namespace relpos {

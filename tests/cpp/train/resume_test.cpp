@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "relpos/train/trainer.hpp"
-#include "train_test_files.hpp"
+#include "train/test_files.hpp"
 
 namespace {
 

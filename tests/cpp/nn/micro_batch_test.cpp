@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "../../src/nn/model_impl.hpp"
-#include "nn_checks.hpp"
+#include "../../../src/nn/model_impl.hpp"
+#include "nn/checks.hpp"
 
 using namespace relpos::nn;
 using namespace relpos_nn_test;

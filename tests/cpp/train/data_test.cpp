@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "relpos/train/data.hpp"
-#include "train_test_files.hpp"
+#include "train/test_files.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <numbers>
 
 #include "relpos/train/evaluate.hpp"
-#include "train_test_files.hpp"
+#include "train/test_files.hpp"
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "../../src/attention/tiles.hpp"
+#include "../../../src/attention/tiles.hpp"
 
 namespace relpos::tiles {
 namespace {

@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../../src/attention/half_storage.hpp"
+#include "../../../src/attention/half_storage.hpp"
 #include "algorithm_cases.hpp"
 #include "problem.hpp"
 

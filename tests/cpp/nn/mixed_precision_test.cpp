@@ -17,12 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "../../src/nn/model_impl.hpp"
-#include "nn_checks.hpp"
+#include "../../../src/nn/model_impl.hpp"
+#include "nn/checks.hpp"
 #include "relpos/half.hpp"
 #include "relpos/train/checkpoint.hpp"
 #include "relpos/train/trainer.hpp"
-#include "train_test_files.hpp"
+#include "train/test_files.hpp"
 
 using namespace relpos::nn;
 using relpos_nn_test::random_tokens;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "relpos/nn/model.hpp"
-#include "nn_checks.hpp"
+#include "nn/checks.hpp"
 
 using namespace relpos::nn;
 using namespace relpos_nn_test;

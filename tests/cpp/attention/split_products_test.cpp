@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "../../src/attention/bf16_split.hpp"
+#include "../../../src/attention/bf16_split.hpp"
 
 namespace {
 

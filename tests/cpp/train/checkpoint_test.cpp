@@ -8,7 +8,7 @@
 
 #include "relpos/train/checkpoint.hpp"
 #include "relpos/train/trainer.hpp"
-#include "train_test_files.hpp"
+#include "train/test_files.hpp"
 
 namespace {
 

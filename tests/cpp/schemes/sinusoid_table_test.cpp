@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../../src/schemes/xl.hpp"
+#include "../../../src/schemes/xl.hpp"
 #include "relpos/position.hpp"
 
 namespace relpos {

@@ -4,7 +4,7 @@
 
 #include <cmath>
 
-#include "../../src/nn/normal_rng.hpp"
+#include "../../../src/nn/normal_rng.hpp"
 
 using relpos::nn::NormalRng;
 

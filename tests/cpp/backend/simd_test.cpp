@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "../../src/backend/simd.hpp"
-#include "../../src/backend/vexp.hpp"
-#include "../../src/nn/gelu.hpp"
+#include "../../../src/backend/simd.hpp"
+#include "../../../src/backend/vexp.hpp"
+#include "../../../src/nn/gelu.hpp"
 #include "relpos/half.hpp"
 
 namespace {
