@@ -103,7 +103,6 @@ X option(const nb::dict& a, const char* key, X fallback) {
   }
 }
 
-// The options named by words: Shaw's beyond, RoPE's style.
 // An enum option, by the names Python passes for its values (in the enum's order).
 template <class E, std::size_t N>
 void read_named(const nb::dict& a, const char* key, E& member, const std::array<const char*, N>& names) {
@@ -116,6 +115,7 @@ void read_named(const nb::dict& a, const char* key, E& member, const std::array<
   fail(std::string(key) + ": must be " + allowed + ", got '" + given + "'");
 }
 
+// The options named by words: Shaw's beyond, RoPE's style.
 void read_option(const nb::dict& a, const char* key, Beyond& member) {
   read_named(a, key, member, std::array{"clip", "zero"});
 }

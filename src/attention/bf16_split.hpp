@@ -1,7 +1,7 @@
 // The bfloat16 split: how the fused kernel multiplies a call stored in
 // bfloat16 where the CPU has bfloat16 products, as one policy beside the
-// kernel (fused_*.cpp ask it per head and per tile, and for float32 or double
-// computation it compiles to nothing):
+// kernel (fused_*.cpp ask it per head and per tile; for float32 or float16
+// storage, and double, it compiles to nothing):
 //   * the rows as stored (StoredBf16Rows), read in place by the products
 //     whose operands are exactly those values;
 //   * P and dS split exactly into three bfloat16 tiles (SplitTile,
@@ -57,6 +57,19 @@ struct StoredBf16Rows {
   bool splits_backward() const { return split && dout != nullptr; }
 };
 
+// Whether the products of a call stored in bfloat16 (`data`, of scheme
+// `scheme`) read its stored rows in place (but a head whose padded keys were
+// zeroed in a copy), and whether they split P and dS besides; the scratch
+// estimate asks the same.
+inline bool reads_stored_bf16(Scheme scheme, const AttentionForward<bfloat16>& data) {
+  const auto dense = [](const auto& x) { return x.stride[3] == 1 && x.stride[2] >= x.shape[3]; };
+  return gemm_bf16_native() && !scheme_has<RotationOf, float>(scheme) && !scheme_has<QueryBiasOf, float>(scheme) &&
+         dense(data.q) && dense(data.k) && dense(data.v);
+}
+inline bool splits_stored_bf16(Scheme scheme, const AttentionForward<bfloat16>& data) {
+  return reads_stored_bf16(scheme, data) && gemm_bf16_matrix_units() && data.v.shape[3] >= kSplitMinValueWidth;
+}
+
 // The stored rows of head (b, h) of call p whose tensors are in `data`
 // (p itself, or the stored call of a half-storage twin; see load_head), or
 // none where its products cannot read them in place; keys_zeroed: the head's
@@ -67,14 +80,10 @@ StoredBf16Rows stored_bf16_rows(const AttentionForward<T>& p, const AttentionFor
   if constexpr (!std::is_same_v<Stored, bfloat16>) {
     return {};
   } else {
-    const auto dense = [](const auto& x) { return x.stride[3] == 1 && x.stride[2] >= x.shape[3]; };
-    if (keys_zeroed || !gemm_bf16_native() || scheme_has<RotationOf, T>(p.pos.scheme) ||
-        scheme_has<QueryBiasOf, T>(p.pos.scheme) || !dense(data.q) || !dense(data.k) || !dense(data.v))
-      return {};
+    if (keys_zeroed || !reads_stored_bf16(p.pos.scheme, data)) return {};
     const int64_t hk = kv_head(p, h);
     return {&data.q(b, h, 0, 0), &data.k(b, hk, 0, 0), &data.v(b, hk, 0, 0), nullptr,
-            data.q.stride[2], data.k.stride[2], data.v.stride[2], 0,
-            gemm_bf16_matrix_units() && data.v.shape[3] >= kSplitMinValueWidth};
+            data.q.stride[2], data.k.stride[2], data.v.stride[2], 0, splits_stored_bf16(p.pos.scheme, data)};
   }
 }
 
@@ -237,10 +246,10 @@ void split_products(SplitBackward& split, int64_t key, int64_t bk, T scale, T* d
 
 // dk and dv of the group's keys from row `first` += the split products' sums.
 template <class T>
-void finish_split(const SplitBackward& split, Scratch<T>& dk, Scratch<T>& dv, int64_t first, int64_t d, int64_t dv_width) {
+void finish_split(const SplitBackward& split, Scratch<T>& dk, Scratch<T>& dv, int64_t first, int64_t d,
+                  int64_t dv_width) {
   if constexpr (std::is_same_v<T, float>) split.finish_group(dk.data() + first * d, dv.data() + first * dv_width);
 }
-
 
 // O (bq, dv) += P v for a tile's P (bq, bk) and the values v from key j0
 // (row stride ldv): by P split (every row passed to split_row) against the

@@ -91,9 +91,9 @@ void load_dout(const AttentionBackward<Stored>& data, BackwardScratch<T>& w) {
 // (rows no other group writes; dk, dv zeroed by the caller) and the group's
 // query-side sums in q.
 template <class F, class T, class Stored>
-void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e,
-                        int64_t b, int64_t h, int64_t group, int64_t groups, QueryGrads<T>& q, Scratch<T>& dk,
-                        Scratch<T>& dv, BackwardScratch<T>& w) {
+void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data,
+                        const CallEmbeddings<T>& e, int64_t b, int64_t h, int64_t group, int64_t groups,
+                        QueryGrads<T>& q, Scratch<T>& dk, Scratch<T>& dv, BackwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
   prepare(p, data, e, b, h, c);
   load_dout(data, w);
@@ -102,7 +102,8 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
   const T scale = T(effective_scale(p));
   const int64_t tiles = (hd.lk + kBackwardKeys - 1) / kBackwardKeys;
-  const int64_t begin = group * tiles / groups * kBackwardKeys, end = std::min(hd.lk, (group + 1) * tiles / groups * kBackwardKeys);
+  const int64_t begin = group * tiles / groups * kBackwardKeys;
+  const int64_t end = std::min(hd.lk, (group + 1) * tiles / groups * kBackwardKeys);
   w.P.resize(kBackwardRows * kBackwardKeys), w.dP.resize(kBackwardRows * kBackwardKeys);
   const bool split = std::is_same_v<T, float> && c.stored.splits_backward();
   if (split) w.split.start_group(end - begin, kBackwardKeys, c.stored.k + begin * c.stored.ldk, c.stored.ldk, d, dvd);
@@ -193,8 +194,8 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       const KeyBand<T>& band = w.band;
       const int64_t rows = band.row_offset(hd);
       tile_times(band.cut(), bq, d, band.width(), T(1), w.dband.data(), c.E + rows, d, T(1), q.dqp.data() + i0 * d, d);
-      tile_transposed_times(band.cut(), bq, d, band.width(), T(1), w.dband.data(), band.width(), hd.qp + i0 * d, d, T(1),
-                            q.dE.data() + rows, d);
+      tile_transposed_times(band.cut(), bq, d, band.width(), T(1), w.dband.data(), band.width(), hd.qp + i0 * d, d,
+                            T(1), q.dE.data() + rows, d);
     }
   }
   if (split) finish_split(w.split, dk, dv, begin, d, dvd);
@@ -259,7 +260,6 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
   if (!q.dbias.empty()) add_bias_grad(g, c.x, q.dbias);
   write_input_grads(data, c.x, g, q.dqc, q.dqp, dk, dv);
 }
-
 
 // Heads that are one group each run whole on one thread; otherwise the
 // (batch, head, group) items run first, then per head the groups' sums are

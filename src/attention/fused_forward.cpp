@@ -72,7 +72,6 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
   }
 }
 
-
 template <class T, class Stored>
 void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& data) {
   const tiles::ForwardTiles f = tiles::forward(p.q.shape[3], p.v.shape[3]);

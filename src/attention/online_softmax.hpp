@@ -6,6 +6,7 @@
 // at the end the output is divided by l and the row's logsumexp is m + log l.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -39,9 +40,9 @@ class OnlineSoftmax {
       std::fill(row, row + buckets.n, T(0));
       return s;
     }
+    s.visible = true;
     // Rescaled by less than e^-44, the old terms drop, as exp_shifted_sum's
     // do (simd::kSoftmaxCutoff): kept, they would be subnormal numbers.
-    s.visible = true;
     s.rescale = m_[ii] - m_new < T(simd::kSoftmaxCutoff) ? T(0) : std::exp(m_[ii] - m_new);
     s.sums = buckets.exp_shifted(row, m_new);
     l_[ii] = l_[ii] * s.rescale + s.sums.total();

@@ -3,7 +3,8 @@
 // the size in the message (instead of std::bad_alloc, or the kernel's
 // out-of-memory killer, minutes later), and the memory benchmark skips runs
 // over its budget. The per-algorithm classes are those of docs/design.md,
-// section 2, with constants read off `relpos bench memory`.
+// section 2: the fused kernel's buffers counted one by one (fused_elements),
+// the other algorithms' with constants read off `relpos bench memory`.
 #include <omp.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "bf16_split.hpp"
 #include "fused.hpp"
@@ -61,20 +63,18 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   const auto band_scores = [&](double tile_rows) { return band ? tile_rows * (Lk + tile_rows - 1) : 0.0; };
   // bfloat16 parts, three per float32 entry at half its size, where the
   // kernel splits P and dS (bf16_split.hpp).
-  const double half = std::is_same_v<T, bfloat16> && gemm_bf16_native() && gemm_bf16_matrix_units() &&
-                              p.v.shape[3] >= kSplitMinValueWidth
-                          ? 1.0
-                          : 0.0;
+  double half = 0;
+  if constexpr (std::is_same_v<T, bfloat16>) half = fused::splits_stored_bf16(scheme, p) ? 1.0 : 0.0;
   // ForwardScratch: the logits of a step of keys, the output, the key
   // table's scores and value bucket sums, the running max and sum, a
   // transposed tile; P split where half storage splits it.
   const double forward_worker = head + forward_logits * (1.0 + 1.5 * half) +
                                 forward_rows * (dv + 2.0 * nb + 2.0) + rows * widest + band_scores(forward_rows);
-  // BackwardScratch and one group's QueryGrads: dout, D, the tile's P and
-  // dS, key-table scores and dout wv^T, a transposed tile, dq's two parts,
-  // the tables' bucket sums, a band's row gradients, the bias per distance;
-  // dk, dv of the head where it is one group (else below); the tables'
-  // gradients of the head. Split tiles: P and dS thrice, the keys thrice, the
+  // BackwardScratch: dout, D, the tile's P and dS, key-table scores and
+  // dout wv^T, a transposed tile; where a head is one group (else below) its
+  // QueryGrads (dq's two parts, the key-score gradients and value bucket
+  // sums, a band's row gradients, the bias per distance) and its dk, dv; the
+  // tables' gradients of the head. Split tiles: P and dS thrice, the keys thrice, the
   // query tile's q and dout transposed thrice, dk and dv transposed.
   const double query_grads = 2.0 * Lq * d + 2.0 * Lq * nb + (band ? distances * d : 0.0) + distances;
   const double groups = double(fused::backward_key_groups(p));

@@ -177,7 +177,8 @@ def test_every_option_name_reaches_the_extension(core):
 
 # An enum option is read by its names: one the extension does not know is refused naming the
 # option and the names it accepts; each accepted name gives its own result.
-@pytest.mark.parametrize("core, names", [("shaw_beyond", ("clip", "zero")), ("rope_style", ("half_split", "interleaved"))])
+@pytest.mark.parametrize("core, names", [("shaw_beyond", ("clip", "zero")),
+                                         ("rope_style", ("half_split", "interleaved"))])
 def test_enum_options_are_read_by_name(core, names):
     from relpos import _relpos
     rng = np.random.default_rng(3)

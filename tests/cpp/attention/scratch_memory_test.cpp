@@ -11,8 +11,8 @@
 //  * fused holds no (L, L) buffer at all: O(L d) and tiles.
 // The bounds below count elements from those formulas with a generous
 // constant; d-independence is checked by running at d = 16 and d = 64, and
-// fused's linearity in L by doubling L. Last, the estimate validation refuses
-// calls by, against the fused kernel's measured peak.
+// fused's linearity in L by doubling L. Last, the fused kernel's measured
+// peak against relpos::estimated_scratch_bytes, by which validation refuses calls.
 #include <algorithm>
 
 #include "algorithm_cases.hpp"
@@ -100,14 +100,12 @@ TEST(ScratchMemory, FusedHoldsNoLByLBuffer) {
       << "the doubling test would not tell an (L, L) buffer";
 }
 
-
 // The scratch estimate that validation refuses calls by
 // (relpos::estimated_scratch_bytes) against what the fused kernel allocates:
 // never below the peak of a forward or a backward, and within 1.5x of it,
 // across schemes, masks, shapes (one tile to several, cross-attention, a
 // decode step; the forward's tiles of 512 keys and the backward's key
-// groups), threads and storage types (double's buffers are float32's, twice
-// the bytes).
+// groups), threads, float32 and bfloat16 storage.
 template <class T>
 void expect_estimate_bounds_fused_peak(Spec s) {
   s.algorithm = Algorithm::fused;
