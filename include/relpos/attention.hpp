@@ -25,7 +25,7 @@
 
 namespace relpos {
 
-enum class Scheme { none, shaw, t5, alibi, rope, xl, kerple, kerple_power };
+enum class Scheme { none, shaw, t5, alibi, rope, xl, kerple, kerple_power, deberta };
 
 // Largest thread count relpos accepts anywhere (0 = OpenMP's maximum); checked
 // before OpenMP or the GEMM library sees it (100000 crashed inside libgomp).
@@ -104,6 +104,21 @@ struct KerplePowerParams {
   View1<const T> r1, r2;
 };
 
+// DeBERTa (He et al. 2021): score q_i . c2p[c(-r)] (content to position) and
+// k_j . p2c[c(r)] (position to content) beside q_i . k_j, with
+// c(x) = clamp(bucket(x) + span, 0, 2 span - 1) and bucket DeBERTa's log
+// buckets (deberta_bucket in relpos/position.hpp); span = position_buckets,
+// or max_relative_positions where position_buckets <= 0 (no buckets).
+// Tables (Ht, 2 span, d), Ht = 1 or H; either may be empty (c2p or p2c only).
+// The default scale is 1 / sqrt(d (1 + [c2p] + [p2c])), DeBERTa's.
+template <class T>
+struct DebertaParams {
+  int64_t position_buckets = 256;
+  int64_t max_relative_positions = 512;
+  View3<const T> c2p, p2c;
+  int64_t span() const { return position_buckets > 0 ? position_buckets : max_relative_positions; }
+};
+
 template <class T>
 struct PositionParams {
   Scheme scheme = Scheme::none;
@@ -114,6 +129,7 @@ struct PositionParams {
   XLParams<T> xl;
   KerpleParams<T> kerple;
   KerplePowerParams<T> kerple_power;
+  DebertaParams<T> deberta;
 };
 
 // Gradients of the learnable positional parameters, same shapes as the
@@ -127,6 +143,7 @@ struct PositionGrads {
   View3<T> xl_w_r;
   View1<T> kerple_r1, kerple_r2;
   View1<T> kerple_power_r1, kerple_power_r2;
+  View3<T> deberta_c2p, deberta_p2c;
 };
 
 template <class T>
@@ -212,11 +229,15 @@ int64_t kv_head(const AttentionForward<T>& p, int64_t h) {
 
 // Effective softmax scale of a call: p.scale, else the scheme's own default,
 // 1 for T5 (its paper and every T5 checkpoint fold the scale into the
-// initialisation) and 1 / sqrt(d) for the others.
+// initialisation), 1 / sqrt(d n) for DeBERTa with n = 1 + its number of
+// position terms (its paper's scaling), and 1 / sqrt(d) for the others.
 template <class T>
 double effective_scale(const AttentionForward<T>& p) {
   if (p.scale) return *p.scale;
-  return p.pos.scheme == Scheme::t5 ? 1.0 : 1.0 / std::sqrt(static_cast<double>(p.q.shape[3]));
+  if (p.pos.scheme == Scheme::t5) return 1.0;
+  double terms = 1;
+  if (p.pos.scheme == Scheme::deberta) terms += !p.pos.deberta.c2p.empty() + !p.pos.deberta.p2c.empty();
+  return 1.0 / std::sqrt(static_cast<double>(p.q.shape[3]) * terms);
 }
 
 }  // namespace relpos

@@ -39,6 +39,26 @@ int64_t t5_bucket(int64_t r, bool bidirectional, int64_t num_buckets, int64_t ma
 // and a max_distance beyond it).
 void check_t5_config(bool bidirectional, int64_t num_buckets, int64_t max_distance);
 
+// ---- DeBERTa --------------------------------------------------------------
+
+// transformers' make_log_bucket_position (DeBERTa-v2/v3) for one relative
+// position x = query_pos - key_pos: x itself where |x| <= mid =
+// position_buckets / 2, else sign(x) (mid + ceil(log(|x| / mid) /
+// log((max_relative_positions - 1) / mid) (mid - 1))), in float32 as PyTorch
+// evaluates it under its default dtype, with the correctly rounded float32
+// logarithm (as t5_bucket). position_buckets <= 0: no buckets, x itself.
+int64_t deberta_bucket(int64_t x, int64_t position_buckets, int64_t max_relative_positions);
+
+// The table row of relative position x: clamp(bucket(x) + span, 0, 2 span - 1),
+// span = position_buckets, or max_relative_positions without buckets.
+int64_t deberta_row(int64_t x, int64_t position_buckets, int64_t max_relative_positions);
+
+// Throws std::invalid_argument naming deberta.position_buckets or
+// deberta.max_relative_positions unless they define buckets: a span in
+// [1, 2^40], and with buckets (position_buckets > 0) position_buckets >= 2 and
+// max_relative_positions - 1 > position_buckets / 2 (else the log ratio is 0).
+void check_deberta_config(int64_t position_buckets, int64_t max_relative_positions);
+
 // ---- ALiBi ----------------------------------------------------------------
 
 // Head slopes m_h of Press et al.: the geometric sequence 2^(-8/n)... for a

@@ -17,6 +17,8 @@ struct SchemeModelConfig {
   int t5_buckets = 32;         // T5 (causal buckets, one table shared by all layers, as in T5)
   int t5_max_distance = 128;
   double rope_base = 10000.0;  // RoPE over the whole head dimension, half-split
+  int deberta_buckets = 32;       // DeBERTa (c2p and p2c tables per layer, shared by heads)
+  int deberta_max_distance = 128;
 };
 
 }  // namespace relpos

@@ -39,19 +39,22 @@ struct QueryGrads {
   Scratch<T> dqc, dqp;  // dL/d(q + u) and dL/d(q + v), (lq, d)
   Scratch<T> dR, Pb;    // clipped tables: key-score gradients and value bucket sums of P, (lq, 2k+1)
   Scratch<T> dE;        // a key band: gradients of its rows, (distances, d)
+  Scratch<T> dRk;       // an indexed table read by the key: gradients of the keys' scores, (lk, nb)
   Scratch<T> dbias;     // a bias per distance with learnable parameters: its gradient per distance
 
   void reset(const HeadContext<T>& c, bool bias_grads) {
     const Head<T>& hd = c.x.hd;
     dqc.assign(hd.lq * hd.d, T(0)), dqp.assign(hd.lq * hd.d, T(0));
-    dR.assign(c.key_table() ? hd.lq * c.nb : 0, T(0)), Pb.assign(c.value_table() ? hd.lq * c.nb : 0, T(0));
+    dR.assign(c.key_table() || !c.c2p.empty() ? hd.lq * c.nb : 0, T(0));
+    Pb.assign(c.value_table() ? hd.lq * c.nb : 0, T(0));
+    dRk.assign(c.p2c.empty() ? 0 : hd.lk * c.nb, T(0));
     dE.assign(c.band() ? hd.distances() * hd.d : 0, T(0));
     dbias.assign(c.x.bias.empty() || !bias_grads ? 0 : hd.distances(), T(0));
   }
 
   void add(const QueryGrads& o) {
     for (auto [mine, theirs] : {std::pair{&dqc, &o.dqc}, {&dqp, &o.dqp}, {&dR, &o.dR}, {&Pb, &o.Pb}, {&dE, &o.dE},
-                                {&dbias, &o.dbias}})
+                                {&dbias, &o.dbias}, {&dRk, &o.dRk}})
       for (std::size_t n = 0; n < mine->size(); ++n) (*mine)[n] += (*theirs)[n];
   }
 };
@@ -114,9 +117,10 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
     if (split)
       w.split.start_query_tile(c.stored.q + i0 * c.stored.ldq, c.stored.ldq, c.stored.dout + i0 * c.stored.lddout,
                                c.stored.lddout, bq);
-    if constexpr (F::key_table) {  // key-table scores of the query tile, (bq, nb)
+    if (F::key_table || (F::indexed && !c.c2p.empty())) {  // key-table scores of the query tile, (bq, nb)
       w.Rq.resize(bq * nb);
-      gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), w.Rq.data(), nb);
+      gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, F::key_table ? c.wk.data() : c.c2p.data(), d,
+              T(0), w.Rq.data(), nb);
     }
     if constexpr (F::value_table) {  // dout wv^T of the query tile, (bq, nb)
       w.G.resize(bq * nb);
@@ -176,6 +180,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         if (F::bias && !q.dbias.empty())
           rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
         if constexpr (F::key_table) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
+        if constexpr (F::indexed) add_indexed_grads(c, mrow, srow, scale, i, j0, bk, q);
         if constexpr (F::band) {  // un-skew scale * dS onto the band: each shown (ii, j) owns one column of row ii
           const int64_t shown = cut.shown(ii);
           rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, j0, shown), srow, scale, shown);
@@ -199,6 +204,25 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
     }
   }
   if (split) finish_split(w.split, dk, dv, begin, d, dvd);
+}
+
+// An indexed table's share of one tile row's scale * dS: into the query's
+// c2p score gradients by each key's row, and into each key's p2c score
+// gradients by the same pair's row (add_indexed_scores backwards).
+template <class T>
+void add_indexed_grads(const HeadContext<T>& c, int64_t mrow, const T* dS, T scale, int64_t i, int64_t j0, int64_t bk,
+                       QueryGrads<T>& q) {
+  const int64_t nb = c.nb;
+  if (!c.c2p.empty()) {
+    const int32_t* rows = c.c2p_rows + mrow;
+    T* dR = &q.dR[i * nb];
+    for (int64_t jj = 0; jj < bk; ++jj) dR[rows[jj]] += scale * dS[jj];
+  }
+  if (!c.p2c.empty()) {
+    const int32_t* rows = c.p2c_rows + mrow;
+    T* dRk = &q.dRk[j0 * nb];
+    for (int64_t jj = 0; jj < bk; ++jj) dRk[jj * nb + rows[jj]] += scale * dS[jj];
+  }
 }
 
 // A key band's row gradients, summed over the batch entries of one head that
@@ -249,6 +273,22 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
       Scratch<T> dwk(nb * d);
       weights_times<T>(Trans::yes, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), dwk.data(), d);
       e.key_table()->add_slice_grad(g, hd.h, dwk.data());
+    }
+  }
+  if (!c.c2p.empty()) {  // dqp += dR c2p; dc2p += dR^T qp
+    weights_times<T>(Trans::no, lq, d, nb, T(1), q.dR.data(), nb, c.c2p.data(), d, T(1), q.dqp.data(), d);
+    if (e.indexed_keys()->wants_grad(g)) {
+      Scratch<T> dc2p(nb * d);
+      weights_times<T>(Trans::yes, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), dc2p.data(), d);
+      e.indexed_keys()->add_slice_grad(g, hd.h, dc2p.data());
+    }
+  }
+  if (!c.p2c.empty()) {  // dk += dRk p2c; dp2c += dRk^T k (a padded key's row of k is zero or finite: load_head)
+    weights_times<T>(Trans::no, hd.lk, d, nb, T(1), q.dRk.data(), nb, c.p2c.data(), d, T(1), dk.data(), d);
+    if (e.indexed_queries()->wants_grad(g)) {
+      Scratch<T> dp2c(nb * d);
+      weights_times<T>(Trans::yes, nb, d, hd.lk, T(1), q.dRk.data(), nb, c.x.kp, c.x.ldk, T(0), dp2c.data(), d);
+      e.indexed_queries()->add_slice_grad(g, hd.h, dp2c.data());
     }
   }
   if (c.value_table() && e.value_table()->wants_grad(g)) {  // dwv += Pb^T dout

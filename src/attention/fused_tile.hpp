@@ -18,6 +18,11 @@
 //                       distances its key tiles reach (Bq + keys - 1), filled
 //                       as the key tiles reach it and read skewed by each;
 //                       under a causal mask a cut tile of its own (key_band.hpp)
+//   indexed tables      a table read at a row per distance (DeBERTa's buckets),
+//                       by the query (c2p: R = qp c2p^T per query tile) or by
+//                       the key (p2c: k p2c^T once per head), each pair's
+//                       score picked by its distance's row; the backward sums
+//                       dS into the same (rows, table rows) shapes
 //
 // Backward recomputes P from the saved logsumexp, query tiles outer and key
 // tiles inner; positional gradients go to per-thread partials summed in
@@ -62,6 +67,10 @@ struct HeadContext {
   bool clip = true;         // clipped tables: distances beyond +-k use the edge rows (else a zero embedding)
   Scratch<T> wk, wv;        // the clipped tables' slices of this head (nb, d), (nb, dv)
   const T* E = nullptr;     // a key band's rows per distance (distances, d), falling, from CallEmbeddings
+  Scratch<T> c2p, p2c;      // indexed tables: this head's slices (nb, d), read by the query and by the key
+  Scratch<T> Rk;            // p2c: every key's scores against its rows, (lk, nb)
+  const int32_t* c2p_rows = nullptr;  // indexed tables: the table row of each distance index, from CallEmbeddings
+  const int32_t* p2c_rows = nullptr;
   StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
 
   bool key_table() const { return !wk.empty(); }
@@ -75,12 +84,13 @@ struct HeadContext {
 // the causal mask, a key-padding mask, and the kind of relative term a tile
 // adds (rotations and query biases happen before the tiles: plain), clipped
 // tables of keys, of values or both apart.
-enum class TileTerm { plain, bias, key_table, value_table, key_and_value_tables, band };
+enum class TileTerm { plain, bias, key_table, value_table, key_and_value_tables, band, indexed };
 
 template <bool Causal, bool Padding, TileTerm Term>
 struct TileFeatures {
   static constexpr bool causal = Causal, padding = Padding;
   static constexpr bool bias = Term == TileTerm::bias, band = Term == TileTerm::band;
+  static constexpr bool indexed = Term == TileTerm::indexed;
   static constexpr bool key_table = Term == TileTerm::key_table || Term == TileTerm::key_and_value_tables;
   static constexpr bool value_table = Term == TileTerm::value_table || Term == TileTerm::key_and_value_tables;
   static constexpr bool table = key_table || value_table;
@@ -100,13 +110,20 @@ void bool_switch(bool value, F&& f) {
 // its rows for every head over the call's distances computed here once (they
 // depend on the head, not on the batch row), in falling distance order (see
 // KeyBand). Value embeddings must be clipped tables (the schemes' capability
-// table offers fused for no other).
+// table offers fused for no other). Indexed tables (key or query embeddings)
+// are read through their per-head slices at each distance's row, listed here.
 template <class T>
 struct CallEmbeddings {
-  std::unique_ptr<DistanceEmbedding<T>> keys, values;
+  std::unique_ptr<DistanceEmbedding<T>> keys, values, queries;
   std::vector<Scratch<T>> E;  // a key band: per head (distances, d), row r the distance index distances - 1 - r
+  std::vector<int32_t> key_rows, query_rows;  // indexed tables: the row of distance index m
 
-  explicit CallEmbeddings(const AttentionForward<T>& p) : keys(make_key_embedding(p)), values(make_value_embedding(p)) {
+  explicit CallEmbeddings(const AttentionForward<T>& p)
+      : keys(make_key_embedding(p)), values(make_value_embedding(p)), queries(make_query_embedding(p)) {
+    if (queries && !queries->indexed()) throw std::logic_error("relpos: fused reads query embeddings as indexed tables");
+    for (const auto& [table, rows] : {std::pair{indexed_keys(), &key_rows}, std::pair{indexed_queries(), &query_rows}})
+      if (table)
+        for (int64_t m = 0; m < table->count(); ++m) rows->push_back(int32_t(table->index(table->rmin() + m)));
     if (values && !values->clipped()) throw std::logic_error("relpos: fused reads value embeddings as clipped tables");
     if (const ClippedTable<T>*a = key_table(), *b = value_table();
         a && b && (a->k() != b->k() || a->repeats_edges() != b->repeats_edges()))
@@ -131,7 +148,10 @@ struct CallEmbeddings {
 
   const ClippedTable<T>* key_table() const { return keys ? keys->clipped() : nullptr; }
   const ClippedTable<T>* value_table() const { return values ? values->clipped() : nullptr; }
-  bool band() const { return keys && !keys->clipped(); }
+  const IndexedTable<T>* indexed_keys() const { return keys ? keys->indexed() : nullptr; }
+  const IndexedTable<T>* indexed_queries() const { return queries ? queries->indexed() : nullptr; }
+  bool indexed() const { return indexed_keys() || indexed_queries(); }
+  bool band() const { return keys && !keys->clipped() && !keys->indexed(); }
 };
 
 // Calls f(TileFeatures<...>{}) with the features of call p.
@@ -139,7 +159,8 @@ template <class T, class F>
 void with_tile_features(const AttentionForward<T>& p, const CallEmbeddings<T>& embeddings, F&& f) {
   const bool bias = scheme_has<BiasOf, T>(p.pos.scheme);
   const bool keys = embeddings.key_table() != nullptr, values = embeddings.value_table() != nullptr;
-  const TileTerm term = embeddings.band()  ? TileTerm::band
+  const TileTerm term = embeddings.indexed() ? TileTerm::indexed
+                        : embeddings.band()  ? TileTerm::band
                         : keys && values   ? TileTerm::key_and_value_tables
                         : keys             ? TileTerm::key_table
                         : values           ? TileTerm::value_table
@@ -155,6 +176,7 @@ void with_tile_features(const AttentionForward<T>& p, const CallEmbeddings<T>& e
         case TileTerm::value_table: return f(TileFeatures<c, k, TileTerm::value_table>{});
         case TileTerm::key_and_value_tables: return f(TileFeatures<c, k, TileTerm::key_and_value_tables>{});
         case TileTerm::band: return f(TileFeatures<c, k, TileTerm::band>{});
+        case TileTerm::indexed: return f(TileFeatures<c, k, TileTerm::indexed>{});
       }
     });
   });
@@ -175,6 +197,21 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
   if (e.key_table()) table_slice(*e.key_table(), h, c.wk);
   if (e.value_table()) table_slice(*e.value_table(), h, c.wv);
   c.E = e.E.empty() ? nullptr : e.E[h].data();
+  c.c2p.clear(), c.p2c.clear(), c.Rk.clear();
+  c.c2p_rows = e.key_rows.empty() ? nullptr : e.key_rows.data();
+  c.p2c_rows = e.query_rows.empty() ? nullptr : e.query_rows.data();
+  if (const IndexedTable<T>* table = e.indexed_keys()) {
+    c.nb = table->table_rows();
+    c.c2p.resize(c.nb * table->width()), table->slice(h, c.c2p.data());
+  }
+  if (const IndexedTable<T>* table = e.indexed_queries()) {
+    const Head<T>& hd = c.x.hd;
+    c.nb = table->table_rows();
+    c.p2c.resize(c.nb * hd.d), table->slice(h, c.p2c.data());
+    c.Rk.resize(hd.lk * c.nb);
+    gemm<T>(Trans::no, Trans::yes, hd.lk, c.nb, hd.d, T(1), c.x.kp, c.x.ldk, c.p2c.data(), hd.d, T(0), c.Rk.data(),
+            c.nb);
+  }
   c.stored = stored_bf16_rows(p, data, b, h, c.x.padded_keys_zeroed);
 }
 
@@ -207,6 +244,28 @@ BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t compute
   }
 }
 
+// Adds the indexed tables' scores to the tile's logits S (bq, bk): scale
+// times Rq[ii, c2p row] (Rq the query tile's scores against the c2p rows,
+// (bq, nb)) and Rk[j, p2c row], each pair's row that of its distance.
+template <class T>
+void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t m0, const T* Rq, T* S) {
+  const int64_t nb = c.nb, bk = t.bk;
+  for (int64_t ii = 0; ii < t.bq; ++ii) {
+    T* row = S + ii * bk;
+    const int64_t mrow = m0 + (t.bq - 1 - ii);  // distance index of (ii, jj = 0); (ii, jj)'s is mrow + jj
+    if (!c.c2p.empty()) {
+      const int32_t* rows = c.c2p_rows + mrow;
+      const T* R = Rq + ii * nb;
+      for (int64_t jj = 0; jj < bk; ++jj) row[jj] += scale * R[rows[jj]];
+    }
+    if (!c.p2c.empty()) {
+      const int32_t* rows = c.p2c_rows + mrow;
+      const T* R = c.Rk.data() + t.j0 * nb;
+      for (int64_t jj = 0; jj < bk; ++jj) row[jj] += scale * R[jj * nb + rows[jj]];
+    }
+  }
+}
+
 // S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
 // table's edge scores (bucketed_row). Rq: the key table's scores of the tile's queries, (bq, nb).
 // band: the query tile's key band scores.
@@ -219,6 +278,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
   product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
                   bq, bk, d, scale, S, cut, transposed);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
+  if constexpr (F::indexed) add_indexed_scores(c, scale, t, m0, Rq, S);
   const Scratch<T>& bias = c.x.bias;
   for (int64_t ii = 0; ii < bq; ++ii) {
     T* row = S + ii * bk;

@@ -4,11 +4,12 @@
 // against, so it favours obviousness over speed and is kept forever.
 //
 // All schemes are one formula here:
-//   logits(i,j) = scale * (qc_i . k_j + qp_i . rk(i,j)) + bias(i,j)
+//   logits(i,j) = scale * (qc_i . k_j + qp_i . rk(i,j) + k_j . rq(i,j)) + bias(i,j)
 //   out_i       = sum_j P(i,j) * (v_j + rv(i,j))
 // with the scheme's terms (src/schemes/scheme.hpp): qc = q + u and qp = q + v
-// for query biases (qc = qp = q otherwise), rk and rv its key and value
-// embeddings per distance (Shaw's A^K, A^V; Transformer-XL's W_R R(-r)), bias
+// for query biases (qc = qp = q otherwise), rk, rq and rv its key, query and
+// value embeddings per distance (Shaw's A^K, A^V; Transformer-XL's W_R R(-r);
+// DeBERTa's c2p and p2c tables by bucket), bias
 // its bias per distance (T5, ALiBi, KERPLE), and q, k rotated first (RoPE).
 #include "reference.hpp"
 
@@ -28,6 +29,7 @@ struct HeadTerms {
   int64_t lq = 0, lk = 0, d = 0, dv = 0;
   Scratch<T> qc, qp, k, v;  // (Lq, d), (Lq, d), (Lk, d), (Lk, dv)
   Scratch<T> rk;            // (Lq, Lk, d), empty when no relative score term
+  Scratch<T> rq;            // (Lq, Lk, d), empty when no relative score term read by the key
   Scratch<T> rv;            // (Lq, Lk, dv), empty when no relative value term
   Scratch<T> bias;          // (Lq, Lk)
   std::unique_ptr<DistanceBias<T>> distance_bias;  // the scheme's bias per distance, if its term is one
@@ -37,7 +39,7 @@ struct HeadTerms {
   // The call's distances are r = rmin + m, m < Lq + Lk - 1; each distance's
   // embeddings are computed once, then copied to its pairs.
   int64_t rmin = 0;
-  std::unique_ptr<DistanceEmbedding<T>> key_embedding, value_embedding;
+  std::unique_ptr<DistanceEmbedding<T>> key_embedding, query_embedding, value_embedding;
 };
 
 
@@ -82,13 +84,17 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
   t.masked.assign(t.lq * t.lk, 0);
   t.bias.assign(t.lq * t.lk, T(0));
   t.key_embedding = make_key_embedding(p);
+  t.query_embedding = make_query_embedding(p);
   t.value_embedding = make_value_embedding(p);
   if (t.key_embedding) t.rk.assign(t.lq * t.lk * t.d, T(0));
+  if (t.query_embedding) t.rq.assign(t.lq * t.lk * t.d, T(0));
   if (t.value_embedding) t.rv.assign(t.lq * t.lk * t.dv, T(0));
   t.rmin = rel(p, t.lq - 1, 0);
   const int64_t n = t.lq + t.lk - 1;
   Scratch<T> key_rows(t.key_embedding ? n * t.d : 0), value_rows(t.value_embedding ? n * t.dv : 0);
+  Scratch<T> query_rows(t.query_embedding ? n * t.d : 0);
   if (t.key_embedding) t.key_embedding->rows(h, n, key_rows.data());
+  if (t.query_embedding) t.query_embedding->rows(h, n, query_rows.data());
   if (t.value_embedding) t.value_embedding->rows(h, n, value_rows.data());
   Scratch<T> bias_per_distance;
   t.distance_bias = make_distance_bias(p);
@@ -104,6 +110,8 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
       t.masked[ij] = (p.causal && r > 0) || (!p.key_padding.empty() && p.key_padding(b, j) != 0);
       if (t.key_embedding)
         for (int64_t x = 0; x < t.d; ++x) t.rk[ij * t.d + x] = key_rows[(r - t.rmin) * t.d + x];
+      if (t.query_embedding)
+        for (int64_t x = 0; x < t.d; ++x) t.rq[ij * t.d + x] = query_rows[(r - t.rmin) * t.d + x];
       if (t.value_embedding)
         for (int64_t x = 0; x < t.dv; ++x) t.rv[ij * t.dv + x] = value_rows[(r - t.rmin) * t.dv + x];
       if (t.distance_bias) t.bias[ij] = bias_per_distance[r - t.rmin];
@@ -118,6 +126,7 @@ T logit(const HeadTerms<T>& t, T scale, int64_t i, int64_t j) {
   const int64_t ij = i * t.lk + j;
   T s = dot(&t.qc[i * t.d], &t.k[j * t.d], t.d);
   if (!t.rk.empty()) s += dot(&t.qp[i * t.d], &t.rk[ij * t.d], t.d);
+  if (!t.rq.empty()) s += dot(&t.k[j * t.d], &t.rq[ij * t.d], t.d);
   return scale * s + t.bias[ij];
 }
 
@@ -175,6 +184,7 @@ void backward(const AttentionBackward<T>& p) {
       Scratch<T> dqc(t.lq * d, T(0)), dqp(t.lq * d, T(0)), dk(t.lk * d, T(0));
       Scratch<T> P(t.lk), dS(t.lk);
       Scratch<T> dkey_rows(t.key_embedding ? n * d : 0), dvalue_rows(t.value_embedding ? n * dv : 0);
+      Scratch<T> dquery_rows(t.query_embedding ? n * d : 0);
       Scratch<T> dbias(t.distance_bias ? t.lq + t.lk - 1 : 0, T(0));  // gradient of the bias per distance
       for (int64_t i = 0; i < t.lq; ++i) {
         const T lse = p.lse(b, h, i);
@@ -213,6 +223,11 @@ void backward(const AttentionBackward<T>& p) {
               dqp[i * d + x] += ds * t.rk[ij * d + x];
               dkey_rows[(r - t.rmin) * d + x] += ds * t.qp[i * d + x];
             }
+          if (!t.rq.empty())
+            for (int64_t x = 0; x < d; ++x) {
+              dk[j * d + x] += ds * t.rq[ij * d + x];
+              dquery_rows[(r - t.rmin) * d + x] += ds * t.k[j * d + x];
+            }
           if (!t.rv.empty())
             for (int64_t x = 0; x < dv; ++x) dvalue_rows[(r - t.rmin) * dv + x] += P[j] * p.dout(b, h, i, x);
           if (t.distance_bias) dbias[r - t.rmin] += dS[j];
@@ -220,6 +235,7 @@ void backward(const AttentionBackward<T>& p) {
       }
       if (t.distance_bias) t.distance_bias->add_grad(g, h, dbias.data());
       if (t.key_embedding) t.key_embedding->add_rows_grad(g, h, n, dkey_rows.data());
+      if (t.query_embedding) t.query_embedding->add_rows_grad(g, h, n, dquery_rows.data());
       if (t.value_embedding) t.value_embedding->add_rows_grad(g, h, n, dvalue_rows.data());
       if (t.query_bias) t.query_bias->add_grad(g, h, t.lq, d, dqc.data(), dqp.data());
       Scratch<T> dq(t.lq * d);

@@ -35,7 +35,12 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   const double batch_heads = double(p.q.shape[0]) * double(p.q.shape[1]), heads = double(p.q.shape[1]);
   const double Lq = double(p.q.shape[2]), Lk = double(p.k.shape[2]), d = double(p.q.shape[3]),
                dv = double(p.v.shape[3]), distances = Lq + Lk - 1, widest = std::max(d, dv);
-  const double nb = double(sizes.table_rows);                      // a clipped table's 2k+1
+  const double nb = double(sizes.table_rows);                      // a clipped table's 2k+1, an indexed table's rows
+  const bool by_key = sizes.query_width > 0;                       // an indexed table read by the key (p2c)
+  // Tables by the query (Shaw's wk, DeBERTa's c2p) and of values: a score or
+  // bucket sum per table row and query row each; all tables' slices' widths.
+  const double query_side = nb * double((sizes.key_width > 0) + (sizes.value_width > 0));
+  const double slices = nb * double(sizes.key_width + sizes.value_width + sizes.query_width);
   const bool band = sizes.key_width > 0 && sizes.table_rows == 0;  // a key embedding with a row per distance
   const double rows = double(tiles::kBackwardRows), keys = double(tiles::kBackwardKeys);
   const tiles::ForwardTiles forward = tiles::forward(p.q.shape[3], p.v.shape[3]);
@@ -48,7 +53,7 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   // place (never half storage; a padded key that is not finite copies them
   // too, which is not counted), the queries with a query bias, a bias per
   // distance, a rotation's angles for every query and key, the clipped
-  // tables' slices.
+  // tables' slices; a table read by the key: its slice and every key's scores.
   using C = compute_t<T>;
   const Scheme scheme = p.pos.scheme;
   const int64_t rotated = p.pos.rope.rotary_dims ? p.pos.rope.rotary_dims : p.q.shape[3];
@@ -57,7 +62,8 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   if constexpr (!is_half_v<T>) copies_keys = !keys_readable_in_place(p);
   const double head = Lq * d + (copies_keys ? Lk * (d + dv) : 0.0) +
                       (scheme_has<QueryBiasOf, C>(scheme) ? Lq * d : 0.0) +
-                      (scheme_has<BiasOf, C>(scheme) ? distances : 0.0) + (Lq + Lk) * rotary + nb * (d + dv);
+                      (scheme_has<BiasOf, C>(scheme) ? distances : 0.0) + (Lq + Lk) * rotary + slices +
+                      (by_key ? Lk * nb : 0.0);
   // A key band's scores (and in the backward their gradients) for a query
   // tile against every key it visits.
   const auto band_scores = [&](double tile_rows) { return band ? tile_rows * (Lk + tile_rows - 1) : 0.0; };
@@ -69,18 +75,20 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   // table's scores and value bucket sums, the running max and sum, a
   // transposed tile; P split where half storage splits it.
   const double forward_worker = head + forward_logits * (1.0 + 1.5 * half) +
-                                forward_rows * (dv + 2.0 * nb + 2.0) + rows * widest + band_scores(forward_rows);
+                                forward_rows * (dv + query_side + 2.0) + rows * widest + band_scores(forward_rows);
   // BackwardScratch: dout, D, the tile's P and dS, key-table scores and
   // dout wv^T, a transposed tile; where a head is one group (else below) its
   // QueryGrads (dq's two parts, the key-score gradients and value bucket
-  // sums, a band's row gradients, the bias per distance) and its dk, dv; the
+  // sums, a band's row gradients, the bias per distance, the keys' score
+  // gradients of a table read by the key) and its dk, dv; the
   // tables' gradients of the head. Split tiles: P and dS thrice, the keys thrice, the
   // query tile's q and dout transposed thrice, dk and dv transposed.
-  const double query_grads = 2.0 * Lq * d + 2.0 * Lq * nb + (band ? distances * d : 0.0) + distances;
+  const double query_grads =
+      2.0 * Lq * d + Lq * query_side + (band ? distances * d : 0.0) + distances + (by_key ? Lk * nb : 0.0);
   const double groups = double(fused::backward_key_groups(p));
   const double one_group = groups > 1 ? 0.0 : query_grads + Lk * (d + dv);
-  const double backward_worker = head + Lq * (dv + 1.0) + dv + 2.0 * rows * keys + rows * (2.0 * nb + widest) +
-                                 2.0 * band_scores(std::min(rows, Lq)) + one_group + nb * (d + dv) +
+  const double backward_worker = head + Lq * (dv + 1.0) + dv + 2.0 * rows * keys + rows * (query_side + widest) +
+                                 2.0 * band_scores(std::min(rows, Lq)) + one_group + slices +
                                  half * (3.0 * rows * keys + 1.5 * Lk * d + 1.5 * rows * (d + dv) + Lk * (d + dv));
   const double forward_workers = std::min(requested, batch_heads * std::ceil(Lq / forward_rows));
   const double backward_workers = std::min(requested, batch_heads * groups);
@@ -88,12 +96,14 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   // gradients, and every head's dk, dv until its groups are summed.
   const double grouped = groups > 1 ? batch_heads * (groups * query_grads + Lk * (d + dv)) : 0.0;
   // Per call: a key band's rows per head and what its embedding needs per
-  // distance; half storage's positional parameters widened to float32 and
+  // distance; the indexed tables' rows per distance (int32, counted as
+  // elements); half storage's positional parameters widened to float32 and
   // their float32 gradients (half_storage.cpp); the backward's per-thread
   // partial gradients of the positional parameters (with a key band's row sums).
   double parameters = 0;
   for_each_scheme_param(p.pos, [&](const char*, const auto& x) { parameters += x.empty() ? 0.0 : double(x.numel()); });
-  const double call = (band ? (heads * d + double(sizes.per_distance)) * (Lq + Lk) : 0.0) +
+  const double indexed_rows = sizes.indexed ? 2.0 * distances : 0.0;
+  const double call = (band ? (heads * d + double(sizes.per_distance)) * (Lq + Lk) : 0.0) + indexed_rows +
                       (is_half_v<T> ? 2.0 * parameters : 0.0);
   const double partials = backward_workers * (parameters + (band ? distances * d : 0.0));
   return call + std::max(forward_workers * forward_worker, backward_workers * backward_worker + grouped + partials);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "alibi.hpp"
+#include "deberta.hpp"
 #include "kerple.hpp"
 #include "kerple_power.hpp"
 #include "none.hpp"
@@ -36,7 +37,7 @@ struct SchemeList {
 
 using AllSchemes =
     SchemeList<NoPositionScheme, ShawScheme, T5Scheme, AlibiScheme, RopeScheme, XLScheme, KerpleScheme,
-               KerplePowerScheme>;
+               KerplePowerScheme, DebertaScheme>;
 
 // Calls f(option) for the model options of every scheme, in list order.
 template <class F>
@@ -70,7 +71,7 @@ void for_each_model_tensor(const std::vector<ModelTensor>& tensors, Params& pos,
 
 // The kinds of relative term a scheme's file may define as a class template
 // built from the call (scheme.hpp): Bias<T>, Rotation<T>, KeyEmbedding<T>,
-// ValueEmbedding<T>, QueryBias<T>.
+// ValueEmbedding<T>, QueryEmbedding<T>, QueryBias<T>.
 template <class S, class T>
 using BiasOf = typename S::template Bias<T>;
 template <class S, class T>
@@ -79,6 +80,8 @@ template <class S, class T>
 using KeyEmbeddingOf = typename S::template KeyEmbedding<T>;
 template <class S, class T>
 using ValueEmbeddingOf = typename S::template ValueEmbedding<T>;
+template <class S, class T>
+using QueryEmbeddingOf = typename S::template QueryEmbedding<T>;
 template <class S, class T>
 using QueryBiasOf = typename S::template QueryBias<T>;
 
@@ -127,6 +130,10 @@ std::unique_ptr<DistanceEmbedding<T>> make_value_embedding(const AttentionForwar
   return make_scheme_term<ValueEmbeddingOf, DistanceEmbedding<T>>(p);
 }
 template <class T>
+std::unique_ptr<DistanceEmbedding<T>> make_query_embedding(const AttentionForward<T>& p) {
+  return make_scheme_term<QueryEmbeddingOf, DistanceEmbedding<T>>(p);
+}
+template <class T>
 std::unique_ptr<QueryBiases<T>> make_query_bias(const AttentionForward<T>& p) {
   return make_scheme_term<QueryBiasOf, QueryBiases<T>>(p);
 }
@@ -137,7 +144,8 @@ EmbeddingSizes embedding_sizes(const AttentionForward<T>& p) {
   EmbeddingSizes sizes;
   AllSchemes::visit(p.pos.scheme, [&](auto scheme) {
     using S = decltype(scheme);
-    if constexpr (HasTerm<KeyEmbeddingOf, S, T>::value || HasTerm<ValueEmbeddingOf, S, T>::value)
+    if constexpr (HasTerm<KeyEmbeddingOf, S, T>::value || HasTerm<ValueEmbeddingOf, S, T>::value ||
+                  HasTerm<QueryEmbeddingOf, S, T>::value)
       sizes = S::embedding_sizes(p);
   });
   return sizes;

@@ -19,9 +19,11 @@
 //                    DistanceEmbedding<T> (below), often a ClippedTable<T>
 //   ValueEmbedding<T> for one with an embedding per distance added to the
 //                    values (Shaw's value table): a DistanceEmbedding<T>
+//   QueryEmbedding<T> for one with an embedding per distance read by the key
+//                    (DeBERTa's position-to-content term): an IndexedTable<T>
 //   QueryBias<T>     for one that adds a vector per head to the query
 //                    (Transformer-XL's u and v): a QueryBiases<T> (below)
-//   embedding_sizes  with KeyEmbedding or ValueEmbedding: their sizes for
+//   embedding_sizes  with a Key-, Value- or QueryEmbedding: their sizes for
 //                    the scratch estimate, before anything is built
 //   for_each_option  its options that are not tensors (Shaw's k), each once
 //                    with the name the Python binding reads: copied between
@@ -182,12 +184,15 @@ class PositionRotation {
 
 template <class T>
 class ClippedTable;
+template <class T>
+class IndexedTable;
 
 // An embedding per (head, distance) for the distances of one call,
 // r = rmin + m, m < count (as DistanceBias). A key embedding e adds
 // qp_i . e(r_ij) to the logit of (i, j), qp the query of the relative term
-// (q, or q plus a QueryBiases position vector); a value embedding adds
-// P_ij e(r_ij) to out_i. Built once per call and thread.
+// (q, or q plus a QueryBiases position vector); a query embedding adds
+// k_j . e(r_ij); a value embedding adds P_ij e(r_ij) to out_i. Logit terms
+// are scaled like q_i . k_j. Built once per call and thread.
 template <class T>
 class DistanceEmbedding {
  public:
@@ -210,6 +215,9 @@ class DistanceEmbedding {
   // lets a kernel multiply by the table instead of one row per distance;
   // null when every distance has its own row.
   virtual const ClippedTable<T>* clipped() const { return nullptr; }
+  // The same embedding as a table with a row for every distance's index
+  // (DeBERTa's buckets); null otherwise.
+  virtual const IndexedTable<T>* indexed() const { return nullptr; }
 
  private:
   int64_t rmin_, count_, width_;
@@ -271,6 +279,59 @@ class ClippedTable : public DistanceEmbedding<T> {
   View3<T> PositionGrads<T>::*grad_;
 };
 
+// The embedding as a table (1 or H, rows, width) read at row index(r), one
+// row for every distance (DeBERTa's log buckets, clamped to the table). A
+// kernel multiplies by the table and picks each pair's product by index.
+// `grad` names its gradient in PositionGrads.
+template <class T>
+class IndexedTable : public DistanceEmbedding<T> {
+ public:
+  IndexedTable(const AttentionForward<T>& p, const View3<const T>& table, View3<T> PositionGrads<T>::*grad)
+      : DistanceEmbedding<T>(p, table.shape[2]), table_(table), grad_(grad) {}
+
+  int64_t table_rows() const { return table_.shape[1]; }
+  virtual int64_t index(int64_t r) const = 0;  // in [0, table_rows())
+  int64_t slice_of(int64_t h) const { return table_.shape[0] == 1 ? 0 : h; }
+  bool wants_grad(const PositionGrads<T>& g) const { return !(g.*grad_).empty(); }
+
+  // dense (table_rows, width) = head h's slice of the table.
+  void slice(int64_t h, T* dense) const {
+    const int64_t ht = slice_of(h), width = this->width();
+    for (int64_t c = 0; c < table_rows(); ++c)
+      for (int64_t x = 0; x < width; ++x) dense[c * width + x] = table_(ht, c, x);
+  }
+  // The gradient of head h's slice, dense (table_rows, width), into g.
+  void add_slice_grad(const PositionGrads<T>& g, int64_t h, const T* dense) const {
+    const View3<T>& grad = g.*grad_;
+    if (grad.empty()) return;
+    const int64_t ht = slice_of(h), width = this->width();
+    for (int64_t c = 0; c < table_rows(); ++c)
+      for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dense[c * width + x];
+  }
+
+  void rows(int64_t h, int64_t n, T* E) const override {
+    const int64_t ht = slice_of(h), width = this->width();
+    for (int64_t m = 0; m < n; ++m) {
+      const int64_t c = m < this->count() ? index(this->rmin() + m) : -1;
+      for (int64_t x = 0; x < width; ++x) E[m * width + x] = c >= 0 ? table_(ht, c, x) : T(0);
+    }
+  }
+  void add_rows_grad(const PositionGrads<T>& g, int64_t h, int64_t n, const T* dE) const override {
+    const View3<T>& grad = g.*grad_;
+    if (grad.empty()) return;
+    const int64_t ht = slice_of(h), width = this->width();
+    for (int64_t m = 0; m < std::min(n, this->count()); ++m) {
+      const int64_t c = index(this->rmin() + m);
+      for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dE[m * width + x];
+    }
+  }
+  const IndexedTable<T>* indexed() const override { return this; }
+
+ private:
+  View3<const T> table_;
+  View3<T> PositionGrads<T>::*grad_;
+};
+
 // Vectors per head added to the query: qc = q + content vector multiplies
 // the keys, qp = q + position vector the key embedding.
 template <class T>
@@ -289,9 +350,10 @@ class QueryBiases {
 // The sizes of a scheme's embeddings, known from its arguments alone (the
 // scratch estimate reads them before validation builds anything).
 struct EmbeddingSizes {
-  int64_t key_width = 0, value_width = 0;  // 0: no such embedding
-  int64_t table_rows = 0;                  // a ClippedTable's 2k+1; 0: a row per distance
+  int64_t key_width = 0, value_width = 0, query_width = 0;  // 0: no such embedding
+  int64_t table_rows = 0;  // a ClippedTable's 2k+1 or an IndexedTable's rows; 0: a row per distance
   int64_t per_distance = 0;                // scratch per distance the key embedding needs (per call)
+  bool indexed = false;                    // the tables are IndexedTables (else ClippedTables)
 };
 
 }  // namespace relpos

@@ -56,7 +56,8 @@ struct ShawScheme {
   template <class T>
   static EmbeddingSizes embedding_sizes(const AttentionForward<T>& p) {
     const ShawParams<T>& s = p.pos.shaw;
-    return {s.wk.empty() ? 0 : p.q.shape[3], s.wv.empty() ? 0 : p.v.shape[3], 2 * s.k + 1, 0};
+    return {.key_width = s.wk.empty() ? 0 : p.q.shape[3], .value_width = s.wv.empty() ? 0 : p.v.shape[3],
+            .table_rows = 2 * s.k + 1};
   }
 
   template <class T>

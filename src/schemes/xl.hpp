@@ -170,7 +170,7 @@ struct XLScheme {
 
   template <class T>
   static EmbeddingSizes embedding_sizes(const AttentionForward<T>& p) {
-    return {p.q.shape[3], 0, 0, p.pos.xl.w_r.shape[2]};
+    return {.key_width = p.q.shape[3], .per_distance = p.pos.xl.w_r.shape[2]};
   }
 
   template <class T>

@@ -39,7 +39,7 @@ inline bool serves(Algorithm a, const Spec& s) {
     case Algorithm::fused:
       return true;
     case Algorithm::gather:
-      return !xl;
+      return !xl && s.scheme != Scheme::deberta;
     case Algorithm::split:
       return shaw;
     case Algorithm::skew:

@@ -43,6 +43,20 @@ inline int64_t t5_bucket_exact(int64_t r, bool bidirectional, int64_t num_bucket
   return base + std::min<int64_t>(exact + int64_t(std::floor(f)), num_buckets - 1);
 }
 
+// transformers' make_log_bucket_position for relative position x = query -
+// key, its float32 steps written out, then the table row clamp(bucket + span).
+inline int64_t deberta_row_exact(const Spec& s, int64_t x) {
+  const int64_t span = s.deberta_span(), mid = s.deberta_position_buckets / 2;
+  int64_t bucket = x;
+  if (s.deberta_position_buckets > 0 && std::abs(x) > mid) {
+    const float ratio = float(double(s.deberta_max_relative_positions - 1) / double(mid));
+    const float f = float(std::log(double(float(std::abs(x)) / float(mid)))) / float(std::log(double(ratio))) *
+                    float(mid - 1);
+    bucket = (int64_t(std::ceil(f)) + mid) * (x < 0 ? -1 : 1);
+  }
+  return std::clamp<int64_t>(bucket + span, 0, 2 * span - 1);
+}
+
 // Press et al.'s get_slopes, transliterated from the paper's Python.
 inline std::vector<double> paper_alibi_slopes(int64_t n) {
   auto power_of_2 = [](int64_t m) {
@@ -129,6 +143,16 @@ inline double extra_logit(Problem<double>& p, int64_t b, int64_t h, int64_t i, i
         double wr = 0;
         for (int64_t f = 0; f < s.xl_pos_dim; ++f) wr += p.xl_w_r(h, x, f) * e[f];
         sc += p.xl_u(h, x) * k[x] + (q[x] + p.xl_v(h, x)) * wr;
+      }
+      return p.scale() * sc;
+    }
+    case Scheme::deberta: {  // c2p at the query's relative position -r, p2c at r
+      const std::vector<double> k = row(p.k, b, h, j);
+      const int64_t ht = s.deberta_per_head ? h : 0, c2p = deberta_row_exact(s, -r), p2c = deberta_row_exact(s, r);
+      double sc = 0;
+      for (int64_t x = 0; x < s.d; ++x) {
+        if (s.deberta_c2p) sc += q[x] * p.deberta_c2p(ht, c2p, x);
+        if (s.deberta_p2c) sc += k[x] * p.deberta_p2c(ht, p2c, x);
       }
       return p.scale() * sc;
     }

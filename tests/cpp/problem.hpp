@@ -67,6 +67,9 @@ struct Spec {
   relpos::RopeParams rope;
   // Transformer-XL
   int64_t xl_pos_dim = 4, xl_clamp_len = 0;
+  // DeBERTa: log buckets past |r| = 2 (span 4, 8 table rows) by default
+  int64_t deberta_position_buckets = 4, deberta_max_relative_positions = 8;
+  bool deberta_c2p = true, deberta_p2c = true, deberta_per_head = false;
   uint64_t seed = 1;
   // How the library computes it (every algorithm must give the reference's
   // result, with any number of threads; 0 = OpenMP's maximum).
@@ -84,6 +87,9 @@ struct Spec {
   }
   bool has_wk() const { return scheme == Scheme::shaw && shaw_tables != ShawTables::v_only; }
   bool has_wv() const { return scheme == Scheme::shaw && shaw_tables != ShawTables::k_only; }
+  int64_t deberta_span() const {
+    return deberta_position_buckets > 0 ? deberta_position_buckets : deberta_max_relative_positions;
+  }
 };
 
 inline void PrintTo(const Spec& s, std::ostream* os) { *os << s.label; }
@@ -206,6 +212,7 @@ class Problem {
   Tensor<T, 3> xl_w_r, grad_xl_w_r;
   Tensor<T, 1> kerple_r1, kerple_r2, grad_kerple_r1, grad_kerple_r2;
   Tensor<T, 1> kerple_power_r1, kerple_power_r2, grad_kerple_power_r1, grad_kerple_power_r2;
+  Tensor<T, 3> deberta_c2p, deberta_p2c, grad_deberta_c2p, grad_deberta_p2c;
 
   explicit Problem(const Spec& s) : spec(s), rng_(s.seed) {
     random(q, {s.B, s.H, s.Lq, s.d}, -1, 1);
@@ -259,12 +266,20 @@ class Problem {
       zeros_like(grad_kerple_power_r1, kerple_power_r1);
       zeros_like(grad_kerple_power_r2, kerple_power_r2);
     }
+    if (s.scheme == Scheme::deberta) {
+      const std::array<int64_t, 3> shape = {s.deberta_per_head ? s.H : 1, 2 * s.deberta_span(), s.d};
+      if (s.deberta_c2p) random(deberta_c2p, shape, -1, 1), zeros_like(grad_deberta_c2p, deberta_c2p);
+      if (s.deberta_p2c) random(deberta_p2c, shape, -1, 1), zeros_like(grad_deberta_p2c, deberta_p2c);
+    }
   }
 
-  // The scheme's default scale: 1 for T5, 1 / sqrt(d) for the others.
+  // The scheme's default scale: 1 for T5, 1 / sqrt(d (1 + its position
+  // terms)) for DeBERTa, 1 / sqrt(d) for the others.
   double scale() const {
     if (spec.scale) return *spec.scale;
-    return spec.scheme == Scheme::t5 ? 1.0 : 1.0 / std::sqrt(double(spec.d));
+    if (spec.scheme == Scheme::t5) return 1.0;
+    const int terms = spec.scheme == Scheme::deberta ? 1 + spec.deberta_c2p + spec.deberta_p2c : 1;
+    return 1.0 / std::sqrt(double(spec.d) * terms);
   }
 
   relpos::AttentionForward<T> forward_args() {
@@ -288,6 +303,8 @@ class Problem {
     pos.xl = {xl_u.cview(), xl_v.cview(), xl_w_r.cview(), spec.xl_clamp_len};
     pos.kerple = {kerple_r1.cview(), kerple_r2.cview()};
     pos.kerple_power = {kerple_power_r1.cview(), kerple_power_r2.cview()};
+    pos.deberta = {spec.deberta_position_buckets, spec.deberta_max_relative_positions, deberta_c2p.cview(),
+                   deberta_p2c.cview()};
     a.algorithm = spec.algorithm;
     a.num_threads = spec.num_threads;
     return a;
@@ -303,7 +320,8 @@ class Problem {
     a.dv = dv.view();
     a.dpos = {grad_shaw_wk.view(), grad_shaw_wv.view(), grad_t5_table.view(), grad_alibi_slopes.view(),
               grad_xl_u.view(),    grad_xl_v.view(),    grad_xl_w_r.view(),       grad_kerple_r1.view(),
-              grad_kerple_r2.view(), grad_kerple_power_r1.view(), grad_kerple_power_r2.view()};
+              grad_kerple_r2.view(), grad_kerple_power_r1.view(), grad_kerple_power_r2.view(),
+              grad_deberta_c2p.view(), grad_deberta_p2c.view()};
     return a;
   }
 
@@ -330,6 +348,8 @@ class Problem {
     add("kerple.r2", kerple_r2, grad_kerple_r2);
     add("kerple_power.r1", kerple_power_r1, grad_kerple_power_r1);
     add("kerple_power.r2", kerple_power_r2, grad_kerple_power_r2);
+    add("deberta.c2p", deberta_c2p, grad_deberta_c2p);
+    add("deberta.p2c", deberta_p2c, grad_deberta_p2c);
     return ps;
   }
 
@@ -342,7 +362,7 @@ class Problem {
   bool outputs_padding_untouched() {
     bool ok = out.padding_untouched() && lse.padding_untouched() && dq.padding_untouched() && dk.padding_untouched() &&
               dv.padding_untouched();
-    for (auto* g : {&grad_shaw_wk, &grad_shaw_wv, &grad_xl_w_r}) ok = ok && g->padding_untouched();
+    for (auto* g : {&grad_shaw_wk, &grad_shaw_wv, &grad_xl_w_r, &grad_deberta_c2p, &grad_deberta_p2c}) ok = ok && g->padding_untouched();
     for (auto* g : {&grad_t5_table, &grad_xl_u, &grad_xl_v}) ok = ok && g->padding_untouched();
     for (auto* g : {&grad_alibi_slopes, &grad_kerple_r1, &grad_kerple_r2, &grad_kerple_power_r1, &grad_kerple_power_r2})
       ok = ok && g->padding_untouched();
@@ -447,6 +467,10 @@ inline std::vector<Spec> scheme_variants() {
   add("xl_clamp2", Scheme::xl, [](Spec& s) { s.xl_clamp_len = 2; });
   add("kerple", Scheme::kerple);
   add("kerple_power", Scheme::kerple_power);
+  add("deberta_both_shared", Scheme::deberta);
+  add("deberta_c2p_per_head", Scheme::deberta, [](Spec& s) { s.deberta_p2c = false, s.deberta_per_head = true; });
+  add("deberta_p2c_no_buckets", Scheme::deberta,
+      [](Spec& s) { s.deberta_c2p = false, s.deberta_position_buckets = -1, s.deberta_max_relative_positions = 3; });
   return out;
 }
 

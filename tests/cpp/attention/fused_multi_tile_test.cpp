@@ -30,12 +30,15 @@ const std::vector<Geometry>& multi_tile_geometries() {
 
 // Positional options widened so that their structure spans tiles too: a Shaw
 // window wider than a tile, T5 buckets distinct up to distance 200, a
-// Transformer-XL clamp inside the sequence.
+// Transformer-XL clamp inside the sequence, DeBERTa's log buckets from
+// distance 32 on and its table's edge rows reached past distance 100.
 Spec multi_tile(Spec s) {
   s.B = 1, s.H = 2, s.d = 8, s.dv = 4;
   s.shaw_k = 70;
   s.t5_num_buckets = s.t5_bidirectional ? 32 : 16, s.t5_max_distance = 200;
   if (s.xl_clamp_len > 0) s.xl_clamp_len = 150;
+  if (s.deberta_position_buckets > 0) s.deberta_position_buckets = 64, s.deberta_max_relative_positions = 100;
+  else s.deberta_max_relative_positions = 100;
   return s;
 }
 
@@ -93,7 +96,8 @@ TEST(FusedMultiTile, NineTilesEachWay) {
   for (const Spec& variant : scheme_variants()) {
     if (variant.label != "none" && variant.label != "shaw_kv_per_head_zero" && variant.label != "t5_causal" &&
         variant.label != "alibi_explicit_slopes" && variant.label != "rope_interleaved_rot4" &&
-        variant.label != "xl_clamp2" && variant.label != "kerple" && variant.label != "kerple_power")
+        variant.label != "xl_clamp2" && variant.label != "kerple" && variant.label != "kerple_power" &&
+        variant.label != "deberta_both_shared")
       continue;
     Spec spec = with_mask_and_geometry(multi_tile(variant), masks()[3], {"L1100", [](Spec& s) { s.Lq = s.Lk = 1100; }});
     spec.H = 1;

@@ -67,10 +67,11 @@ TEST_P(EqualsPlainAttentionWithFoldedTerms, OutLseAndInputGradients) {
   EXPECT_TRUE(all_near("dk", p.dk.values(), dk, 1e-12, 1e-12));
 }
 
-INSTANTIATE_TEST_SUITE_P(T5AlibiShawKOnlyXL, EqualsPlainAttentionWithFoldedTerms,
+INSTANTIATE_TEST_SUITE_P(T5AlibiShawKOnlyXLDeberta, EqualsPlainAttentionWithFoldedTerms,
                          ::testing::ValuesIn(cases_where([](const Spec& s) {
                            return s.scheme == Scheme::t5 || s.scheme == Scheme::alibi || s.scheme == Scheme::kerple ||
                                   s.scheme == Scheme::kerple_power || s.scheme == Scheme::xl ||
+                                  s.scheme == Scheme::deberta ||
                                   (s.scheme == Scheme::shaw && s.shaw_tables == ShawTables::k_only);
                          })),
                          spec_name);

@@ -125,7 +125,7 @@ TEST(ScratchMemory, FusedEstimateBoundsWhatTheKernelAllocates) {
   } kinds[] = {{"none", Scheme::none, ShawTables::k_and_v},     {"t5", Scheme::t5, ShawTables::k_and_v},
                {"alibi", Scheme::alibi, ShawTables::k_and_v},   {"shaw_kv", Scheme::shaw, ShawTables::k_and_v},
                {"shaw_k", Scheme::shaw, ShawTables::k_only},    {"xl", Scheme::xl, ShawTables::k_and_v},
-               {"rope", Scheme::rope, ShawTables::k_and_v}};
+               {"rope", Scheme::rope, ShawTables::k_and_v},     {"deberta", Scheme::deberta, ShawTables::k_and_v}};
   const std::pair<int64_t, int64_t> lengths[] = {{100, 100}, {300, 300}, {300, 700}, {1, 700}};
   for (const Kind& kind : kinds)
     for (MaskKind mask : {MaskKind::none, MaskKind::causal, MaskKind::padding})
@@ -136,6 +136,7 @@ TEST(ScratchMemory, FusedEstimateBoundsWhatTheKernelAllocates) {
           s.B = 1, s.H = 2, s.Lq = lq, s.Lk = lk, s.d = s.dv = 64, s.num_threads = threads;
           s.q_offset = lk - lq;  // queries end-aligned with the keys, as a causal decode step is
           s.shaw_k = 16, s.xl_pos_dim = 64, s.t5_num_buckets = 32, s.t5_max_distance = 128;
+          s.deberta_position_buckets = 64, s.deberta_max_relative_positions = 256;
           s.label = std::string(kind.name) + " mask " + std::to_string(int(mask)) + " Lq=" + std::to_string(lq) +
                     " Lk=" + std::to_string(lk) + " threads=" + std::to_string(threads);
           expect_estimate_bounds_fused_peak<float>(s);

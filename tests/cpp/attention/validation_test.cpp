@@ -103,6 +103,19 @@ std::vector<BadInput> bad_inputs() {
       {"kerple_bias_overflows", S::kerple,
        [](Problem<double>& p, Args&) { p.kerple_r1(0) = 1e308, p.kerple_r2(0) = 1e300; }, "kerple.r1"},
       // KERPLE, power variant: r2 in (0, 2]
+      {"deberta_without_tables", S::deberta, [](auto&, Args& a) { a.pos.deberta.c2p = {}, a.pos.deberta.p2c = {}; },
+       "deberta"},
+      {"deberta_c2p_rows_not_2_span", S::deberta, [](auto&, Args& a) { a.pos.deberta.c2p.shape[1] -= 1; }, "deberta.c2p"},
+      {"deberta_p2c_width_not_d", S::deberta, [](auto&, Args& a) { a.pos.deberta.p2c.shape[2] -= 1; }, "deberta.p2c"},
+      {"deberta_p2c_heads_neither_1_nor_H", S::deberta, [](auto&, Args& a) { a.pos.deberta.p2c.shape[0] = 2; },
+       "deberta.p2c"},
+      {"deberta_one_bucket", S::deberta, [](auto&, Args& a) { a.pos.deberta.position_buckets = 1; },
+       "deberta.position_buckets"},
+      {"deberta_max_within_exact_range", S::deberta, [](auto&, Args& a) { a.pos.deberta.max_relative_positions = 3; },
+       "deberta.max_relative_positions"},
+      {"deberta_max_zero_without_buckets", S::deberta,
+       [](auto&, Args& a) { a.pos.deberta.position_buckets = 0, a.pos.deberta.max_relative_positions = 0; },
+       "deberta.max_relative_positions"},
       {"kerple_power_r1_wrong_length", S::kerple_power, [](auto&, Args& a) { a.pos.kerple_power.r1.shape[0] -= 1; },
        "kerple_power.r1"},
       {"kerple_power_r1_zero", S::kerple_power, [](Problem<double>& p, Args&) { p.kerple_power_r1(0) = 0; },
@@ -211,7 +224,7 @@ INSTANTIATE_TEST_SUITE_P(AllArguments, RejectsBadInput, ::testing::ValuesIn(bad_
 // the other test files use.
 TEST(AcceptsValidInput, BaseProblemsOfEveryScheme) {
   for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl, Scheme::kerple,
-                   Scheme::kerple_power}) {
+                   Scheme::kerple_power, Scheme::deberta}) {
     Problem<double> p(base(s));
     EXPECT_NO_THROW(p.forward()) << relpos::to_string(s);
     EXPECT_NO_THROW(p.backward()) << relpos::to_string(s);
@@ -339,7 +352,7 @@ TEST(ScratchEstimate, HugeBroadcastShawTableIsRefusedWithTheSize) {
 
 TEST(Names, SchemesAndAlgorithmsRoundTrip) {
   for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl, Scheme::kerple,
-                   Scheme::kerple_power})
+                   Scheme::kerple_power, Scheme::deberta})
     EXPECT_EQ(relpos::parse_scheme(relpos::to_string(s)), s);
   EXPECT_EQ(relpos::parse_scheme("t5"), Scheme::t5);
   EXPECT_STREQ(relpos::to_string(Scheme::xl), "xl");

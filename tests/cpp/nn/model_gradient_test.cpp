@@ -25,6 +25,8 @@ ModelConfig tiny_config(PositionKind kind) {
   c.shaw_k = 2;
   c.t5_buckets = 6;
   c.t5_max_distance = 8;
+  c.deberta_buckets = 4;  // log buckets past distance 2, a table of 8 rows most of which the sequence reaches
+  c.deberta_max_distance = 8;
   c.seed = 7;
   return c;
 }

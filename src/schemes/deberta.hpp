@@ -1,0 +1,108 @@
+// DeBERTa (He et al. 2021), disentangled attention: beside q_i . k_j, a
+// content-to-position term q_i . c2p[c(-r)] (a per-distance key embedding
+// read by the query) and a position-to-content term k_j . p2c[c(r)] (a
+// per-distance query embedding read by the key), r = key_pos - query_pos,
+// c(x) = clamp(bucket(x) + span, 0, 2 span - 1) with DeBERTa's log buckets
+// (deberta_row, relpos/position.hpp), so that c(-r) is transformers' c2p index
+// of its relative position query_pos - key_pos, and c(r) its p2c index.
+#pragma once
+
+#include <vector>
+
+#include "checks.hpp"
+#include "scheme.hpp"
+
+namespace relpos {
+
+struct DebertaScheme {
+  static constexpr Scheme id = Scheme::deberta;
+  static constexpr const char* name = "deberta";
+  static constexpr AlgorithmSet algorithms = {Algorithm::reference, Algorithm::fused};
+
+  template <class Params, class F, class... Grads>
+  static void for_each_param(Params& pos, F&& f, Grads&... g) {
+    f("deberta_c2p", pos.deberta.c2p, g.deberta_c2p...);
+    f("deberta_p2c", pos.deberta.p2c, g.deberta_p2c...);
+  }
+
+  static constexpr std::array<ModelOption, 2> model_options = {
+      {{"deberta_buckets", &SchemeModelConfig::deberta_buckets, nullptr, 2, 1 << 20, "DeBERTa log position buckets"},
+       {"deberta_max_distance", &SchemeModelConfig::deberta_max_distance, nullptr, 2, 1 << 30,
+        "DeBERTa max_relative_positions (the log buckets' reach)"}}};
+
+  static void check_model(const SchemeModelConfig& c) {
+    try {
+      check_deberta_config(c.deberta_buckets, c.deberta_max_distance);
+    } catch (const std::invalid_argument& e) {
+      model_config_error(
+          std::string(e.what()).find("max_relative") != std::string::npos ? "deberta_max_distance" : "deberta_buckets",
+          e.what());
+    }
+  }
+
+  // The model: per layer, c2p and p2c tables shared by heads (learned as
+  // tables, where DeBERTa projects one embedding table by W_K and W_Q).
+  template <class T>
+  static std::vector<ModelTensor> model(PositionParams<T>& p, const SchemeModelConfig& c) {
+    p.deberta.position_buckets = c.deberta_buckets;
+    p.deberta.max_relative_positions = c.deberta_max_distance;
+    const std::vector<int64_t> shape = {1, 2 * int64_t(c.deberta_buckets), c.width / c.heads};
+    return {{"deberta_c2p", shape}, {"deberta_p2c", shape}};
+  }
+
+  template <class F, class... Params>
+  static void for_each_option(F&& f, Params&... pos) {
+    f("deberta_position_buckets", pos.deberta.position_buckets...);
+    f("deberta_max_relative_positions", pos.deberta.max_relative_positions...);
+  }
+
+  // c2p read by the query at c(-r); p2c read by the key at c(r).
+  template <class T>
+  struct KeyEmbedding final : IndexedTable<T> {
+    static bool applies(const AttentionForward<T>& p) { return !p.pos.deberta.c2p.empty(); }
+    explicit KeyEmbedding(const AttentionForward<T>& p)
+        : IndexedTable<T>(p, p.pos.deberta.c2p, &PositionGrads<T>::deberta_c2p), pos_(p.pos.deberta) {}
+    int64_t index(int64_t r) const override {
+      return deberta_row(-r, pos_.position_buckets, pos_.max_relative_positions);
+    }
+
+   private:
+    DebertaParams<T> pos_;
+  };
+  template <class T>
+  struct QueryEmbedding final : IndexedTable<T> {
+    static bool applies(const AttentionForward<T>& p) { return !p.pos.deberta.p2c.empty(); }
+    explicit QueryEmbedding(const AttentionForward<T>& p)
+        : IndexedTable<T>(p, p.pos.deberta.p2c, &PositionGrads<T>::deberta_p2c), pos_(p.pos.deberta) {}
+    int64_t index(int64_t r) const override {
+      return deberta_row(r, pos_.position_buckets, pos_.max_relative_positions);
+    }
+
+   private:
+    DebertaParams<T> pos_;
+  };
+  template <class T>
+  static EmbeddingSizes embedding_sizes(const AttentionForward<T>& p) {
+    const DebertaParams<T>& s = p.pos.deberta;
+    return {.key_width = s.c2p.empty() ? 0 : p.q.shape[3], .query_width = s.p2c.empty() ? 0 : p.q.shape[3],
+            .table_rows = 2 * s.span(), .indexed = true};
+  }
+
+  template <class T>
+  static void check(const AttentionForward<T>& p) {
+    using namespace checks;
+    const DebertaParams<T>& s = p.pos.deberta;
+    const int64_t H = p.q.shape[1], d = p.q.shape[3];
+    check_deberta_config(s.position_buckets, s.max_relative_positions);
+    if (s.c2p.empty() && s.p2c.empty()) fail("deberta: give c2p, p2c or both");
+    const int64_t rows = 2 * s.span();
+    for (const auto& [table_name, table] : {std::pair{"deberta.c2p", &s.c2p}, std::pair{"deberta.p2c", &s.p2c}}) {
+      if (table->empty()) continue;
+      const std::string meaning = "(1 or " + dims("H", H) + ", " + dims("2 span", rows) + ", " + dims("d", d) + ")";
+      check_shape(table_name, *table, {-1, rows, d}, meaning);
+      if (table->shape[0] != 1 && table->shape[0] != H) fail(std::string(table_name) + ": expected shape " + meaning);
+    }
+  }
+};
+
+}  // namespace relpos
