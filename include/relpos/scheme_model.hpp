@@ -17,8 +17,12 @@ struct SchemeModelConfig {
   int t5_buckets = 32;         // T5 (causal buckets, one table shared by all layers, as in T5)
   int t5_max_distance = 128;
   double rope_base = 10000.0;  // RoPE over the whole head dimension, half-split
-  int deberta_buckets = 32;       // DeBERTa (c2p and p2c tables per layer, shared by heads)
-  int deberta_max_distance = 128;
+  // DeBERTa (c2p and p2c tables per layer, shared by heads), DeBERTa-v3's
+  // proportions (max_relative_positions its training length, twice its
+  // buckets) at the demo's training length 32: every distance the model sees
+  // past it reads the table's trained edge rows.
+  int deberta_buckets = 16;
+  int deberta_max_distance = 32;
 };
 
 }  // namespace relpos
