@@ -9,8 +9,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 
 #include "relpos/gemm.hpp"
+#include "../src/schemes/registry.hpp"
 #include "commands.hpp"
 #include "fits_memory.hpp"
 #include "json_output.hpp"
@@ -96,9 +98,12 @@ void time_fused(Problem<float>& pb, Problem<H>* half, int64_t reps, Row& r) {
   }
 }
 
-// The unfused algorithm that 'auto' picked before the fused kernel.
-Algorithm unfused_algorithm(const SchemeCase& c) {
-  return c.scheme == Scheme::xl ? Algorithm::relshift : Algorithm::gather;
+// The unfused algorithm that 'auto' picked before the fused kernel; none
+// for a scheme that only the reference and the fused kernel serve (DeBERTa).
+std::optional<Algorithm> unfused_algorithm(const SchemeCase& c) {
+  if (c.scheme == Scheme::xl) return Algorithm::relshift;
+  if (scheme_serves(c.scheme, Algorithm::gather)) return Algorithm::gather;
+  return std::nullopt;
 }
 
 // What one row holds at once: the float32 problem and, with --dtype, the
@@ -106,7 +111,7 @@ Algorithm unfused_algorithm(const SchemeCase& c) {
 double row_bytes(const ProblemShape& shape, const SchemeCase& c, const std::string& dtype, int threads,
                  bool times_unfused) {
   std::vector<Algorithm> timed = {Algorithm::fused};
-  if (times_unfused) timed.push_back(unfused_algorithm(c));
+  if (times_unfused && unfused_algorithm(c)) timed.push_back(*unfused_algorithm(c));
   double buffers = problem_bytes<float>(shape, c), scratch = scratch_bytes<float>(shape, c, timed, threads);
   const auto add_half = [&](auto half) {
     using H = decltype(half);
@@ -135,7 +140,7 @@ int run_bench_attention(int argc, char** argv, int first) {
                "sgemm on the same per-head (L x d)(d x L) products and threads, and against sgemm on\n"
                "compute-bound 1024^3 squares; each scheme against plain attention; fused against the\n"
                "unfused algorithm that 'auto' picked before the fused kernel (gather, or relshift for\n"
-               "Transformer-XL); backward against forward. Writes JSON.\n"
+               "Transformer-XL; DeBERTa has none); backward against forward. Writes JSON.\n"
                "Schemes: " + scheme_names() + ".");
   opts.add_int_list("--lengths", &lengths, "sequence lengths L", kMaxLength);
   opts.add_int_list("--dims", &dims, "head dimensions d (even)", kMaxDim);
@@ -210,8 +215,8 @@ int run_bench_attention(int argc, char** argv, int first) {
           r.gflops = flops / (r.fwd_ms * 1e6);
           if (c.scheme == Scheme::none) plain_ms = r.fwd_ms;
           r.vs_plain = r.fwd_ms / plain_ms;
-          if (L <= unfused_max_length) {
-            p.algorithm = unfused_algorithm(c);
+          if (L <= unfused_max_length && unfused_algorithm(c)) {
+            p.algorithm = *unfused_algorithm(c);
             r.vs_unfused = best_ms([&] { attention_forward<float>(p); }, int(reps)) / r.fwd_ms;
           }
           char unfused[16] = "-";
