@@ -105,7 +105,8 @@ struct KerplePowerParams {
 };
 
 // DeBERTa (He et al. 2021): score q_i . c2p[c(-r)] (content to position) and
-// k_j . p2c[c(r)] (position to content) beside q_i . k_j, with
+// k_j . p2c[c(-r)] (position to content) beside q_i . k_j, -r = query_pos -
+// key_pos (transformers' relative position for both terms), with
 // c(x) = clamp(bucket(x) + span, 0, 2 span - 1) and bucket DeBERTa's log
 // buckets (deberta_bucket in relpos/position.hpp); span = position_buckets,
 // or max_relative_positions where position_buckets <= 0 (no buckets).

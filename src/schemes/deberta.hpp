@@ -1,10 +1,12 @@
 // DeBERTa (He et al. 2021), disentangled attention: beside q_i . k_j, a
 // content-to-position term q_i . c2p[c(-r)] (a per-distance key embedding
-// read by the query) and a position-to-content term k_j . p2c[c(r)] (a
+// read by the query) and a position-to-content term k_j . p2c[c(-r)] (a
 // per-distance query embedding read by the key), r = key_pos - query_pos,
 // c(x) = clamp(bucket(x) + span, 0, 2 span - 1) with DeBERTa's log buckets
-// (deberta_row, relpos/position.hpp), so that c(-r) is transformers' c2p index
-// of its relative position query_pos - key_pos, and c(r) its p2c index.
+// (deberta_row, relpos/position.hpp). -r is transformers' relative position
+// query_pos - key_pos; its p2c gathers the keys' rows at clamp(-bucket + span)
+// of the transposed positions and transposes back, which is the same row
+// c(-r) of the pair (tested against transformers itself).
 #pragma once
 
 #include <vector>
@@ -56,7 +58,7 @@ struct DebertaScheme {
     f("deberta_max_relative_positions", pos.deberta.max_relative_positions...);
   }
 
-  // c2p read by the query at c(-r); p2c read by the key at c(r).
+  // c2p read by the query, p2c by the key, both at c(-r).
   template <class T>
   struct KeyEmbedding final : IndexedTable<T> {
     static bool applies(const AttentionForward<T>& p) { return !p.pos.deberta.c2p.empty(); }
@@ -75,7 +77,7 @@ struct DebertaScheme {
     explicit QueryEmbedding(const AttentionForward<T>& p)
         : IndexedTable<T>(p, p.pos.deberta.p2c, &PositionGrads<T>::deberta_p2c), pos_(p.pos.deberta) {}
     int64_t index(int64_t r) const override {
-      return deberta_row(r, pos_.position_buckets, pos_.max_relative_positions);
+      return deberta_row(-r, pos_.position_buckets, pos_.max_relative_positions);
     }
 
    private:

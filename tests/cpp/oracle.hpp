@@ -146,9 +146,9 @@ inline double extra_logit(Problem<double>& p, int64_t b, int64_t h, int64_t i, i
       }
       return p.scale() * sc;
     }
-    case Scheme::deberta: {  // c2p at the query's relative position -r, p2c at r
+    case Scheme::deberta: {  // both terms at transformers' relative position query - key = -r
       const std::vector<double> k = row(p.k, b, h, j);
-      const int64_t ht = s.deberta_per_head ? h : 0, c2p = deberta_row_exact(s, -r), p2c = deberta_row_exact(s, r);
+      const int64_t ht = s.deberta_per_head ? h : 0, c2p = deberta_row_exact(s, -r), p2c = c2p;
       double sc = 0;
       for (int64_t x = 0; x < s.d; ++x) {
         if (s.deberta_c2p) sc += q[x] * p.deberta_c2p(ht, c2p, x);
