@@ -231,14 +231,18 @@ int64_t kv_head(const AttentionForward<T>& p, int64_t h) {
 // Effective softmax scale of a call: p.scale, else the scheme's own default,
 // 1 for T5 (its paper and every T5 checkpoint fold the scale into the
 // initialisation), 1 / sqrt(d n) for DeBERTa with n = 1 + its number of
-// position terms (its paper's scaling), and 1 / sqrt(d) for the others.
+// position terms (its paper's scaling; the root in float32, as transformers
+// takes it, so that a call agrees with it to the last bit in float64), and
+// 1 / sqrt(d) for the others.
 template <class T>
 double effective_scale(const AttentionForward<T>& p) {
   if (p.scale) return *p.scale;
   if (p.pos.scheme == Scheme::t5) return 1.0;
-  double terms = 1;
-  if (p.pos.scheme == Scheme::deberta) terms += !p.pos.deberta.c2p.empty() + !p.pos.deberta.p2c.empty();
-  return 1.0 / std::sqrt(static_cast<double>(p.q.shape[3]) * terms);
+  if (p.pos.scheme == Scheme::deberta) {
+    const int64_t terms = 1 + !p.pos.deberta.c2p.empty() + !p.pos.deberta.p2c.empty();
+    return 1.0 / static_cast<double>(std::sqrt(static_cast<float>(p.q.shape[3] * terms)));
+  }
+  return 1.0 / std::sqrt(static_cast<double>(p.q.shape[3]));
 }
 
 }  // namespace relpos

@@ -180,12 +180,12 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         if (F::bias && !q.dbias.empty())
           rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
         if constexpr (F::key_table) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
-        if constexpr (F::indexed) add_indexed_grads(c, mrow, srow, scale, i, j0, bk, q);
         if constexpr (F::band) {  // un-skew scale * dS onto the band: each shown (ii, j) owns one column of row ii
           const int64_t shown = cut.shown(ii);
           rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, j0, shown), srow, scale, shown);
         }
       }
+      if constexpr (F::indexed) add_indexed_grads(c, t, m0, dS, scale, q);
       if (split_tile) {
         split_products(w.split, j0 - begin, bk, scale, q.dqc.data() + i0 * d);
         continue;
@@ -206,23 +206,25 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   if (split) finish_split(w.split, dk, dv, begin, d, dvd);
 }
 
-// An indexed table's share of one tile row's scale * dS: into the query's
-// c2p score gradients by each key's row, and into each key's p2c score
-// gradients by the same pair's row (add_indexed_scores backwards).
+// The indexed tables' share of a tile's scale * dS (bq, bk), add_indexed_scores
+// backwards: into each query's c2p score gradients by each key's row, and,
+// key by key (as add_indexed_scores reads them), into each key's p2c score
+// gradients by the same pair's row.
 template <class T>
-void add_indexed_grads(const HeadContext<T>& c, int64_t mrow, const T* dS, T scale, int64_t i, int64_t j0, int64_t bk,
-                       QueryGrads<T>& q) {
-  const int64_t nb = c.nb;
-  if (!c.c2p.empty()) {
-    const int32_t* rows = c.c2p_rows + mrow;
-    T* dR = &q.dR[i * nb];
-    for (int64_t jj = 0; jj < bk; ++jj) dR[rows[jj]] += scale * dS[jj];
-  }
-  if (!c.p2c.empty()) {
-    const int32_t* rows = c.p2c_rows + mrow;
-    T* dRk = &q.dRk[j0 * nb];
-    for (int64_t jj = 0; jj < bk; ++jj) dRk[jj * nb + rows[jj]] += scale * dS[jj];
-  }
+void add_indexed_grads(const HeadContext<T>& c, const Tile& t, int64_t m0, const T* dS, T scale, QueryGrads<T>& q) {
+  const int64_t nb = c.nb, bq = t.bq, bk = t.bk;
+  if (!c.c2p.empty())
+    for (int64_t ii = 0; ii < bq; ++ii) {
+      const int32_t* rows = c.c2p_rows + m0 + (bq - 1 - ii);
+      T* dR = &q.dR[(t.i0 + ii) * nb];
+      for (int64_t jj = 0; jj < bk; ++jj) dR[rows[jj]] += scale * dS[ii * bk + jj];
+    }
+  if (!c.p2c.empty())
+    for (int64_t jj = 0; jj < bk; ++jj) {
+      const int32_t* rows = c.p2c_rows + m0 + jj + (bq - 1);  // rows[-ii]: row ii's
+      T* dRk = &q.dRk[(t.j0 + jj) * nb];
+      for (int64_t ii = 0; ii < bq; ++ii) dRk[rows[-ii]] += scale * dS[ii * bk + jj];
+    }
 }
 
 // A key band's row gradients, summed over the batch entries of one head that

@@ -246,24 +246,27 @@ BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t compute
 
 // Adds the indexed tables' scores to the tile's logits S (bq, bk): scale
 // times Rq[ii, c2p row] (Rq the query tile's scores against the c2p rows,
-// (bq, nb)) and Rk[j, p2c row], each pair's row that of its distance.
+// (bq, nb)) and Rk[j, p2c row], each pair's row that of its distance
+// (distance index of (ii, jj): m0 + (bq - 1 - ii) + jj). The p2c scores go
+// key by key: a key's rows of Rk are read in order, where row by row each
+// pair would read another key's row of the head's (lk, nb) scores, beyond
+// the L2 cache at nb = 512 (2.3x the plain kernel's time at L = 2048).
 template <class T>
 void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t m0, const T* Rq, T* S) {
-  const int64_t nb = c.nb, bk = t.bk;
-  for (int64_t ii = 0; ii < t.bq; ++ii) {
-    T* row = S + ii * bk;
-    const int64_t mrow = m0 + (t.bq - 1 - ii);  // distance index of (ii, jj = 0); (ii, jj)'s is mrow + jj
-    if (!c.c2p.empty()) {
-      const int32_t* rows = c.c2p_rows + mrow;
+  const int64_t nb = c.nb, bq = t.bq, bk = t.bk;
+  if (!c.c2p.empty())
+    for (int64_t ii = 0; ii < bq; ++ii) {
+      T* row = S + ii * bk;
+      const int32_t* rows = c.c2p_rows + m0 + (bq - 1 - ii);
       const T* R = Rq + ii * nb;
       for (int64_t jj = 0; jj < bk; ++jj) row[jj] += scale * R[rows[jj]];
     }
-    if (!c.p2c.empty()) {
-      const int32_t* rows = c.p2c_rows + mrow;
-      const T* R = c.Rk.data() + t.j0 * nb;
-      for (int64_t jj = 0; jj < bk; ++jj) row[jj] += scale * R[jj * nb + rows[jj]];
+  if (!c.p2c.empty())
+    for (int64_t jj = 0; jj < bk; ++jj) {
+      const int32_t* rows = c.p2c_rows + m0 + jj + (bq - 1);  // rows[-ii]: row ii's
+      const T* R = c.Rk.data() + (t.j0 + jj) * nb;
+      for (int64_t ii = 0; ii < bq; ++ii) S[ii * bk + jj] += scale * R[rows[-ii]];
     }
-  }
 }
 
 // S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key

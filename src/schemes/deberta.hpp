@@ -58,12 +58,12 @@ struct DebertaScheme {
     f("deberta_max_relative_positions", pos.deberta.max_relative_positions...);
   }
 
-  // c2p read by the query, p2c by the key, both at c(-r).
-  template <class T>
-  struct KeyEmbedding final : IndexedTable<T> {
-    static bool applies(const AttentionForward<T>& p) { return !p.pos.deberta.c2p.empty(); }
-    explicit KeyEmbedding(const AttentionForward<T>& p)
-        : IndexedTable<T>(p, p.pos.deberta.c2p, &PositionGrads<T>::deberta_c2p), pos_(p.pos.deberta) {}
+  // A table of DeBERTa's read at c(-r): c2p by the query, p2c by the key.
+  template <class T, View3<const T> DebertaParams<T>::*Table, View3<T> PositionGrads<T>::*Grad>
+  struct BucketTable final : IndexedTable<T> {
+    static bool applies(const AttentionForward<T>& p) { return !(p.pos.deberta.*Table).empty(); }
+    explicit BucketTable(const AttentionForward<T>& p)
+        : IndexedTable<T>(p, p.pos.deberta.*Table, Grad), pos_(p.pos.deberta) {}
     int64_t index(int64_t r) const override {
       return deberta_row(-r, pos_.position_buckets, pos_.max_relative_positions);
     }
@@ -72,17 +72,10 @@ struct DebertaScheme {
     DebertaParams<T> pos_;
   };
   template <class T>
-  struct QueryEmbedding final : IndexedTable<T> {
-    static bool applies(const AttentionForward<T>& p) { return !p.pos.deberta.p2c.empty(); }
-    explicit QueryEmbedding(const AttentionForward<T>& p)
-        : IndexedTable<T>(p, p.pos.deberta.p2c, &PositionGrads<T>::deberta_p2c), pos_(p.pos.deberta) {}
-    int64_t index(int64_t r) const override {
-      return deberta_row(-r, pos_.position_buckets, pos_.max_relative_positions);
-    }
+  using KeyEmbedding = BucketTable<T, &DebertaParams<T>::c2p, &PositionGrads<T>::deberta_c2p>;
+  template <class T>
+  using QueryEmbedding = BucketTable<T, &DebertaParams<T>::p2c, &PositionGrads<T>::deberta_p2c>;
 
-   private:
-    DebertaParams<T> pos_;
-  };
   template <class T>
   static EmbeddingSizes embedding_sizes(const AttentionForward<T>& p) {
     const DebertaParams<T>& s = p.pos.deberta;

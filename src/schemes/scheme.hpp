@@ -223,20 +223,18 @@ class DistanceEmbedding {
   int64_t rmin_, count_, width_;
 };
 
-// The embedding as a table (1 or H, 2k+1, width) read at row
-// c(r) = clip(r, -k, k) + k (shaw_index): beyond +-k the edge rows, or no
-// embedding (Beyond::zero). `grad` names its gradient in PositionGrads.
+// An embedding per distance held as a table (1 or H, rows, width): distance
+// r reads row row_of(r) (-1: no embedding, a zero row), which lets a kernel
+// multiply by the small table and pick or gather by row. `grad` names its
+// gradient in PositionGrads.
 template <class T>
-class ClippedTable : public DistanceEmbedding<T> {
+class TableEmbedding : public DistanceEmbedding<T> {
  public:
-  ClippedTable(const AttentionForward<T>& p, const View3<const T>& table, int64_t k, Beyond beyond,
-               View3<T> PositionGrads<T>::*grad)
-      : DistanceEmbedding<T>(p, table.shape[2]), table_(table), k_(k), beyond_(beyond), grad_(grad) {}
+  TableEmbedding(const AttentionForward<T>& p, const View3<const T>& table, View3<T> PositionGrads<T>::*grad)
+      : DistanceEmbedding<T>(p, table.shape[2]), table_(table), grad_(grad) {}
 
-  int64_t k() const { return k_; }
-  int64_t table_rows() const { return 2 * k_ + 1; }
-  bool repeats_edges() const { return beyond_ == Beyond::clip; }
-  int64_t row(int64_t r) const { return shaw_index(r, k_, beyond_); }  // -1: no embedding
+  virtual int64_t row_of(int64_t r) const = 0;
+  int64_t table_rows() const { return table_.shape[1]; }
   int64_t slice_of(int64_t h) const { return table_.shape[0] == 1 ? 0 : h; }  // heads of one slice share it (its gradient has its shape)
   bool wants_grad(const PositionGrads<T>& g) const { return !(g.*grad_).empty(); }
 
@@ -258,7 +256,7 @@ class ClippedTable : public DistanceEmbedding<T> {
   void rows(int64_t h, int64_t n, T* E) const override {
     const int64_t ht = slice_of(h), width = this->width();
     for (int64_t m = 0; m < n; ++m) {
-      const int64_t c = row(this->rmin() + m);
+      const int64_t c = row_of(this->rmin() + m);
       for (int64_t x = 0; x < width; ++x) E[m * width + x] = c >= 0 ? table_(ht, c, x) : T(0);
     }
   }
@@ -267,69 +265,45 @@ class ClippedTable : public DistanceEmbedding<T> {
     if (grad.empty()) return;
     const int64_t ht = slice_of(h), width = this->width();
     for (int64_t m = 0; m < n; ++m)
-      if (const int64_t c = row(this->rmin() + m); c >= 0)
+      if (const int64_t c = row_of(this->rmin() + m); c >= 0)
         for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dE[m * width + x];
   }
-  const ClippedTable<T>* clipped() const override { return this; }
 
  private:
   View3<const T> table_;
-  int64_t k_;
-  Beyond beyond_;
   View3<T> PositionGrads<T>::*grad_;
 };
 
-// The embedding as a table (1 or H, rows, width) read at row index(r), one
-// row for every distance (DeBERTa's log buckets, clamped to the table). A
-// kernel multiplies by the table and picks each pair's product by index.
-// `grad` names its gradient in PositionGrads.
+// The table (1 or H, 2k+1, width) read at row c(r) = clip(r, -k, k) + k
+// (shaw_index): beyond +-k the edge rows, or no embedding (Beyond::zero).
 template <class T>
-class IndexedTable : public DistanceEmbedding<T> {
+class ClippedTable : public TableEmbedding<T> {
  public:
-  IndexedTable(const AttentionForward<T>& p, const View3<const T>& table, View3<T> PositionGrads<T>::*grad)
-      : DistanceEmbedding<T>(p, table.shape[2]), table_(table), grad_(grad) {}
+  ClippedTable(const AttentionForward<T>& p, const View3<const T>& table, int64_t k, Beyond beyond,
+               View3<T> PositionGrads<T>::*grad)
+      : TableEmbedding<T>(p, table, grad), k_(k), beyond_(beyond) {}
 
-  int64_t table_rows() const { return table_.shape[1]; }
-  virtual int64_t index(int64_t r) const = 0;  // in [0, table_rows())
-  int64_t slice_of(int64_t h) const { return table_.shape[0] == 1 ? 0 : h; }
-  bool wants_grad(const PositionGrads<T>& g) const { return !(g.*grad_).empty(); }
-
-  // dense (table_rows, width) = head h's slice of the table.
-  void slice(int64_t h, T* dense) const {
-    const int64_t ht = slice_of(h), width = this->width();
-    for (int64_t c = 0; c < table_rows(); ++c)
-      for (int64_t x = 0; x < width; ++x) dense[c * width + x] = table_(ht, c, x);
-  }
-  // The gradient of head h's slice, dense (table_rows, width), into g.
-  void add_slice_grad(const PositionGrads<T>& g, int64_t h, const T* dense) const {
-    const View3<T>& grad = g.*grad_;
-    if (grad.empty()) return;
-    const int64_t ht = slice_of(h), width = this->width();
-    for (int64_t c = 0; c < table_rows(); ++c)
-      for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dense[c * width + x];
-  }
-
-  void rows(int64_t h, int64_t n, T* E) const override {
-    const int64_t ht = slice_of(h), width = this->width();
-    for (int64_t m = 0; m < n; ++m) {
-      const int64_t c = m < this->count() ? index(this->rmin() + m) : -1;
-      for (int64_t x = 0; x < width; ++x) E[m * width + x] = c >= 0 ? table_(ht, c, x) : T(0);
-    }
-  }
-  void add_rows_grad(const PositionGrads<T>& g, int64_t h, int64_t n, const T* dE) const override {
-    const View3<T>& grad = g.*grad_;
-    if (grad.empty()) return;
-    const int64_t ht = slice_of(h), width = this->width();
-    for (int64_t m = 0; m < std::min(n, this->count()); ++m) {
-      const int64_t c = index(this->rmin() + m);
-      for (int64_t x = 0; x < width; ++x) grad(ht, c, x) += dE[m * width + x];
-    }
-  }
-  const IndexedTable<T>* indexed() const override { return this; }
+  int64_t k() const { return k_; }
+  bool repeats_edges() const { return beyond_ == Beyond::clip; }
+  int64_t row(int64_t r) const { return shaw_index(r, k_, beyond_); }  // -1: no embedding
+  int64_t row_of(int64_t r) const override { return row(r); }
+  const ClippedTable<T>* clipped() const override { return this; }
 
  private:
-  View3<const T> table_;
-  View3<T> PositionGrads<T>::*grad_;
+  int64_t k_;
+  Beyond beyond_;
+};
+
+// The table (1 or H, rows, width) read at a row for every distance, index(r)
+// (DeBERTa's log buckets, clamped to the table): a kernel multiplies by the
+// table and picks each pair's product by index.
+template <class T>
+class IndexedTable : public TableEmbedding<T> {
+ public:
+  using TableEmbedding<T>::TableEmbedding;
+  virtual int64_t index(int64_t r) const = 0;  // in [0, table_rows())
+  int64_t row_of(int64_t r) const override { return index(r); }
+  const IndexedTable<T>* indexed() const override { return this; }
 };
 
 // Vectors per head added to the query: qc = q + content vector multiplies

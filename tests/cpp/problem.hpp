@@ -274,12 +274,12 @@ class Problem {
   }
 
   // The scheme's default scale: 1 for T5, 1 / sqrt(d (1 + its position
-  // terms)) for DeBERTa, 1 / sqrt(d) for the others.
+  // terms)) for DeBERTa (the root in float32), 1 / sqrt(d) for the others.
   double scale() const {
     if (spec.scale) return *spec.scale;
     if (spec.scheme == Scheme::t5) return 1.0;
-    const int terms = spec.scheme == Scheme::deberta ? 1 + spec.deberta_c2p + spec.deberta_p2c : 1;
-    return 1.0 / std::sqrt(double(spec.d) * terms);
+    if (spec.scheme != Scheme::deberta) return 1.0 / std::sqrt(double(spec.d));
+    return 1.0 / double(std::sqrt(float(spec.d * (1 + spec.deberta_c2p + spec.deberta_p2c))));  // transformers' float32 root
   }
 
   relpos::AttentionForward<T> forward_args() {
