@@ -232,6 +232,14 @@ NB_MODULE(_relpos, m) {
       nb::arg("r"), nb::arg("bidirectional"), nb::arg("num_buckets"), nb::arg("max_distance"),
       "HF T5 bucket of relative distance r = key_pos - query_pos.");
   m.def(
+      "deberta_bucket",
+      [](int64_t x, int64_t position_buckets, int64_t max_relative_positions) {
+        check_deberta_config(position_buckets, max_relative_positions);
+        return deberta_bucket(x, position_buckets, max_relative_positions);
+      },
+      nb::arg("x"), nb::arg("position_buckets"), nb::arg("max_relative_positions"),
+      "transformers' DeBERTa log bucket of relative position x = query_pos - key_pos.");
+  m.def(
       "view_info",
       [](const InArray& arr) {
         std::vector<int64_t> shape, stride;

@@ -56,6 +56,7 @@ __all__ = [
     "backward",
     *schemes.__all__,
     "t5_bucket",
+    "deberta_bucket",
     "alibi_slopes",
     "ALGORITHMS",
     "LAYOUTS",
@@ -68,6 +69,7 @@ __all__ = [
 __version__ = _relpos.build_info()["version"]
 
 t5_bucket = _relpos.t5_bucket
+deberta_bucket = _relpos.deberta_bucket
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -109,7 +111,8 @@ def forward(
     absolute position ``q_offset + i`` and key row ``j`` at ``k_offset + j``;
     ``q_offset="end"`` puts the queries at the last key positions (a KV-cache
     step; with ``causal``, FlashAttention's bottom-right alignment).
-    ``scale`` defaults to the scheme's: 1 for ``T5``, ``1/sqrt(d)`` otherwise. ``algorithm`` is one of ``ALGORITHMS``
+    ``scale`` defaults to the scheme's: 1 for ``T5``, ``1/sqrt(d (1 + tables))`` for ``DeBERTa``, ``1/sqrt(d)``
+    otherwise. ``algorithm`` is one of ``ALGORITHMS``
     (see ``available_algorithms``); ``threads`` (default or 0: OpenMP's maximum)
     splits the work over threads. The forward's results do not depend on it; the
     backward's summation order of shared parameter gradients (and of dq, when
@@ -179,7 +182,8 @@ def backward(
     Returns a dict (torch tensors if q is one) with ``"q"``, ``"k"``, ``"v"`` and one entry per learnable
     parameter of the scheme, named ``<scheme>_<field>``: ``"shaw_wk"``, ``"shaw_wv"``,
     ``"t5_table"``, ``"alibi_slopes"`` (explicit slopes only), ``"xl_u"``, ``"xl_v"``,
-    ``"xl_w_r"``, ``"kerple_r1"``, ``"kerple_r2"``; each gradient has its parameter's shape.
+    ``"xl_w_r"``, ``"kerple_r1"``, ``"kerple_r2"``, ``"kerple_power_r1"``, ``"kerple_power_r2"``,
+    ``"deberta_c2p"``, ``"deberta_p2c"`` (the tables given); each gradient has its parameter's shape.
     """
     args = _calls.call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads,
                             layout)

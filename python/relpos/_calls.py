@@ -180,8 +180,8 @@ def _new(like, shape, zero: bool, float32: bool = False):
 
 
 def _as_core_param(name: str, a: np.ndarray) -> np.ndarray:
-    # A Shaw table shared by heads may be given as (2k+1, d); the core wants (1, 2k+1, d).
-    return a[None] if name.startswith("shaw_") and a.ndim == 2 else a
+    # A Shaw or DeBERTa table shared by heads may be given as (rows, d); the core wants (1, rows, d).
+    return a[None] if name.startswith(("shaw_", "deberta_")) and a.ndim == 2 else a
 
 
 def check_threads(threads) -> int:

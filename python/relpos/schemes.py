@@ -25,7 +25,7 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 import numpy as np
 
 
-__all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL", "KERPLE", "KERPLEPower"]
+__all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL", "KERPLE", "KERPLEPower", "DeBERTa"]
 
 MAX_POSITION = 2**40  # the core's bound on positions and distances (kMaxPosition)
 KERPLE_MIN = 0.01  # the floor at which RelativeMultiheadAttention keeps KERPLE's r1 and r2
@@ -411,5 +411,51 @@ class KERPLEPower(_Scheme):
         return _kerple_init(heads, dtype, device)
 
 
+@record
+class DeBERTa(_Scheme):
+    """DeBERTa (He et al. 2021), disentangled attention: score ``q_i . c2p[c] + k_j . p2c[c]``
+    beside ``q_i . k_j``, ``c = clamp(bucket(query_pos - key_pos) + span, 0, 2 span - 1)``
+    with transformers' ``make_log_bucket_position`` (exact up to ``position_buckets / 2``,
+    logarithmic up to ``max_relative_positions``), ``span = position_buckets``, or
+    ``max_relative_positions`` where ``position_buckets <= 0`` (no buckets).
+
+    ``c2p`` (content to position, read by the query: transformers' ``pos_key_layer``) and
+    ``p2c`` (position to content, read by the key: ``pos_query_layer``) are ``(2 span, d)``
+    shared by all heads or ``(H, 2 span, d)`` per head; either may be ``None``. Calls default
+    to DeBERTa's ``scale = 1 / sqrt(d (1 + number of tables))``.
+    """
+
+    c2p: Optional[np.ndarray] = None
+    p2c: Optional[np.ndarray] = None
+    # Their joint bounds (buckets >= 2 or <= 0, max_relative_positions past buckets / 2 + 1)
+    # are the core's to check.
+    position_buckets: int = option("deberta_position_buckets", "int", 256, high=MAX_POSITION)
+    max_relative_positions: int = option("deberta_max_relative_positions", "int", 512, low=1, high=MAX_POSITION)
+    name = "deberta"
+    _tensors = ("c2p", "p2c")
+
+    @classmethod
+    def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
+        """``(2 span, head_dim)`` tables shared by the heads (``(H, 2 span, head_dim)`` with
+        ``deberta_per_head``), N(0, 1/head_dim): those ``deberta_pos_att_type`` names."""
+        buckets, reach = options["deberta_position_buckets"], options["deberta_max_relative_positions"]
+        # The joint bounds the core checks at each call, checked here too so that a module
+        # fails when built, under its own argument names, not at its first forward.
+        if 0 < buckets < 2:
+            raise ValueError(f"relpos: deberta_position_buckets: must be <= 0 (no buckets) or >= 2, got {buckets}")
+        if buckets > 0 and reach - 1 <= buckets // 2:
+            raise ValueError(f"relpos: deberta_max_relative_positions: with deberta_position_buckets {buckets} "
+                             f"must exceed {buckets // 2 + 1} (the log ratio would be <= 0), got {reach}")
+        span = buckets if buckets > 0 else reach
+        shape = ((heads,) if options["deberta_per_head"] else ()) + (2 * span, head_dim)
+        terms = options["deberta_pos_att_type"].split("|")
+        return {f: _randn(shape, head_dim**-0.5, dtype, device) if f in terms else None for f in cls._tensors}
+
+    def _per_head(self, field):
+        table = getattr(self, field)
+        return table is not None and table.ndim == 3  # (2 span, d) is shared by the heads
+
+
 # Every scheme record by its name.
-SCHEMES = {cls.name: cls for cls in (NoPosition, Shaw, T5, ALiBi, RoPE, TransformerXL, KERPLE, KERPLEPower)}
+SCHEMES = {cls.name: cls for cls in (NoPosition, Shaw, T5, ALiBi, RoPE, TransformerXL, KERPLE, KERPLEPower,
+                                     DeBERTa)}

@@ -24,7 +24,8 @@ import torch_oracle
 @dataclass(frozen=True)
 class Case:
     """One attention problem. ``opts`` holds scheme options; builder-only keys:
-    shaw ``tables`` ('k', 'v', 'kv') and ``per_head``; t5 ``num_buckets``;
+    shaw ``tables`` ('k', 'v', 'kv') and ``per_head``; deberta ``tables`` ('c2p', 'p2c',
+    'c2p|p2c') and ``per_head``; t5 ``num_buckets``;
     alibi ``learn`` (explicit slopes); xl ``pos_dim``."""
 
     id: str
@@ -82,6 +83,10 @@ class Problem:
             return relpos.KERPLE(p["kerple_r1"], p["kerple_r2"])
         if c.scheme == "kerple_power":
             return relpos.KERPLEPower(p["kerple_power_r1"], p["kerple_power_r2"])
+        if c.scheme == "deberta":
+            return relpos.DeBERTa(c2p=p.get("deberta_c2p"), p2c=p.get("deberta_p2c"),
+                                  position_buckets=o.get("position_buckets", 256),
+                                  max_relative_positions=o.get("max_relative_positions", 512))
         raise ValueError(c.scheme)
 
     def call_kwargs(self) -> dict:
@@ -121,6 +126,13 @@ def make_problem(case: Case) -> Problem:
     elif c.scheme == "kerple_power":  # the exponent across the power's range (0, 2]
         params["kerple_power_r1"] = rng.uniform(0.1, 2.0, c.H)
         params["kerple_power_r2"] = rng.uniform(0.05, 2.0, c.H)
+    elif c.scheme == "deberta":  # tables as opts["tables"] names them ('c2p', 'p2c' or both, the default)
+        heads = (c.H,) if o.get("per_head") else ()
+        buckets = o.get("position_buckets", 256)
+        span = buckets if buckets > 0 else o.get("max_relative_positions", 512)
+        for table in ("c2p", "p2c"):
+            if table in o.get("tables", "c2p|p2c"):
+                params[f"deberta_{table}"] = 0.5 * rng.standard_normal(heads + (2 * span, c.d))
     key_padding = None
     if c.padding in ("random", "uint8"):
         key_padding = rng.random((c.B, c.Lk)) < 0.3

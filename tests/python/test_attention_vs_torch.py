@@ -71,6 +71,19 @@ CASES = [
     # 1.6e-6 is left as float32 rounding of a cancellation amplified by |r|^r2 ~ 400)
     C("kerple_power-H5-cross5x13-pad", "kerple_power", H=5, Lq=5, Lk=13, padding="random", k_offset=8),
     C("kerple_power-H2-L300-multi-tile", "kerple_power", B=1, H=2, Lq=300, Lk=300, d=16, causal=True),
+    # --- DeBERTa (buckets 8, max 40: exact within +-4, logarithmic to +-39, edge rows past) ---
+    C("deberta-shared-b8-m40-L97-d64-causal", "deberta", B=1, Lq=97, Lk=97, d=64, causal=True,
+      opts=dict(position_buckets=8, max_relative_positions=40)),
+    C("deberta-perhead-c2p-b8-m40-cross5x13-qoff30-pad", "deberta", H=3, Lq=5, Lk=13, q_offset=30,
+      padding="random", opts=dict(position_buckets=8, max_relative_positions=40, tables="c2p", per_head=True)),
+    C("deberta-perhead-p2c-nobuckets-m12-cross9x30-koff7", "deberta", Lq=9, Lk=30, k_offset=7, d=59,
+      opts=dict(position_buckets=-1, max_relative_positions=12, tables="p2c", per_head=True)),
+    C("deberta-shared-b2-m3-cross7x40-scale", "deberta", Lq=7, Lk=40, scale=0.4,
+      opts=dict(position_buckets=2, max_relative_positions=3)),
+    C("deberta-perhead-b256-m512-L300-multi-tile", "deberta", B=1, Lq=300, Lk=300, d=16,
+      opts=dict(per_head=True)),
+    C("deberta-L1-offsets", "deberta", Lq=1, Lk=1, q_offset=5, k_offset=900,
+      opts=dict(position_buckets=16, max_relative_positions=64)),
     # --- RoPE -----------------------------------------------------------------
     C("rope-half-L97-d64-causal", "rope", B=1, Lq=97, Lk=97, d=64, causal=True, opts=dict(style="half_split")),
     C("rope-interleaved-L7-d16", "rope", opts=dict(style="interleaved")),
@@ -102,7 +115,7 @@ CASES = [
 SCHEME_OPTS = {
     "none": {}, "shaw": dict(k=3, tables="kv"), "t5": dict(bidirectional=False, num_buckets=8, max_distance=16),
     "alibi": dict(learn=True), "rope": dict(dims=8), "xl": dict(pos_dim=8, clamp_len=0), "kerple": {},
-    "kerple_power": {},
+    "kerple_power": {}, "deberta": dict(position_buckets=8, max_relative_positions=20),
 }
 MASKED_CASES = [C(f"{s}-fully-masked-rows", s, Lq=6, Lk=8, k_offset=3, causal=True, padding="batch", opts=o)
                 for s, o in SCHEME_OPTS.items()]
@@ -179,11 +192,17 @@ def test_fully_masked_rows_are_zero(case):
     assert_matches_oracle(res, ref, np.float64)
 
 
-@pytest.mark.parametrize("scheme,default", [("alibi", 1 / np.sqrt(59)), ("t5", 1.0)])
-def test_scale_default_is_the_schemes(scheme, default):
-    """scale=None is the scheme's default: T5's 1, 1/sqrt(d) for the others; equal to
-    passing it explicitly, and different from the other default (per the oracle)."""
-    opts = dict(bidirectional=True) if scheme == "t5" else {}
+@pytest.mark.parametrize("scheme,opts,default", [
+    ("alibi", {}, 1 / np.sqrt(59)), ("t5", dict(bidirectional=True), 1.0),
+    # DeBERTa's 1 / sqrt(d (1 + number of position tables)), the root in float32 as in its code
+    ("deberta", dict(position_buckets=8, max_relative_positions=20), 1 / float(np.sqrt(np.float32(59 * 3)))),
+    ("deberta", dict(position_buckets=8, max_relative_positions=20, tables="p2c"),
+     1 / float(np.sqrt(np.float32(59 * 2)))),
+])
+def test_scale_default_is_the_schemes(scheme, opts, default):
+    """scale=None is the scheme's default: T5's 1, DeBERTa's 1/sqrt(d (1 + tables)), 1/sqrt(d)
+    for the others; equal to passing it explicitly, and different from the other default (per
+    the oracle)."""
     case = Case("scale-default", scheme, Lq=9, Lk=9, d=59, opts=opts)
     res = run_relpos(make_problem(case), np.float64)
     explicit = run_relpos(make_problem(case.replace(scale=default)), np.float64)

@@ -36,7 +36,8 @@ def scheme_tensors(g):
         return torch.rand(*shape, generator=g, dtype=torch.float64) + 0.1
     return [relpos.T5(t(H, 8)), relpos.Shaw(k=2, wk=t(5, D), wv=t(H, 5, D)), relpos.ALiBi(t(H)),
             relpos.TransformerXL(t(H, D), t(H, D), t(H, D, 4)), relpos.KERPLE(t(H), t(H)),
-            relpos.KERPLEPower(t(H), t(H))]
+            relpos.KERPLEPower(t(H), t(H)),
+            relpos.DeBERTa(c2p=t(8, D), p2c=t(H, 8, D), position_buckets=4, max_relative_positions=6)]
 
 
 SCHEMES_WITH_TENSORS = [s.name for s in scheme_tensors(torch.Generator())]

@@ -27,7 +27,7 @@ from relpos.context_parallel import gather_sequence, ring_attention, shard_seque
 B, H, HKV, D = 2, 4, 2, 5
 CHUNKS = {1: [13], 2: [9, 14], 4: [5, 7, 3, 8]}
 POSITION = 3  # absolute position of the sequence's first token
-SCHEMES = ["none", "shaw", "t5", "alibi", "rope", "xl", "kerple", "kerple_power"]
+SCHEMES = ["none", "shaw", "t5", "alibi", "rope", "xl", "kerple", "kerple_power", "deberta"]
 
 
 def make_scheme(name, params):
@@ -40,13 +40,17 @@ def make_scheme(name, params):
         "xl": lambda: relpos.TransformerXL(params["u"], params["v"], params["w_r"]),
         "kerple": lambda: relpos.KERPLE(params["r1"], params["r2"]),
         "kerple_power": lambda: relpos.KERPLEPower(params["r1"], params["r2"]),
+        # buckets 4, max 7: exact to +-2, logarithmic to +-6, edge rows past (the sequences span 22)
+        "deberta": lambda: relpos.DeBERTa(c2p=params["c2p"], p2c=params["p2c"], position_buckets=4,
+                                          max_relative_positions=7),
     }[name]()
 
 
 def make_params(name, g):
     shapes = {"none": {}, "shaw": {"wk": (H, 9, D), "wv": (9, D)}, "t5": {"table": (H, 10)},
               "alibi": {"slopes": (H,)}, "rope": {}, "xl": {"u": (H, D), "v": (H, D), "w_r": (H, D, 6)},
-              "kerple": {"r1": (H,), "r2": (H,)}, "kerple_power": {"r1": (H,), "r2": (H,)}}[name]
+              "kerple": {"r1": (H,), "r2": (H,)}, "kerple_power": {"r1": (H,), "r2": (H,)},
+              "deberta": {"c2p": (H, 8, D), "p2c": (8, D)}}[name]
     params = {n: 0.5 * torch.randn(s, generator=g, dtype=torch.float64) for n, s in shapes.items()}
     if name == "alibi":
         params["slopes"] = torch.rand(H, generator=g, dtype=torch.float64) + 0.1
@@ -274,7 +278,7 @@ def worker_module_alone(rank, world, store):
     its output and every parameter's gradient equal the same module's without it."""
     init(rank, world, store)
     try:
-        for scheme in ("shaw", "t5", "alibi", "xl", "kerple"):
+        for scheme in ("shaw", "t5", "alibi", "xl", "kerple", "deberta"):
             torch.manual_seed(0)
             alone = rt.RelativeMultiheadAttention(16, 4, scheme, context_parallel=True).double()
             plain = rt.RelativeMultiheadAttention(16, 4, scheme).double()

@@ -228,6 +228,9 @@ def test_fully_masked_rows_and_empty_calls():
           k=torch.randn(1, 2, 4, 5, dtype=torch.float32)), "rope.dims: .* <= d=5, got 6"),
     (dict(scheme=relpos.TransformerXL(*(torch.zeros(s, dtype=torch.float32) for s in ((2, 16), (2, 16), (2, 16, 4))),
                                       clamp_len=-1)), "clamp_len"),
+    # DeBERTa has no Triton kernel: refused by name rather than computed without its terms
+    (dict(scheme=relpos.DeBERTa(c2p=torch.zeros(2, 16, 16), p2c=torch.zeros(16, 16), position_buckets=8,
+                                max_relative_positions=40)), "deberta has no GPU kernel"),
 ])
 def test_bad_input_is_refused_by_name(bad, message):
     args = dict(q=torch.randn(1, 2, 4, 16, dtype=torch.float32), k=torch.randn(1, 2, 4, 16, dtype=torch.float32),

@@ -22,6 +22,8 @@ SCHEMES = [
     ("alibi", {}, {"alibi_slopes": (H,)}),
     ("rope", dict(base=100.0, dims=4, style="interleaved"), {}),
     ("xl", dict(clamp_len=0), {"xl_u": (H, D), "xl_v": (H, D), "xl_w_r": (H, D, 6)}),
+    # p2c is read by the key: each query head's table meets its group's shared key head
+    ("deberta", dict(position_buckets=4, max_relative_positions=6), {"deberta_c2p": (8, D), "deberta_p2c": (H, 8, D)}),
 ]
 MASKS = ["none", "causal", "padding"]
 
@@ -36,6 +38,7 @@ def record(name: str, opts: dict, params: dict):
         "rope": lambda: relpos.RoPE(base=opts["base"], dims=opts["dims"], style=opts["style"]),
         "xl": lambda: relpos.TransformerXL(params["xl_u"], params["xl_v"], params["xl_w_r"],
                                            clamp_len=opts["clamp_len"]),
+        "deberta": lambda: relpos.DeBERTa(c2p=params["deberta_c2p"], p2c=params["deberta_p2c"], **opts),
     }[name]()
 
 

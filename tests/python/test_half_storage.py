@@ -26,6 +26,8 @@ CASES = [
     Case("xl_memory", "xl", Lq=5, Lk=9, q_offset=4, causal=True, opts={"pos_dim": 8}),
     Case("kerple_causal", "kerple", causal=True),
     Case("kerple_power_padding", "kerple_power", padding="random"),
+    Case("deberta_cross_padding", "deberta", Lq=5, Lk=9, q_offset=4, padding="random",
+         opts={"position_buckets": 4, "max_relative_positions": 6, "per_head": True}),
     Case("t5_multi_tile", "t5", B=1, H=1, Lq=150, Lk=300, q_offset=150, causal=True, d=8,
          opts={"num_buckets": 32, "max_distance": 200}),
 ]
@@ -164,7 +166,7 @@ def test_grouped_query_half_storage_matches_float32_rounded(algorithm):
         assert np.all(np.abs(got - want) <= step), f"{name}: {np.abs(got - want).max()}"
 
 
-@pytest.mark.parametrize("scheme", ["shaw", "t5", "alibi", "rope", "xl", "kerple", "kerple_power", "none"])
+@pytest.mark.parametrize("scheme", ["shaw", "t5", "alibi", "rope", "xl", "kerple", "kerple_power", "deberta", "none"])
 def test_a_module_moved_to_bfloat16_runs_and_trains(scheme):
     """RelativeMultiheadAttention(...).to(torch.bfloat16): outputs and every
     parameter's gradient in bfloat16, within bfloat16's rounding of the float32

@@ -31,6 +31,7 @@ ORDER = (
     "relpos.torch.context_parallel",
     "relpos.torch.modules",
     "relpos.torch.hf_t5",
+    "relpos.torch.hf_deberta",
     "relpos.torch",  # re-exports the public names of the modules above
     "relpos.context_parallel",  # README's path to relpos.torch.context_parallel
 )

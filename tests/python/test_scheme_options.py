@@ -119,6 +119,9 @@ VARIANTS = {
     "alibi": [dict(alibi_learnable=True)],
     "rope": [dict(rope_dims=2, rope_style="interleaved")],
     "xl": [dict(xl_pos_dim=6, xl_clamp_len=3)],
+    "deberta": [dict(deberta_position_buckets=4, deberta_max_relative_positions=6, deberta_pos_att_type="c2p"),
+                dict(deberta_position_buckets=-1, deberta_max_relative_positions=3, deberta_pos_att_type="p2c",
+                     deberta_per_head=True)],
 }
 CASES = [(name, args) for name in SCHEMES for args in [{}, *VARIANTS.get(name, [])]]
 

@@ -21,6 +21,8 @@ GRADCHECK = [
     ("xl", dict(causal=True, q_offset=1), {"u": (2, 3), "v": (2, 3), "w_r": (2, 3, 4)}),
     ("kerple", dict(causal=True, q_offset=1), {"r1": (2,), "r2": (2,)}),
     ("kerple_power", dict(causal=True, q_offset=1), {"r1": (2,), "r2": (2,)}),
+    # buckets 4, max 6: distances 0-2 exact, 3-5 logarithmic, edge rows past (keys 5 away from queries)
+    ("deberta", dict(causal=False, q_offset=1), {"c2p": (8, 3), "p2c": (2, 8, 3)}),
 ]
 
 
@@ -34,6 +36,7 @@ def scheme_of(name: str, params: dict):
         "xl": lambda: relpos.TransformerXL(params["u"], params["v"], params["w_r"]),
         "kerple": lambda: relpos.KERPLE(params["r1"], params["r2"]),
         "kerple_power": lambda: relpos.KERPLEPower(params["r1"], params["r2"]),
+        "deberta": lambda: relpos.DeBERTa(**params, position_buckets=4, max_relative_positions=6),
     }[name]()
 
 
@@ -80,6 +83,9 @@ def oracle_module_forward(m: rt.RelativeMultiheadAttention, x, kv, *, causal, ke
         opts, params = dict(clamp_len=s.clamp_len), {"xl_u": s.u, "xl_v": s.v, "xl_w_r": s.w_r}
     elif m.scheme in ("kerple", "kerple_power"):
         params = {f"{m.scheme}_r1": s.r1, f"{m.scheme}_r2": s.r2}
+    elif m.scheme == "deberta":
+        opts = dict(position_buckets=s.position_buckets, max_relative_positions=s.max_relative_positions)
+        params = {f"deberta_{n}": t for n, t in (("c2p", s.c2p), ("p2c", s.p2c)) if t is not None}
     out, _ = torch_oracle.attention(q, k, v, m.scheme, opts, params, causal=causal, key_padding=key_padding,
                                     q_offset=q_offset, scale=m.scale)
     B, _, Lq, _ = out.shape
@@ -99,6 +105,10 @@ MODULES = [
     ("none-cross", dict(scheme="none", kdim=7, vdim=7), dict(cross=7, pad=True)),
     ("kerple", dict(scheme="kerple"), dict(causal=True, pad=True)),
     ("kerple_power", dict(scheme="kerple_power"), dict(causal=True, pad=True)),
+    ("deberta-shared", dict(scheme="deberta", deberta_position_buckets=4, deberta_max_relative_positions=5),
+     dict(pad=True)),
+    ("deberta-p2c-perhead", dict(scheme="deberta", deberta_position_buckets=-1, deberta_max_relative_positions=3,
+                                 deberta_pos_att_type="p2c", deberta_per_head=True), dict(causal=True)),
 ]
 
 

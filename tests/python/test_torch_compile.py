@@ -15,7 +15,8 @@ def model(scheme: str, **kw) -> torch.nn.Module:
 
 CONFIGS = [("shaw", dict(shaw_k=3, shaw_per_head=True)), ("t5", dict(t5_bidirectional=False)),
            ("alibi", dict(alibi_learnable=True)), ("rope", dict(rope_dims=4)), ("xl", dict(xl_clamp_len=5)),
-           ("kerple", {}), ("kerple_power", {})]
+           ("kerple", {}), ("kerple_power", {}),
+           ("deberta", dict(deberta_position_buckets=4, deberta_max_relative_positions=6, deberta_per_head=True))]
 
 
 class Causal(torch.nn.Module):

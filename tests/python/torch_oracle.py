@@ -56,6 +56,21 @@ def hf_relative_position_bucket(relative_position, bidirectional=True, num_bucke
     return relative_buckets
 
 
+def deberta_log_bucket(x: torch.Tensor, position_buckets: int, max_relative_positions: int) -> torch.Tensor:
+    """DeBERTa-v2's log bucket of relative positions x (int64), from its definition (He et
+    al. 2021; transformers' make_log_bucket_position): |x| <= mid = buckets // 2 stays x;
+    beyond, sign(x) (mid + ceil(log(|x| / mid) / log((max - 1) / mid) (mid - 1))), evaluated
+    in float32 as upstream does (its roundings decide the bucket edges). buckets <= 0: x."""
+    if position_buckets <= 0:
+        return x
+    mid = position_buckets // 2
+    far = x.abs() > mid
+    ratio = x.abs().clamp(min=mid).to(torch.float32) / mid  # clamp: no log(0) in the unused rows
+    steps = torch.log(ratio) / torch.log(torch.tensor((max_relative_positions - 1) / mid, dtype=torch.float32))
+    logarithmic = (torch.ceil(steps * (mid - 1)) + mid).to(torch.long)
+    return torch.where(far, torch.sign(x) * logarithmic, x)
+
+
 def alibi_paper_slopes(n):
     """get_slopes of the ALiBi paper's repository (ofirpress/attention_with_linear_biases)."""
 
@@ -154,13 +169,22 @@ def attention(
       xl     opts clamp_len; params xl_u (H, d), xl_v (H, d), xl_w_r (H, d, pos_dim)
       kerple params kerple_r1, kerple_r2 (H,): bias -r1 log(1 + r2 |r|) (Chi et al. 2022, eq. for KERPLE-log)
       kerple_power params kerple_power_r1, kerple_power_r2 (H,): bias -r1 |r|^r2 (KERPLE-power)
+      deberta opts position_buckets (default 256), max_relative_positions (512); params deberta_c2p
+             and/or deberta_p2c, (2 span, d) or (H, 2 span, d): score q_i . c2p[row(i - j)]
+             + k_j . p2c[row(i - j)] (transformers' p2c gathers the key's row at -bucket(j - i)),
+             row(x) = clamp(bucket(x) + span, 0, 2 span - 1) (positions, offsets included), span =
+             buckets or, without buckets, max_relative_positions; the default scale
+             1 / sqrt(d (1 + number of tables)) (DeBERTa's disentangled attention)
     key_padding: bool (B, Lk), True = padded.
     """
     opts, params = opts or {}, params or {}
     B, H, Lq, d = q.shape
     Lk = k.shape[2]
-    if scale is None:  # the scheme's default: T5 unscaled, the others 1 / sqrt(d)
+    if scale is None:  # the scheme's default: T5 unscaled, DeBERTa by its term count, the others 1 / sqrt(d)
         scale = 1.0 if scheme == "t5" else 1.0 / math.sqrt(d)
+        if scheme == "deberta":  # 1 / sqrt(d n), n = 1 + tables, the root taken in float32 as DeBERTa's code does
+            terms = 1 + sum(f"deberta_{t}" in params for t in ("c2p", "p2c"))
+            scale = 1.0 / float(torch.sqrt(torch.tensor(float(d * terms), dtype=torch.float32)))
     r = relative_distance(Lq, Lk, q_offset, k_offset)
 
     bias = torch.zeros((), dtype=q.dtype)
@@ -200,6 +224,20 @@ def attention(
         r1, r2 = params["kerple_power_r1"], params["kerple_power_r2"]
         score = q @ k.transpose(-1, -2)
         bias = -r1[:, None, None] * torch.pow(r.abs().to(q.dtype), r2[:, None, None])
+    elif scheme == "deberta":
+        buckets, reach = opts.get("position_buckets", 256), opts.get("max_relative_positions", 512)
+        span = buckets if buckets > 0 else reach
+
+        def rows(table, x):  # (H, Lq, Lk, d): table[h, row(x(i, j))], a shared table broadcast over heads
+            table = table[None] if table.dim() == 2 else table
+            index = (deberta_log_bucket(x, buckets, reach) + span).clamp(0, 2 * span - 1)
+            return table[:, index].expand(H, -1, -1, -1)
+
+        score = q @ k.transpose(-1, -2)
+        if "deberta_c2p" in params:  # content to position: the query reads the row of query_pos - key_pos
+            score = score + torch.einsum("bhid,hijd->bhij", q, rows(params["deberta_c2p"], -r))
+        if "deberta_p2c" in params:  # position to content: the key reads the row of query_pos - key_pos too
+            score = score + torch.einsum("bhjd,hijd->bhij", k, rows(params["deberta_p2c"], -r))
     elif scheme == "rope":
         base, dims, style = opts.get("base", 10000.0), opts.get("dims"), opts.get("style", "half_split")
         qr = rope(q, q_offset + torch.arange(Lq), base, dims, style)

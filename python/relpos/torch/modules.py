@@ -68,6 +68,11 @@ class RelativeMultiheadAttention(nn.Module):
              and clamped at ``KERPLE_MIN`` = 0.01 in forward, as in the paper's code.
       kerple_power  ``kerple_power_r1``, ``kerple_power_r2`` ``(H,)``, the same, ``r2`` also
              clamped at 2 (the power variant's range).
+      deberta  ``deberta_c2p`` / ``deberta_p2c``: ``(2 span, head_dim)`` shared by heads, or
+             ``(H, 2 span, head_dim)`` with ``deberta_per_head``, learned as tables (DeBERTa
+             itself projects one embedding table by W_K and W_Q); ``deberta_pos_att_type``
+             'c2p', 'p2c' or 'c2p|p2c'; ``deberta_position_buckets`` (span; <= 0: no buckets,
+             span ``deberta_max_relative_positions``). ``scale`` defaults to DeBERTa's.
     Each scheme's record creates its tensors (``init_params`` in ``relpos/schemes.py``) and
     checks its options; the module keeps the scheme's arguments in ``scheme_options``.
     """
@@ -98,6 +103,10 @@ class RelativeMultiheadAttention(nn.Module):
         rope_style: str = "half_split",
         xl_pos_dim: Optional[int] = None,
         xl_clamp_len: int = 0,
+        deberta_position_buckets: int = 256,
+        deberta_max_relative_positions: int = 512,
+        deberta_pos_att_type: str = "c2p|p2c",
+        deberta_per_head: bool = False,
         algorithm: str = "auto",
         threads: Optional[int] = None,
         context_parallel=None,
@@ -129,6 +138,9 @@ class RelativeMultiheadAttention(nn.Module):
             head_dim = embed_dim // num_heads
         if shaw_tables not in ("k", "v", "kv"):
             raise ValueError(f"relpos: shaw_tables: must be 'k', 'v' or 'kv', got {shaw_tables!r}")
+        if deberta_pos_att_type not in ("c2p", "p2c", "c2p|p2c", "p2c|c2p"):
+            raise ValueError("relpos: deberta_pos_att_type: must be 'c2p', 'p2c' or 'c2p|p2c', "
+                             f"got {deberta_pos_att_type!r}")
         self.embed_dim, self.num_heads, self.head_dim, self.scheme = embed_dim, num_heads, head_dim, scheme
         self.num_kv_heads = num_kv_heads
         self.scale, self.algorithm, self.threads = scale, algorithm, threads

@@ -1,0 +1,26 @@
+"""bench/deberta.py runs end to end at small sizes (--quick), its two sides agreeing (it
+refuses to time them otherwise), and writes its table and JSON with every row."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_quick_run_writes_every_row(tmp_path):
+    prefix = tmp_path / "deberta"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT / "bench")]))}
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "deberta.py"), "--quick", "--out", str(prefix)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(prefix.with_suffix(".json").read_text())["rows"]
+    assert [r["L"] for r in rows] == [64, 128]
+    for r in rows:
+        assert r["transformers_ms"] > 0 and r["relpos_ms"] > 0 and r["plain_ms"] > 0
+        assert r["transformers_peak_mb"] >= 0 and r["relpos_peak_mb"] >= 0
+    table = prefix.with_suffix(".md").read_text()
+    assert "| 2 | 64 |" in table and "| 2 | 128 |" in table
