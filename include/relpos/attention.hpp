@@ -232,7 +232,7 @@ int64_t kv_head(const AttentionForward<T>& p, int64_t h) {
 // 1 for T5 (its paper and every T5 checkpoint fold the scale into the
 // initialisation), 1 / sqrt(d n) for DeBERTa with n = 1 + its number of
 // position terms (its paper's scaling; the root in float32, as transformers
-// takes it, so that a call agrees with it to the last bit in float64), and
+// takes it: the same scale value, so float64 calls agree with it to rounding), and
 // 1 / sqrt(d) for the others.
 template <class T>
 double effective_scale(const AttentionForward<T>& p) {

@@ -56,7 +56,8 @@ int64_t deberta_row(int64_t x, int64_t position_buckets, int64_t max_relative_po
 // Throws std::invalid_argument naming deberta.position_buckets or
 // deberta.max_relative_positions unless they define buckets: a span in
 // [1, 2^40], and with buckets (position_buckets > 0) position_buckets >= 2 and
-// max_relative_positions - 1 > position_buckets / 2 (else the log ratio is 0).
+// a log ratio log((max_relative_positions - 1) / (position_buckets / 2)) > 0
+// in float32, the arithmetic deberta_bucket divides by.
 void check_deberta_config(int64_t position_buckets, int64_t max_relative_positions);
 
 // ---- ALiBi ----------------------------------------------------------------

@@ -117,10 +117,9 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
     if (split)
       w.split.start_query_tile(c.stored.q + i0 * c.stored.ldq, c.stored.ldq, c.stored.dout + i0 * c.stored.lddout,
                                c.stored.lddout, bq);
-    if (F::key_table || (F::indexed && !c.c2p.empty())) {  // key-table scores of the query tile, (bq, nb)
+    if (const T* table = c.query_side_table()) {  // the query tile's scores against the table's rows, (bq, nb)
       w.Rq.resize(bq * nb);
-      gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, F::key_table ? c.wk.data() : c.c2p.data(), d,
-              T(0), w.Rq.data(), nb);
+      gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, table, d, T(0), w.Rq.data(), nb);
     }
     if constexpr (F::value_table) {  // dout wv^T of the query tile, (bq, nb)
       w.G.resize(bq * nb);

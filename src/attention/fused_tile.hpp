@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <type_traits>
@@ -74,6 +75,9 @@ struct HeadContext {
   StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
 
   bool key_table() const { return !wk.empty(); }
+  // The table whose scores a query tile multiplies out first, (nb, d): Shaw's
+  // key table or DeBERTa's c2p; null without one.
+  const T* query_side_table() const { return !wk.empty() ? wk.data() : !c2p.empty() ? c2p.data() : nullptr; }
   bool value_table() const { return !wv.empty(); }
   bool band() const { return E != nullptr; }
 };
@@ -122,8 +126,11 @@ struct CallEmbeddings {
       : keys(make_key_embedding(p)), values(make_value_embedding(p)), queries(make_query_embedding(p)) {
     if (queries && !queries->indexed()) throw std::logic_error("relpos: fused reads query embeddings as indexed tables");
     for (const auto& [table, rows] : {std::pair{indexed_keys(), &key_rows}, std::pair{indexed_queries(), &query_rows}})
-      if (table)
+      if (table) {
+        if (table->table_rows() > INT32_MAX)  // rows are listed as int32
+          throw std::invalid_argument("relpos: fused: a table of more than 2^31 - 1 rows");
         for (int64_t m = 0; m < table->count(); ++m) rows->push_back(int32_t(table->index(table->rmin() + m)));
+      }
     if (values && !values->clipped()) throw std::logic_error("relpos: fused reads value embeddings as clipped tables");
     if (const ClippedTable<T>*a = key_table(), *b = value_table();
         a && b && (a->k() != b->k() || a->repeats_edges() != b->repeats_edges()))
@@ -248,9 +255,8 @@ BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t compute
 // times Rq[ii, c2p row] (Rq the query tile's scores against the c2p rows,
 // (bq, nb)) and Rk[j, p2c row], each pair's row that of its distance
 // (distance index of (ii, jj): m0 + (bq - 1 - ii) + jj). The p2c scores go
-// key by key: a key's rows of Rk are read in order, where row by row each
-// pair would read another key's row of the head's (lk, nb) scores, beyond
-// the L2 cache at nb = 512 (2.3x the plain kernel's time at L = 2048).
+// key by key, each key's row of the head's (lk, nb) scores read once per
+// tile, not one key's row per pair.
 template <class T>
 void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t m0, const T* Rq, T* S) {
   const int64_t nb = c.nb, bq = t.bq, bk = t.bk;

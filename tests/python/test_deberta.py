@@ -263,8 +263,10 @@ def inputs_with_padding(L=40):
                                          ("DebertaV2ForTokenClassification", "token"),
                                          ("DebertaV2ForMaskedLM", "token_vocab")])
 @pytest.mark.parametrize("changes", [{}, {"share_att_key": False, "norm_rel_ebd": "none"},
-                                     {"position_buckets": -1, "pos_att_type": ["c2p"]}],
-                         ids=["v3_like", "separate_projections", "no_buckets_c2p"])
+                                     {"position_buckets": -1, "pos_att_type": ["c2p"]},
+                                     {"relative_attention": False}],
+                         ids=["v3_like", "separate_projections", "no_buckets_c2p",
+                              "no_relative_attention_scaled_as_with_it"])
 def test_patched_models_equal_transformers(head, labels, changes):
     import transformers
 
@@ -284,7 +286,8 @@ def test_patched_models_equal_transformers(head, labels, changes):
     (logits, loss, grads), (logits2, loss2, grads2) = results
     torch.testing.assert_close(logits2, logits, atol=1e-10, rtol=1e-10)
     torch.testing.assert_close(loss2, loss, atol=1e-12, rtol=1e-12)
-    assert grads2.keys() == grads.keys() and any("rel_embeddings" in n for n in grads)
+    assert grads2.keys() == grads.keys()
+    assert any("rel_embeddings" in n for n in grads) == changes.get("relative_attention", True)
     for n in grads:
         torch.testing.assert_close(grads2[n], grads[n], atol=1e-10, rtol=1e-10, msg=lambda s, n=n: f"{n}: {s}")
 

@@ -15,8 +15,7 @@ from typing import Optional
 
 import torch
 
-from relpos.schemes import (ALiBi, DeBERTa, KERPLE, KERPLEPower, NoPosition, RoPE, Shaw, T5, TransformerXL,
-                            alibi_slopes)
+from relpos.schemes import ALiBi, KERPLE, KERPLEPower, NoPosition, RoPE, Shaw, T5, TransformerXL, alibi_slopes
 
 from . import kernels
 from .config import padded
@@ -200,10 +199,5 @@ def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
     if isinstance(scheme, TransformerXL):
         qx, kx = _xl_features(q, scheme, q_offset, Lk, k_offset)
         return Terms(q, k, qx=qx, kx=kx, xl_clamp=int(scheme.clamp_len), qb=scheme.u)
-    if isinstance(scheme, DeBERTa):
-        # Its two gathered terms (q . c2p[row], k . p2c[row]) are no kernel term yet: refused
-        # by name, not computed with the wrong default scale or without them.
-        raise ValueError("relpos: scheme: deberta has no GPU kernel (relpos.gpu); DeBERTa runs on CPU tensors, "
-                         "with the C++ kernels")
     raise ValueError(f"relpos: scheme: {getattr(scheme, 'name', type(scheme).__name__)} has no GPU kernel yet; "
                      "its CPU tensors run on the C++ kernels")

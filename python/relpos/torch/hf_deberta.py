@@ -71,9 +71,10 @@ def _forward(self, hidden_states, attention_mask, output_attentions=False, query
     if output_attentions:
         raise ValueError("relpos: patch_hf_deberta: output_attentions is not served (relpos forms no attention "
                          "probabilities); call the model with output_attentions=False")
-    if self.training and self.dropout.p > 0:
+    dropout = getattr(self.dropout, "p", getattr(self.dropout, "drop_prob", 0.0))  # nn.Dropout or StableDropout
+    if self.training and dropout > 0:
         raise ValueError("relpos: patch_hf_deberta: attention-probability dropout in training is not served "
-                         f"(attention_probs_dropout_prob = {self.dropout.p}); set it to 0 or call model.eval()")
+                         f"(attention_probs_dropout_prob = {dropout}); set it to 0 or call model.eval()")
     queries = hidden_states if query_states is None else query_states
     B, Lq, Lk = queries.shape[0], queries.shape[1], hidden_states.shape[1]
     if Lq != Lk:
@@ -86,18 +87,21 @@ def _forward(self, hidden_states, attention_mask, output_attentions=False, query
     c2p, p2c = _tables(self, rel_embeddings)
     scheme = None
     if c2p is not None or p2c is not None:
-        own = build_relative_position(queries, hidden_states, bucket_size=self.position_buckets,
-                                      max_position=self.max_relative_positions)
-        given = None if relative_pos is None else relative_pos.to(own.device).reshape(-1, Lq, Lk)
-        if given is not None and not torch.equal(given, own[0].expand_as(given)):
-            raise ValueError("relpos: patch_hf_deberta: relative_pos differs from transformers' own relative "
-                             "positions; relpos computes those")
+        if relative_pos is not None:  # as the encoder passes it: transformers' own, checked
+            own = build_relative_position(queries, hidden_states, bucket_size=self.position_buckets,
+                                          max_position=self.max_relative_positions)
+            given = relative_pos.to(own.device).reshape(-1, Lq, Lk)
+            if not torch.equal(given, own[0].expand_as(given)):
+                raise ValueError("relpos: patch_hf_deberta: relative_pos differs from transformers' own relative "
+                                 "positions; relpos computes those")
         scheme = relpos.DeBERTa(c2p=c2p, p2c=p2c, position_buckets=self.position_buckets,
                                 max_relative_positions=self.max_relative_positions)
     padded_queries, padded_keys = _padding_of(attention_mask, B, Lq)
-    # transformers' scale is sqrt(d * (1 + terms)); relpos's DeBERTa default is the same (its root in
-    # float32, as transformers takes it); without terms it is 1/sqrt(d), relpos's plain default.
-    out = attention(q, k, v, scheme, key_padding=padded_keys, layout="blhd")
+    # transformers divides by sqrt(d (1 + the terms pos_att_type names)), the root in float32, even
+    # where relative_attention is off and no term is computed: given here for every layer.
+    factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
+    scale = 1.0 / float(torch.sqrt(torch.tensor(float(d), dtype=torch.float32) * factor))
+    out = attention(q, k, v, scheme, key_padding=padded_keys, scale=scale, layout="blhd")
     if padded_queries is not None:  # every score of such a row is the same minimum: the mean of all values
         out = torch.where(padded_queries[:, :, None, None], v.mean(1, keepdim=True).expand_as(out), out)
     return out.reshape(B, Lq, heads * d), None

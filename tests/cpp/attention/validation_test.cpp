@@ -113,6 +113,11 @@ std::vector<BadInput> bad_inputs() {
        "deberta.position_buckets"},
       {"deberta_max_within_exact_range", S::deberta, [](auto&, Args& a) { a.pos.deberta.max_relative_positions = 3; },
        "deberta.max_relative_positions"},
+      {"deberta_log_ratio_one_in_float32", S::deberta,  // (2^25 + 1) / 2^25 rounds to 1 in float32
+       [](auto&, Args& a) {
+         a.pos.deberta.position_buckets = int64_t(1) << 26, a.pos.deberta.max_relative_positions = (int64_t(1) << 25) + 2;
+       },
+       "deberta.max_relative_positions"},
       {"deberta_max_zero_without_buckets", S::deberta,
        [](auto&, Args& a) { a.pos.deberta.position_buckets = 0, a.pos.deberta.max_relative_positions = 0; },
        "deberta.max_relative_positions"},
