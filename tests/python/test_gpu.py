@@ -28,6 +28,20 @@ import torch_oracle  # noqa: E402
 from harness import Case, assert_matches_oracle, ids, make_problem, oracle_options, run_oracle  # noqa: E402
 
 
+def bench_gpu():
+    """bench/gpu.py as a module (its round_like_a_gpu); importing it runs no benchmark."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "relpos_bench_gpu"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[2] / "bench" / "gpu.py")
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
 def gpu():
     import relpos.gpu
 
@@ -100,17 +114,25 @@ def test_float32_matches_the_float64_oracle(case):
                                        opts={"num_buckets": 8, "max_distance": 20, "bidirectional": False}),
                                   Case("kerple_bf16", "kerple", padding="random", Lq=30, Lk=30),
                                   Case("shaw_bf16", "shaw", causal=True, Lq=48, Lk=64, q_offset=16, opts={"k": 6}),
+                                  Case("rope_bf16", "rope", causal=True, Lq=40, Lk=56, q_offset=16,
+                                       opts={"dims": 8, "style": "interleaved"}),
                                   Case("xl_bf16", "xl", causal=True, Lq=64, Lk=96, q_offset=32,
                                        opts={"pos_dim": 16, "clamp_len": 20})],
                          ids=lambda c: c.id)
-def test_bfloat16_meets_flash_attentions_error_rule(case):
+def test_bfloat16_meets_flash_attentions_error_rule(case, monkeypatch):
     """FlashAttention's rule for its GPU kernels: a bfloat16 result's error (against float64
     on the same bfloat16 inputs) is at most 2x that of the same attention computed by
     PyTorch in bfloat16. The kernels multiply P and dS as bfloat16, as FlashAttention does
     (the CPU kernels keep them in float32 and meet a stricter rule, test_half_storage.py).
     Maxima of a few hundred errors scatter by 2-3x from one random draw to the next, so
-    the Transformer-XL case is a larger one."""
+    the Transformer-XL case is a larger one. The interpreter's float32 -> bfloat16
+    conversion truncates where a GPU's rounds to nearest; bench/gpu.py's patch makes it
+    round for the test (RoPE's rotated q and k, rounded once, failed the rule truncated)."""
     import ml_dtypes
+    from triton.runtime import interpreter
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", interpreter.InterpreterBuilder.cast_impl)
+    assert bench_gpu().round_like_a_gpu(), "Triton's interpreter changed: bench/gpu.py cannot patch its rounding"
 
     pb = make_problem(case)
     half = run_gpu(pb, torch.bfloat16)
@@ -155,7 +177,7 @@ def _grads(fn, tensors, scheme_fields, dout, **kw):
     return [out.detach().double()] + [x.grad.double() for x in leaves] + [f.grad.double() for f in fields.values()]
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "shaw"])
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "shaw", "rope"])
 def test_grouped_query_heads_and_blhd_views_match_the_cpu_kernels(scheme):
     g = torch.Generator().manual_seed(5)
     B, H, Hkv, Lq, Lk, d = 2, 4, 2, 29, 35, 16
@@ -167,6 +189,8 @@ def test_grouped_query_heads_and_blhd_views_match_the_cpu_kernels(scheme):
         make = (lambda slopes: relpos.ALiBi(slopes), {"slopes": torch.rand(H, generator=g)})
     elif scheme == "t5":
         make = (lambda table: relpos.T5(table, max_distance=30), {"table": torch.randn(H, 32, generator=g)})
+    elif scheme == "rope":  # q rotated from a (B, L, H, d) view; k's gradient rotated back per key head
+        make = (lambda: relpos.RoPE(dims=12), {})
     else:
         make = (lambda wk, wv: relpos.Shaw(k=6, wk=wk, wv=wv),
                 {"wk": torch.randn(H, 13, d, generator=g), "wv": torch.randn(13, 24, generator=g)})
@@ -214,6 +238,20 @@ def test_fully_masked_rows_and_empty_calls():
     assert empty.shape == (1, 2, 0, 16)
     no_keys, lse = gpu().attention(q, k[:, :, :0], v[:, :, :0], return_lse=True)
     assert torch.equal(no_keys, torch.zeros_like(no_keys)) and torch.isinf(lse).all()
+
+
+def test_rope_calls_without_keys_or_queries():
+    """RoPE rotates q and k before the kernels and the gradients back after them: with no key,
+    the outputs and q's gradient are zeros (rotated zeros), k's is empty; with no query, the
+    output is empty and k's gradient zeros."""
+    q, k, v = (torch.randn(1, 2, n, 16, dtype=torch.bfloat16, requires_grad=True) for n in (5, 6, 6))
+    rope = relpos.RoPE(dims=8)
+    for qq, kk, vv in ((q, k[:, :, :0], v[:, :, :0]), (q[:, :, :0], k, v)):
+        q.grad = k.grad = None
+        out = gpu().attention(qq, kk, vv, rope)
+        assert torch.equal(out, torch.zeros_like(out))
+        out.float().sum().backward()
+        assert torch.equal(q.grad, torch.zeros_like(q)) and torch.equal(k.grad, torch.zeros_like(k))
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -46,20 +46,26 @@ def default_run(tmp_path_factory):
 
 
 def test_pairwise_covers_every_pair():
-    rows = cc.pairwise(cc.FACTORS)
-    for a, b in itertools.combinations(cc.FACTORS, 2):
-        for va, vb in itertools.product(cc.FACTORS[a], cc.FACTORS[b]):
+    factors = {**cc.FACTORS, "kernel": cc.ATTENTION_KERNELS}  # rotate_kernel has none of the switches
+    rows = cc.pairwise(factors)
+    for a, b in itertools.combinations(factors, 2):
+        for va, vb in itertools.product(factors[a], factors[b]):
             assert any(r[a] == va and r[b] == vb for r in rows), (a, va, b, vb)
     assert len(rows) < len(cc.full_specs()) // 20  # a covering set, not the product (11,520)
 
 
 def test_specs_match_the_launcher():
-    from relpos.gpu.config import launch_for
+    from relpos.gpu.config import ROTATE, launch_for
 
     specs = cc.covering_specs()
     assert len({s.name for s in specs}) == len(specs)
+    rotations = [s for s in specs if s.kernel == "rotate"]
+    assert {(s.dtype, s.head, s.transpose) for s in rotations} == set(
+        itertools.product(cc.DTYPES, cc.HEADS, (False, True)))
+    assert all(s.cfg == ROTATE for s in rotations)
+    specs = [s for s in specs if s.kernel != "rotate"]
     for s in specs:
-        assert s.cfg == launch_for(s.head, True, 4 if s.dtype == "float32" else 2, bool(s.shaw))
+        assert s.cfg == launch_for(s.head, True, 4 if s.dtype == "float32" else 2, bool(s.shaw), s.has_x)
         consts = s.constexprs(["D", "DV", "DX", "NB", "PRECISION", "X_PRECISION"])
         assert consts["D"] == consts["DV"] == s.head
         assert consts["DX"] == (s.head if s.has_x else 16)
@@ -97,7 +103,8 @@ def test_default_run_numbers_are_parsed(default_run):
     assert compiled, "nothing compiled"
     for r in compiled:
         assert r["limit"] == cc.SHARED_LIMIT[r["arch"]]
-        assert r["shared"] > 0, r  # every kernel stages tiles through shared memory
+        # every attention kernel stages tiles through shared memory (rotate_kernel is elementwise)
+        assert r["shared"] > 0 or r["spec"].startswith("rotate/"), r
         assert 0 < r["registers"] <= 255, r
         assert r["spill_stores"] >= 0 and r["spill_loads"] >= 0, r
         assert r["ptxas_log"] in ("triton", "rerun"), r

@@ -16,12 +16,15 @@ float16, float32) x bias kind (0..4) x HAS_X (with QUERY_BIAS: Transformer-XL ha
 CAUSAL x HAS_PAD x head size (64,
 128; D = DV, DX = the head size when HAS_X as the Transformer-XL features use,
 else padded(1)) x Shaw's tables (none, K+V, K, V; k = SHAW_K) x Transformer-XL's
-clamp (with HAS_X) x RoPE's rotation, each with config.launch_for(head, on_gpu=True, the dtype's
+clamp (with HAS_X) x RoPE (the backward writes the gradients of the rotated q and k as
+float32), each with config.launch_for(head, on_gpu=True, the dtype's
 size, Shaw's tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
 (torch's TF32 switch on), ieee otherwise, and X_PRECISION tf32 (the float32
 features' product). The full product is 11,520 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
-specialisation), ``--full`` for the product.
+specialisation), ``--full`` for the product. Beside them RoPE's rotate_kernel (run before
+the attention kernels, and on the gradients after them) per dtype x head x direction,
+with config.ROTATE.
 
 The integer arguments are specialised as Triton's launcher does for contiguous,
 16-byte-aligned tensors with these head sizes (``--generic`` for no hints):
@@ -59,7 +62,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
 from . import kernels
-from .config import Launch, launch_for, padded
+from .config import ROTATE, Launch, launch_for, padded
 
 __all__ = ["Spec", "Result", "CompileCheckError", "SHARED_LIMIT", "covering_specs", "full_specs", "pairwise",
            "compile_spec", "run", "check", "table", "main"]
@@ -69,9 +72,10 @@ __all__ = ["Spec", "Result", "CompileCheckError", "SHARED_LIMIT", "covering_spec
 SHARED_LIMIT = {80: 166_912, 90: 232_448}
 ARCH_NAMES = {80: "sm_80 (A100)", 90: "sm_90 (H100/H200)"}
 
-KERNELS = ("forward", "backward_kv", "backward_q")
+KERNELS = ("forward", "backward_kv", "backward_q", "rotate")
+ATTENTION_KERNELS = KERNELS[:3]  # the pairwise set's; "rotate" has none of their switches
 _KERNEL_FN = {"forward": "attention_forward_kernel", "backward_kv": "attention_backward_kv_kernel",
-              "backward_q": "attention_backward_q_kernel"}
+              "backward_q": "attention_backward_q_kernel", "rotate": "rotate_kernel"}
 DTYPES = ("bfloat16", "float16", "float32")
 _TRITON_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 BIAS_NAMES = ("none", "row", "alibi", "kerple_log", "kerple_power")  # kernels.BIAS_* in order
@@ -105,15 +109,18 @@ class Spec:
     head: int
     shaw: str = ""  # one of SHAW_TABLES
     clamp: bool = False  # Transformer-XL's clamp_len > 0 (with has_x)
-    rope: bool = False  # RoPE's rotation of q and k
+    rope: bool = False  # RoPE: the backward writes dq and dk as float32 (launch.py rotates them back)
+    transpose: bool = False  # rotate_kernel: the rotation's transpose (a gradient's; X float32)
     launch: Optional[Launch] = None  # None: config.launch_for as the launcher calls it
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
 
     @property
     def cfg(self) -> Launch:
+        if self.kernel == "rotate":
+            return ROTATE
         if self.launch is not None:
             return self.launch
-        return launch_for(self.head, True, 4 if self.dtype == "float32" else 2, bool(self.shaw))
+        return launch_for(self.head, True, 4 if self.dtype == "float32" else 2, bool(self.shaw), self.has_x)
 
     @property
     def nb(self) -> int:
@@ -124,7 +131,8 @@ class Spec:
         c = self.cfg
         flags = "".join(f for f, on in (("+x", self.has_x), ("+causal", self.causal), ("+pad", self.has_pad),
                                         (f"+shaw_{self.shaw}", bool(self.shaw)),
-                                        ("+clamp", self.has_x and self.clamp), ("+rope", self.rope)) if on)
+                                        ("+clamp", self.has_x and self.clamp), ("+rope", self.rope),
+                                        ("+transpose", self.transpose)) if on)
         tail = "" if self.aligned else "/generic"
         return (f"{self.kernel}/{self.dtype}/{BIAS_NAMES[self.bias]}{flags}/d{self.head}/"
                 f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{tail}")
@@ -139,8 +147,8 @@ class Spec:
                      BM=c.block_m, BN=c.block_n, NB=self.nb, BIAS=self.bias, HAS_X=self.has_x, CAUSAL=self.causal,
                      HAS_PAD=self.has_pad, PRECISION="tf32" if self.dtype == "float32" else "ieee",
                      X_PRECISION="tf32", KEMB="k" in self.shaw, VEMB="v" in self.shaw, ZERO_BEYOND=False,
-                     CP=padded(2 * SHAW_K + 1), X_CLAMP=self.has_x and self.clamp, ROPE=self.rope,
-                     QUERY_BIAS=self.has_x)
+                     CP=padded(2 * SHAW_K + 1), X_CLAMP=self.has_x and self.clamp, QUERY_BIAS=self.has_x,
+                     BR=c.block_m, TRANSPOSE=self.transpose)
         unknown = [n for n in names if n not in known]
         if unknown:
             raise KeyError(f"{self.kernel}: switches {unknown} unknown to compile_check.Spec.constexprs: "
@@ -155,14 +163,14 @@ class Spec:
         present = {"PAD": self.has_pad, "BIAS_ROWS": self.bias == 1, "BUCKET": self.bias == 1,
                    "P1": self.bias >= 2, "P2": self.bias >= 3, "QX": self.has_x, "KX": self.has_x,
                    "DQX": self.has_x, "WK": "k" in self.shaw, "DWK": "k" in self.shaw, "WV": "v" in self.shaw,
-                   "DWV": "v" in self.shaw, "ROT_Q": self.rope, "ROT_K": self.rope, "PARTNER": self.rope,
+                   "DWV": "v" in self.shaw, "DQ": self.rope, "DK": self.rope, "X": self.transpose,
                    "QB": self.has_x}
         # float32 whatever q's dtype: row sums, partial gradients, bias parameters and the
         # Transformer-XL features (terms.py keeps them float32; dqx is made like qx)
         own_type = {"LSE": "*fp32", "DLT": "*fp32", "PARTS": "*fp32", "PAD": "*u8", "BIAS_ROWS": "*fp32",
                     "BUCKET": "*i32", "P1": "*fp32", "P2": "*fp32", "QX": "*fp32", "KX": "*fp32", "DQX": "*fp32",
-                    "WK": t, "WV": t, "DWK": "*fp32", "DWV": "*fp32", "ROT_Q": "*fp32", "ROT_K": "*fp32",
-                    "PARTNER": "*i32", "QB": "*fp32"}
+                    "WK": t, "WV": t, "DWK": "*fp32", "DWV": "*fp32", "DQ": "*fp32", "DK": "*fp32", "X": "*fp32",
+                    "ROT": "*fp32", "PARTNER": "*i32", "QB": "*fp32"}
         n_parts = {0: 1, 1: self.nb, 2: 1}.get(self.bias, 2)
         sig, ones, div16 = {}, {}, []
         constexpr_names = set(constexpr_names)
@@ -253,11 +261,22 @@ def pairwise(factors: dict) -> list[dict]:
 
 
 # The largest tiles of each kernel, added to the pairs: the widest dtype with every input
-# present (shared memory grows with dtype, head and the features' tiles). Pairs alone
-# need not meet it, and an overflow hides in exactly such a corner. (One corner a
-# kernel: each costs two of the slowest compiles, and the default run must stay short.)
+# present (shared memory grows with dtype, head and the features' tiles), and bfloat16 with
+# every input but Shaw's tables (half types run larger tiles than float32: config.launch_for).
+# Pairs alone need not meet them, and an overflow hides in exactly such a corner.
 CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128, "shaw": "kv",
-            "clamp": True, "rope": True},)
+            "clamp": True, "rope": True},
+           *({"dtype": "bfloat16", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": head,
+              "shaw": "", "clamp": True, "rope": True} for head in HEADS))
+
+
+def rotate_specs(factors: dict, aligned: bool = True) -> list[Spec]:
+    """rotate_kernel's specialisations among ``factors``' kernels, dtypes and heads: both
+    directions of each (the rotation of q and k; its transpose, of their float32 gradients)."""
+    if "rotate" not in factors["kernel"]:
+        return []
+    return [Spec("rotate", dtype, 0, False, False, False, head, transpose=transpose, aligned=aligned)
+            for dtype in factors["dtype"] for head in factors["head"] for transpose in (False, True)]
 
 
 def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:
@@ -265,20 +284,22 @@ def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only
     then each kernel's CORNERS. ``only`` narrows a switch to some values
     (``kernel=("forward",)``); a corner outside it is left out."""
     factors = {k: tuple(only.get(k, v)) for k, v in FACTORS.items()}
-    rows = pairwise(factors)
-    for kernel in factors["kernel"]:
+    attention = {**factors, "kernel": tuple(k for k in factors["kernel"] if k in ATTENTION_KERNELS)}
+    rows = pairwise(attention) if attention["kernel"] else []
+    for kernel in attention["kernel"]:
         for corner in CORNERS:
             row = {"kernel": kernel, **corner}
             if all(row[k] in factors[k] for k in factors) and row not in rows:
                 rows.append(row)
-    return [Spec(**row, launch=launch, aligned=aligned) for row in rows]
+    return [Spec(**row, launch=launch, aligned=aligned) for row in rows] + rotate_specs(factors, aligned)
 
 
 def full_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:
-    """Every specialisation of the product (11,520 without ``only``)."""
+    """Every specialisation of the product (11,520 without ``only``) and rotate_kernel's 12."""
     factors = {k: tuple(only.get(k, v)) for k, v in FACTORS.items()}
-    return [Spec(**dict(zip(factors, values)), launch=launch, aligned=aligned)
-            for values in itertools.product(*factors.values())]
+    attention = {**factors, "kernel": tuple(k for k in factors["kernel"] if k in ATTENTION_KERNELS)}
+    return [Spec(**dict(zip(attention, values)), launch=launch, aligned=aligned)
+            for values in itertools.product(*attention.values())] + rotate_specs(factors, aligned)
 
 
 def _ast_source(ASTSource, fn, signature: dict, constexprs: dict, attrs: dict):

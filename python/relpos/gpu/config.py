@@ -23,20 +23,33 @@ class Launch:
 
 INTERPRETER = Launch(16, 16, 4, 1)
 
+# RoPE's rotate_kernel (q and k rotated before the attention kernels, their gradients back
+# after): block_m rows of one head per program, no key tiles, no loop to pipeline.
+ROTATE = Launch(64, 0, 4, 1)
+
 
 def padded(n: int) -> int:
     """A head or feature size as the kernels' tiles hold it: a power of two, at least 16 (tl.dot's minimum)."""
     return max(16, triton.next_power_of_2(n))
 
 
-def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, shaw: bool = False) -> Launch:
+def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, shaw: bool = False,
+               features: bool = False) -> Launch:
     """The configuration for a call with head size ``head_dim`` (the larger of d and dv),
     inputs of ``element_bytes`` each and, with ``shaw``, Shaw's tables (whose per-tile band of
-    BM + BN table rows, a power of two, adds to the tile's shared memory). Head 128 takes
+    BM + BN table rows, a power of two, adds to the tile's shared memory), with ``features``
+    Transformer-XL's float32 feature product. Head 128 takes
     twice the shared memory of head 64, float32 twice that of half types: 64 x 64 tiles in
     two stages needed up to 295 KB on sm_90 for float32 (232 KB available) and 246 KB for
     float16 with Shaw's tables, so those run smaller tiles in one stage (the compile check,
-    compile_check.py, measures every one)."""
+    compile_check.py, measures every one). Half types at head 128 without Shaw's tables or
+    features run 4 warps: bench/gpu_tiles.py on an H100 timed plain attention there at 1.08x / 0.79x SDPA
+    flash forward / forward+backward against 0.65x / 0.46x with 8 warps. Its fastest, 64 x 32
+    tiles in 3 stages (1.12x / 0.81x), needs 186,368 bytes of shared memory with
+    Transformer-XL's features, over an A100's 166,912; at head 64 three stages gained 1%
+    forward and 5% forward+backward on plain attention, within the run-to-run spread of the
+    other schemes, so two stay. With the features (more registers per thread at 4 warps) the
+    8 warps they were measured with stay until 4 are measured there."""
     if not on_gpu:
         return INTERPRETER
     if padded(head_dim) <= 64:
@@ -45,7 +58,7 @@ def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, shaw: bool =
         return Launch(16, 16, 4, 1) if element_bytes > 2 else Launch(32, 32, 4, 1)
     if element_bytes > 2:
         return Launch(32, 32, 4, 1)
-    return Launch(64, 64, 8, 2)
+    return Launch(64, 64, 8 if features else 4, 2)
 
 
 # Query programs of the backward's dq kernel, all heads together, where Shaw's tables learn.

@@ -1,6 +1,8 @@
 """Triton kernels of relpos's GPU path: one forward and a two-kernel backward
 (FlashAttention-2's order), specialised by ``tl.constexpr`` switches for the
-kinds of term a call has, never by scheme:
+kinds of term a call has, never by scheme, and RoPE's elementwise rotate_kernel,
+which launch.py runs on q and k before them and on their gradients after them.
+The attention kernels' terms:
 
 - a bias per (head, distance) ``BIAS``: a row of values per head read by the
   distance (``BIAS_ROW``: T5's table gathered through its buckets), or one made
@@ -15,8 +17,6 @@ kinds of term a call has, never by scheme:
   +-k with ``ZERO_BEYOND``), computed per tile: the query tile times the rows of the
   tile's BM + BN - 1 distances, and P's sums per distance times the value rows, each
   a product of the tile laid out by distance (``tl.gather``), never an L x L x d tensor;
-- a rotation of q and k by their positions ``ROPE`` (RoPE: each row read as
-  ``x * cos + x[:, partner] * sin`` from per-position tables, the gradients rotated back);
 - a bias added to every query row of a head ``QUERY_BIAS`` (Transformer-XL's u), read
   as one more float32 product per key, ``u . k``;
 - causal cut and key padding; grouped-query heads (query head ``h`` reads key
@@ -199,39 +199,10 @@ def _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL: tl.c
 
 
 @triton.jit
-def _rows(base, offs_r, offs_d, stride_r, stride_d, L, d, ROT, PARTNER, ROPE: tl.constexpr, D: tl.constexpr):
-    """Rows ``offs_r`` of an (L, d) matrix at ``base`` (zeros outside it); with ROPE each
-    rotated by its position: ``x * cos + x[:, partner] * sin``, from the table ROT
-    ``(L, 2, D)`` float32 (per row its cos, then its sin with the rotation's sign; 1 and 0
-    past the rotated dimensions) and PARTNER ``(D,)`` int32 that terms.py makes. Rounded to
-    x's dtype as the rotation in float32 then stored would be."""
+def _rows(base, offs_r, offs_d, stride_r, stride_d, L, d):
+    """Rows ``offs_r`` of an (L, d) matrix at ``base`` (zeros outside it)."""
     mask = (offs_r[:, None] < L) & (offs_d[None, :] < d)
-    rows = base + offs_r[:, None] * stride_r
-    x = tl.load(rows + offs_d[None, :] * stride_d, mask=mask, other=0.0)
-    if ROPE:
-        partner = tl.load(PARTNER + offs_d)
-        x_partner = tl.load(rows + partner[None, :] * stride_d, mask=mask & (partner[None, :] < d), other=0.0)
-        at = offs_r.to(tl.int64)[:, None] * (2 * D) + offs_d[None, :]
-        cos = tl.load(ROT + at, mask=mask, other=0.0)
-        sin = tl.load(ROT + at + D, mask=mask, other=0.0)
-        x = (x.to(tl.float32) * cos + x_partner.to(tl.float32) * sin).to(x.dtype)
-    return x
-
-
-@triton.jit
-def _unrotated(g, offs_r, L, d, ROT, PARTNER, ROPE: tl.constexpr, D: tl.constexpr):
-    """With ROPE, the gradient of rows before their rotation from ``g``, theirs after it:
-    the rotation's transpose, ``g * cos + (g * sin)[:, partner]`` (a column's partner's
-    partner is the column itself)."""
-    if ROPE:
-        offs_d = tl.arange(0, D)
-        mask = (offs_r[:, None] < L) & (offs_d[None, :] < d)
-        at = offs_r.to(tl.int64)[:, None] * (2 * D) + offs_d[None, :]
-        cos = tl.load(ROT + at, mask=mask, other=0.0)
-        sin = tl.load(ROT + at + D, mask=mask, other=0.0)
-        partner = tl.broadcast_to(tl.load(PARTNER + offs_d)[None, :], g.shape)
-        g = g * cos + tl.gather(g * sin, partner, 1)
-    return g
+    return tl.load(base + offs_r[:, None] * stride_r + offs_d[None, :] * stride_d, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -295,13 +266,11 @@ def _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, str
 
 
 @triton.jit
-def _query_rows(Q, QX, ROT_Q, PARTNER, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
-                stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X: tl.constexpr, ROPE: tl.constexpr,
-                D: tl.constexpr):
-    """A query tile's rows of q (rotated with ROPE) and, with HAS_X, of its features qx (else
-    q again, unread)."""
+def _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm, stride_qd,
+                stride_xb, stride_xh, stride_xm, stride_xd, HAS_X: tl.constexpr):
+    """A query tile's rows of q and, with HAS_X, of its features qx (else q again, unread)."""
     row = offs_m[:, None] < Lq
-    q = _rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qm, stride_qd, Lq, d, ROT_Q, PARTNER, ROPE, D)
+    q = _rows(Q + b * stride_qb + h * stride_qh, offs_m, offs_d, stride_qm, stride_qd, Lq, d)
     qx = q
     if HAS_X:
         qx = tl.load(QX + b * stride_xb + h * stride_xh + offs_m[:, None] * stride_xm + offs_x[None, :] * stride_xd,
@@ -322,7 +291,7 @@ def _causal_key_end(m_start, Lk, delta, BM: tl.constexpr, CAUSAL: tl.constexpr):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_forward_kernel(
-        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, ROT_Q, ROT_K, PARTNER, QB,
+        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -333,7 +302,7 @@ def attention_forward_kernel(
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, ROPE: tl.constexpr, QUERY_BIAS: tl.constexpr):
+        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr):
     bh, b, h, hk = _query_program(H, GROUP)
     m_start = tl.program_id(0) * BM
     offs_m = m_start + tl.arange(0, BM)
@@ -341,8 +310,8 @@ def attention_forward_kernel(
     offs_d = tl.arange(0, D)
     offs_v = tl.arange(0, DV)
     offs_x = tl.arange(0, DX)
-    q, qx = _query_rows(Q, QX, ROT_Q, PARTNER, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh,
-                        stride_qm, stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X, ROPE, D)
+    q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
+                        stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
     far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd, X_CLAMP, BM)
     k_base = K + b * stride_kb + hk * stride_kh
     v_base = V + b * stride_vb + hk * stride_vh
@@ -352,7 +321,7 @@ def attention_forward_kernel(
     for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
         offs_n = n_start + offs_n0
         t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)  # the tile pair's first distance
-        k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d, ROT_K, PARTNER, ROPE, D)
+        k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d)
         s, ok, rel = _logits(q, qx, k, KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
                              offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
                              BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k, stride_wkh, far_hi, far_lo,
@@ -387,7 +356,7 @@ def _probabilities(s, ok, lse_ptr, dlt_ptr, offs_m, Lq):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_kv_kernel(
-        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, ROT_Q, ROT_K, PARTNER, QB,
+        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -398,7 +367,7 @@ def attention_backward_kv_kernel(
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, ROPE: tl.constexpr, QUERY_BIAS: tl.constexpr):
+        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr):
     """dk, dv of one key tile of one key head, over the query tiles of every query head
     that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
     n_start = tl.program_id(0) * BN
@@ -411,7 +380,7 @@ def attention_backward_kv_kernel(
     offs_d = tl.arange(0, D)
     offs_v = tl.arange(0, DV)
     offs_x = tl.arange(0, DX)
-    k = _rows(K + b * stride_kb + hk * stride_kh, offs_n, offs_d, stride_kn, stride_kd, Lk, d, ROT_K, PARTNER, ROPE, D)
+    k = _rows(K + b * stride_kb + hk * stride_kh, offs_n, offs_d, stride_kn, stride_kd, Lk, d)
     kx_ptrs = KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd
     v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                 mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
@@ -426,8 +395,8 @@ def attention_backward_kv_kernel(
         for m_start in range(first, Lq, BM):
             offs_m = m_start + offs_m0
             row = (offs_m[:, None] < Lq)
-            q, qx = _query_rows(Q, QX, ROT_Q, PARTNER, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh,
-                                stride_qm, stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X, ROPE, D)
+            q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
+                                stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
             far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd,
                                            X_CLAMP, BM)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
@@ -447,7 +416,6 @@ def attention_backward_kv_kernel(
             if QUERY_BIAS:  # the keys' share of u . k
                 dk += tl.sum(ds, 0)[:, None] * _query_bias(QB, h, offs_d, d)[None, :]
     out_mask = (offs_n[:, None] < Lk)
-    dk = _unrotated(dk, offs_n, Lk, d, ROT_K, PARTNER, ROPE, D)
     tl.store(DK + b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd,
              (dk * scale).to(DK.dtype.element_ty), mask=out_mask & (offs_d[None, :] < d))
     tl.store(DVV + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
@@ -487,8 +455,8 @@ def _bias_grads(ds, rel, ok, h, bucket, r_min, R, p1, p2, g1, g2, gt, NB: tl.con
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_q_kernel(
-        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, ROT_Q, ROT_K, PARTNER,
-        QB, DWK, DWV,
+        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, QB, DWK,
+        DWV,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -500,7 +468,7 @@ def attention_backward_q_kernel(
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, ROPE: tl.constexpr, QUERY_BIAS: tl.constexpr,
+        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr,
         CP: tl.constexpr):
     """dq (and dqx) of the query tiles pid, pid + programs, ... (pid = program_id(0), programs =
     num_programs(0)) of one head, and the program's partial sums of the positional parameters'
@@ -523,8 +491,8 @@ def attention_backward_q_kernel(
         m_start = tile * BM
         offs_m = m_start + tl.arange(0, BM)
         row = offs_m[:, None] < Lq
-        q, qx = _query_rows(Q, QX, ROT_Q, PARTNER, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh,
-                            stride_qm, stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X, ROPE, D)
+        q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
+                            stride_qd, stride_xb, stride_xh, stride_xm, stride_xd, HAS_X)
         far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd, X_CLAMP,
                                        BM)
         do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
@@ -536,7 +504,7 @@ def attention_backward_q_kernel(
         for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
             offs_n = n_start + offs_n0
             kx_ptrs = KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd
-            k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d, ROT_K, PARTNER, ROPE, D)
+            k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
             s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
                                  r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
@@ -565,7 +533,6 @@ def attention_backward_q_kernel(
                     ds_x = tl.where(beyond_hi | beyond_lo, 0.0, ds)
                 dqx += _dot(ds_x, kx, X_PRECISION)
             g1, g2, gt = _bias_grads(ds, rel, ok, h, BUCKET, r_min, R, P1, P2, g1, g2, gt, NB, BIAS)
-        dq = _unrotated(dq, offs_m, Lq, d, ROT_Q, PARTNER, ROPE, D)
         tl.store(DQ + (bh * Lq + offs_m[:, None]) * d + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
                  mask=row & (offs_d[None, :] < d))
         if HAS_X:
@@ -587,3 +554,37 @@ def attention_backward_q_kernel(
         tl.store(parts, tl.sum(g1, 0))
         if BIAS >= 3:
             tl.store(parts + 1, tl.sum(g2, 0))
+
+
+@triton.jit(do_not_specialize=["H", "L"])  # no recompile per head count or length
+def rotate_kernel(X, Y, ROT, PARTNER, stride_ib, stride_ih, stride_il, stride_id, stride_ob, stride_oh, stride_ol,
+                  stride_od, H, L, d, D: tl.constexpr, BR: tl.constexpr, TRANSPOSE: tl.constexpr):
+    """RoPE's rotation of a (B, H, L, d) tensor X into Y by row position, BR rows of one
+    (batch, head) per program: ``y = x * cos + x[:, partner] * sin`` from the (L, 2, D)
+    float32 table ROT (per row its cos, then its sin with the rotation's sign; 1 and 0 past
+    the rotated dimensions) and PARTNER (D,) int32 that terms.py makes; with TRANSPOSE the
+    rotation's transpose, ``y = x * cos + (x * sin)[:, partner]``, which takes a gradient
+    back through it (a column's partner's partner is the column itself). Computed in
+    float32 and rounded once to Y's dtype.
+
+    The attention kernels read q and k rotated by this kernel rather than rotating their
+    tiles: every key tile of the loop then loaded its partner columns and its tables too,
+    and on an H100 (bench/gpu.py) that ran RoPE at 18x plain attention's forward."""
+    bh = tl.program_id(1).to(tl.int64)
+    b, h = bh // H, bh % H
+    offs_r = tl.program_id(0) * BR + tl.arange(0, BR)
+    offs_d = tl.arange(0, D)
+    partner = tl.load(PARTNER + offs_d)
+    mask = (offs_r[:, None] < L) & (offs_d[None, :] < d)
+    rows = X + b * stride_ib + h * stride_ih + offs_r[:, None] * stride_il
+    x = tl.load(rows + offs_d[None, :] * stride_id, mask=mask, other=0.0).to(tl.float32)
+    x_partner = tl.load(rows + partner[None, :] * stride_id, mask=mask & (partner[None, :] < d), other=0.0)
+    table = ROT + offs_r.to(tl.int64)[:, None] * (2 * D)
+    cos = tl.load(table + offs_d[None, :], mask=mask, other=0.0)
+    if TRANSPOSE:
+        sin = tl.load(table + D + partner[None, :], mask=mask, other=0.0)
+    else:
+        sin = tl.load(table + D + offs_d[None, :], mask=mask, other=0.0)
+    y = x * cos + x_partner.to(tl.float32) * sin
+    tl.store(Y + b * stride_ob + h * stride_oh + offs_r[:, None] * stride_ol + offs_d[None, :] * stride_od,
+             y.to(Y.dtype.element_ty), mask=mask)

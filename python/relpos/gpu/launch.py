@@ -1,5 +1,6 @@
 """The launches of the GPU kernels (kernels.py) for one call: pointers, strides, sizes and
-switches from the call's tensors, then the forward and the two backward kernels.
+switches from the call's tensors, then the forward and the two backward kernels (with
+RoPE, rotate_kernel on q and k before them and on dq and dk after the backward's).
 
 What the registered operators (ops.py) run, eagerly and when torch.compile or
 torch.export trace them: the kernels are launched through ``torch.library.wrap_triton``,
@@ -8,7 +9,7 @@ which records them in a traced graph and launches them directly otherwise.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -17,7 +18,7 @@ from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
 
 from . import kernels
-from .config import Launch, launch_for, padded, query_programs
+from .config import ROTATE, Launch, launch_for, padded, query_programs
 from .terms import Terms
 
 
@@ -76,14 +77,12 @@ class Call:
     def launch(self) -> Launch:
         shaw = self.terms.wk is not None or self.terms.wv is not None
         return launch_for(max(self.q.shape[3], self.v.shape[3]), self.q.device.type == "cuda",
-                          self.q.element_size(), shaw)
+                          self.q.element_size(), shaw, features=self.terms.qx is not None)
 
     def pointers(self, bias_rows: Optional[torch.Tensor]) -> list[torch.Tensor]:
-        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, ROT_Q, ROT_K, PARTNER, QB; q's where an input
-        is absent (never read)."""
+        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB; q's where an input is absent (never read)."""
         t = self.terms
-        return [x if x is not None else self.q
-                for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv, t.rot_q, t.rot_k, t.partner, t.qb)]
+        return [x if x is not None else self.q for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv, t.qb)]
 
     def strides(self, out_or_dout: torch.Tensor) -> list[int]:
         return [*self.q.stride(), *self.k.stride(), *self.v.stride(), *out_or_dout.stride(),
@@ -111,8 +110,7 @@ class Call:
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, BIAS=t.bias, HAS_X=t.qx is not None,
                     CAUSAL=self.causal, HAS_PAD=self.pad is not None, PRECISION=_precision(self.q),
                     X_PRECISION=_feature_precision(self.q), KEMB=t.wk is not None, VEMB=t.wv is not None,
-                    ZERO_BEYOND=t.zero_beyond, X_CLAMP=t.xl_clamp > 0, ROPE=t.rot_q is not None,
-                    QUERY_BIAS=t.qb is not None)
+                    ZERO_BEYOND=t.zero_beyond, X_CLAMP=t.xl_clamp > 0, QUERY_BIAS=t.qb is not None)
 
     def table_rows(self) -> int:
         """Rows of a Shaw table as the backward's partial sums hold them (a power of two)."""
@@ -135,9 +133,33 @@ class Call:
             return False
         return not (interpreting() and is_fake(self.q))
 
+    def rotated(self) -> "Call":
+        """The call as the attention kernels run it: with RoPE, q and k rotated by their
+        positions (rotate_kernel) and no rotation left to apply; else the call itself."""
+        t = self.terms
+        if t.rot_q is None:
+            return self
+        q, k = _rotate(t.q, t.rot_q, t.partner, t.q.dtype), _rotate(t.k, t.rot_k, t.partner, t.k.dtype)
+        return replace(self, terms=replace(t, q=q, k=k, rot_q=None, rot_k=None, partner=None))
+
+
+def _rotate(x: torch.Tensor, table: torch.Tensor, partner: torch.Tensor, dtype: torch.dtype,
+            transpose: bool = False) -> torch.Tensor:
+    """x ``(B, H, L, d)`` rotated by RoPE's ``table`` (terms.Terms.rot_q / rot_k), or by its
+    transpose (a gradient taken back through the rotation), as a new tensor of ``dtype`` with
+    x's strides."""
+    y = torch.empty_like(x, dtype=dtype)
+    if x.numel() and not (interpreting() and is_fake(x)):
+        B, H, L, d = x.shape
+        wrap_triton(kernels.rotate_kernel)[(triton.cdiv(L, ROTATE.block_m), B * H)](
+            x, y, table, partner, *x.stride(), *y.stride(), H, L, d, D=padded(d), BR=ROTATE.block_m,
+            TRANSPOSE=transpose, num_warps=ROTATE.num_warps, num_stages=ROTATE.num_stages)
+    return y
+
 
 def forward(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     """out ``(B, H, Lq, dv)`` and the rows' logsumexp ``(B, H, Lq)`` float32 (-inf where no key)."""
+    call = call.rotated()
     B, H, Lq = call.q.shape[:3]
     cfg = call.launch()
     out = call.q.new_empty(B, H, Lq, call.v.shape[3])
@@ -155,7 +177,20 @@ def forward(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
 def backward(call: Call, out, lse, dout):
     """(dq, dk, dv, dqx, per-head sums of the bias parameters' gradients (H, parts), of the
     Shaw tables' (H, rows, d) and (H, rows, dv)); absent ones None. The sums over batch and
-    programs run in a fixed order: the same bits on every run."""
+    programs run in a fixed order: the same bits on every run. With RoPE the kernels see q
+    and k rotated again and write the gradients of the rotated q and k in float32, which
+    the rotation's transpose takes back to q's and k's dtype (one rounding, as without it);
+    the rotated copies are gone by then."""
+    t = call.terms
+    if t.rot_q is None:
+        return _backward_kernels(call, out, lse, dout, call.q.dtype)
+    dq, dk, *rest = _backward_kernels(call.rotated(), out, lse, dout, torch.float32)
+    return (_rotate(dq, t.rot_q, t.partner, t.q.dtype, transpose=True),
+            _rotate(dk, t.rot_k, t.partner, t.k.dtype, transpose=True), *rest)
+
+
+def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
+    """backward's kernels on a call without a rotation left, dq and dk made in ``grad_dtype``."""
     q, k, v, t = call.q, call.k, call.v, call.terms
     (B, H, Lq, d), Lk = q.shape, k.shape[2]
     cfg = call.launch()
@@ -166,8 +201,8 @@ def backward(call: Call, out, lse, dout):
     # partial slab); they are zeros only where the kernels do not run (an empty call).
     runs = call.runs_kernels()
     like = torch.empty_like if runs else torch.zeros_like
-    dq = like(q, memory_format=torch.contiguous_format)
-    dk, dvv = like(k), like(v)  # the strides of k and v, as the kernels write them
+    dq = like(q, memory_format=torch.contiguous_format, dtype=grad_dtype)
+    dk, dvv = like(k, dtype=grad_dtype), like(v)  # the strides of k and v, as the kernels write them
     dqx = like(t.qx) if t.qx is not None else None
 
     def partials(*shape):  # one partial sum per (batch, head, query program), summed below in a fixed order

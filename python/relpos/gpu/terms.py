@@ -104,7 +104,7 @@ def _positions(length: int, offset: int, device) -> torch.Tensor:
 
 
 def _rotation(length: int, offset: int, rope: RoPE, d: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE as the kernels apply it to rows at positions ``offset + i`` (kernels._rows):
+    """RoPE as kernels.rotate_kernel applies it to rows at positions ``offset + i``:
     a ``(length, 2, D)`` float32 table, cos then sin with the rotation's sign, per row and
     column (1 and 0 past the rotated dimensions and d; D = config.padded(d)), and the
     ``(D,)`` int32 column each column is rotated with. Angles in float64, as the oracle's;
