@@ -4,6 +4,7 @@ it against SDPA flash, FlexAttention and the PyTorch forms models use, and write
     python bench/gpu.py            # every step, within about 5.5 minutes on an H100 / H200
     python bench/gpu.py --quick    # correctness at L = 2048, d = 64 timings only (about 2.5 minutes)
     python bench/gpu.py --smoke --out /tmp/gpu.md   # tiny sizes on CPU tensors (Triton's interpreter)
+    python bench/gpu.py --schemes rope,t5   # those schemes' checks and rows only (SDPA flash's rows stay)
 
 1. Correctness (B=1, H=4, L=4096, d=64; Shaw, when served, at L=1024 because the oracle
    materialises (H, L, L, d) tables; Transformer-XL with L/4 memory keys), causal and not,
@@ -46,7 +47,7 @@ import sys
 import time
 import traceback
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 T0 = time.perf_counter()
@@ -85,6 +86,9 @@ def import_relpos():
     return schemes, gpu
 
 
+CORRECTNESS_SCHEMES = ("none", "alibi", "t5", "kerple", "kerple_power", "rope", "xl", "shaw")
+
+
 @dataclass(frozen=True)
 class Shape:
     B: int
@@ -113,6 +117,7 @@ class Plan:
     reps: int = 1  # CPU timer only
     warm: bool = True  # a forward+backward before timing (compiles; the interpreter has nothing to compile)
     truncating: bool = False  # the interpreter's float32 -> bfloat16 truncates (round_like_a_gpu failed)
+    schemes: tuple = CORRECTNESS_SCHEMES  # the schemes checked and timed (--schemes)
 
 
 def round_like_a_gpu() -> bool:
@@ -234,7 +239,6 @@ def free_memory(device) -> None:
 # 1. Correctness
 # ---------------------------------------------------------------------------
 
-CORRECTNESS_SCHEMES = ("none", "alibi", "t5", "kerple", "kerple_power", "rope", "xl", "shaw")
 SHAW_CHECK_K = 16
 RULE_FLOOR = 1e-6  # absolute, as tests/python/test_gpu.py adds it
 
@@ -312,7 +316,7 @@ def check_case(S, gpu, O, plan, name, causal, device) -> tuple[list, str]:
 def correctness(S, gpu, O, plan, device) -> tuple[list, dict, list]:
     """(rows, {scheme: why not served}, [failures])."""
     rows, not_served, failures = [], {}, []
-    for name in CORRECTNESS_SCHEMES:
+    for name in plan.schemes:
         for causal in (True, False):
             try:
                 case_rows, reason = check_case(S, gpu, O, plan, name, causal, device)
@@ -496,7 +500,7 @@ def rows_for(plan: Plan, shape: Shape) -> list:
                  Row(f"flex Shaw K-only k={kk}", f"shaw:{kk}", "flex", flex_shaw(kk), compare=False)]
         if shape.gather:
             rows.append(Row(f"OpenNMT Shaw K+V k={kk} (L x L x d gathers)", f"shaw:{kk}", "peer", opennmt(kk)))
-    return rows
+    return [r for r in rows if r.kind == "base" or r.group.split(":")[0] in plan.schemes]
 
 
 def time_ms(fn, device, reps: int) -> float:
@@ -667,7 +671,7 @@ def fmt(x, spec=".3f"):
     return "-" if x is None else format(x, spec)
 
 
-def environment(device) -> list:
+def environment(device, script: str = "bench/gpu.py") -> list:
     import triton
 
     lines = [f"- device: {card_name(device)}"]
@@ -676,9 +680,26 @@ def environment(device) -> list:
         lines[0] += f" (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.1f} GiB)"
     lines += [f"- torch {torch.__version__}, Triton {triton.__version__}, CUDA {torch.version.cuda}, "
               f"Python {platform.python_version()}",
-              f"- command: `python {' '.join(['bench/gpu.py', *sys.argv[1:]])}`",
+              f"- command: `python {' '.join([script, *sys.argv[1:]])}`",
               f"- relpos.gpu: {Path(sys.modules['relpos.gpu'].__file__).parent}"]
     return lines
+
+
+def device_for(args, parser) -> torch.device:
+    """The CPU for --smoke (run as a script, which set TRITON_INTERPRET=1), else the GPU;
+    a parser error where that cannot be."""
+    if args.smoke != (os.environ.get("TRITON_INTERPRET") == "1"):
+        parser.error("--smoke sets TRITON_INTERPRET=1 itself; run this file as a script")
+    device = torch.device("cpu" if args.smoke else "cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device: run on a machine with an NVIDIA GPU, or pass --smoke")
+    return device
+
+
+def results_path(device, prefix: str) -> Path:
+    """bench/results/<prefix>_<card>.md"""
+    slug = re.sub(r"[^a-z0-9]+", "_", card_name(device).lower()).strip("_")
+    return ROOT / "bench" / "results" / f"{prefix}_{slug}.md"
 
 
 def card_name(device) -> str:
@@ -741,20 +762,21 @@ def main(argv=None) -> int:
     parser.add_argument("--budget-s", type=float, default=None,
                         help="seconds from start after which no further timing row starts (default 315, quick 150)")
     parser.add_argument("--skip-timing", action="store_true", help="correctness only")
+    parser.add_argument("--schemes", type=lambda text: tuple(text.split(",")), default=CORRECTNESS_SCHEMES,
+                        help="comma list of the schemes to check and time (default: all; " +
+                        ",".join(CORRECTNESS_SCHEMES) + ")")
     args = parser.parse_args(argv)
-    if args.smoke != (os.environ.get("TRITON_INTERPRET") == "1"):
-        parser.error("--smoke sets TRITON_INTERPRET=1 itself; run this file as a script")
-    device = torch.device("cpu" if args.smoke else "cuda")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("no CUDA device: run on a machine with an NVIDIA GPU, or pass --smoke")
-    plan = plan_for(args)
+    device = device_for(args, parser)
+    unknown = sorted(set(args.schemes) - set(CORRECTNESS_SCHEMES))
+    if unknown:
+        parser.error(f"--schemes: unknown {', '.join(unknown)} (known: {', '.join(CORRECTNESS_SCHEMES)})")
+    plan = replace(plan_for(args), schemes=args.schemes)
     torch.manual_seed(0)
     S, gpu = import_relpos()
     O = forms.oracle()
     log(f"relpos.gpu from {Path(gpu.__file__).parent}; {card_name(device)}; torch {torch.__version__}")
 
-    slug = re.sub(r"[^a-z0-9]+", "_", card_name(device).lower()).strip("_")
-    out = args.out or ROOT / "bench" / "results" / f"gpu_{slug}.md"
+    out = args.out or results_path(device, "gpu")
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def write(results) -> str:

@@ -54,3 +54,38 @@ def test_smoke_run_checks_times_and_writes_the_table(tmp_path):
     diffs = [float(r["diff"]) for r in rows if r["diff"] != "-"]
     assert len(diffs) >= 6 and max(diffs) < 0.1, diffs
     assert _table(text, "Targets")
+
+
+def _smoke(script: str, tmp_path, *args) -> tuple[subprocess.CompletedProcess, str]:
+    out = tmp_path / f"{script}.md"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / f"{script}.py"), "--smoke", "--out", str(out), *args],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    return run, out.read_text()
+
+
+def test_schemes_option_checks_and_times_only_those(tmp_path):
+    _, text = _smoke("gpu", tmp_path, "--schemes", "rope")
+    assert {r["scheme"] for r in _table(text, "Correctness")} == {"rope"}
+    timed = {r["row"] for r in _table(text, "Timing") if r["fwd+bwd ms"] != "-"}
+    assert timed == {"SDPA flash", "relpos RoPE", "rotation + SDPA flash"}  # SDPA flash: the ratios' base
+
+
+def test_schemes_option_refuses_an_unknown_scheme(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--smoke", "--schemes", "rope,bogus"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "--schemes: unknown bogus" in run.stderr
+
+
+def test_tile_sweep_checks_each_configuration_against_sdpa(tmp_path):
+    """bench/gpu_tiles.py --smoke: each launch configuration's output and gradients checked
+    against SDPA's before it is timed, and the table written."""
+    _, text = _smoke("gpu_tiles", tmp_path)
+    rows = [line for line in text.splitlines() if line.startswith("| 16 |")]
+    configs = [r for r in rows if "SDPA flash" not in r]
+    assert len(configs) == 2, rows
+    errors = [float(r.strip("|").split("|")[-1]) for r in configs]
+    assert all(0 < e < 2e-2 for e in errors), errors  # bfloat16 against bfloat16: close, never equal
+    assert "fastest forward" in text

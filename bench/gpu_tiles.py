@@ -1,0 +1,150 @@
+"""Launch configurations of relpos.gpu's kernels on one GPU, side by side: plain attention
+(bfloat16, B=4, H=16, causal L=4096, d=64 and 128) timed forward and forward+backward with
+each (block_m, block_n, warps, stages) given to all three kernels, beside SDPA's flash kernel
+in the same run. Each configuration's output and gradients are first checked against SDPA
+flash's (relative max error under 2e-2, bfloat16 against bfloat16); one that does not fit the
+card's shared memory is a row saying so. What config.launch_for's choices rest on.
+
+    python bench/gpu_tiles.py                  # bench/results/gpu_tiles_<card>.md
+    python bench/gpu_tiles.py --budget-s 120   # no configuration starts after 120 s
+    python bench/gpu_tiles.py --smoke --out /tmp/tiles.md   # tiny sizes, Triton's interpreter
+
+The configuration is given by replacing relpos.gpu.launch's launch_for for the run (the
+kernels take any tile sizes; the masks cover partial tiles).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+SMOKE = __name__ == "__main__" and "--smoke" in sys.argv[1:]
+if SMOKE:  # before Triton is imported (torch may import it)
+    os.environ["TRITON_INTERPRET"] = "1"
+elif __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu as bench_gpu  # noqa: E402  (import_relpos, time_ms, free_memory, card_name)
+import gpu_forms as forms  # noqa: E402
+
+# (block_m, block_n, warps, stages) per head size.
+CANDIDATES = {
+    64: [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 128, 4, 2),
+         (128, 128, 8, 2), (64, 32, 4, 3)],
+    128: [(64, 64, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 1)],
+}
+SMOKE_CANDIDATES = {16: [(16, 16, 4, 1), (32, 16, 4, 1)]}
+TOLERANCE = 2e-2
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-30)).item()
+
+
+def sweep(args, device) -> list[dict]:
+    S, gpu = bench_gpu.import_relpos()
+    launch_module = sys.modules["relpos.gpu.launch"]
+    from relpos.gpu.config import Launch
+
+    B, H, L = (1, 2, 32) if args.smoke else (4, 16, 4096)
+    candidates = SMOKE_CANDIDATES if args.smoke else CANDIDATES
+    reps = 3 if args.smoke else 1
+    rows = []
+    for d, configs in candidates.items():
+        gen = torch.Generator().manual_seed(d)
+
+        def leaf(*shape):
+            return torch.randn(*shape, generator=gen).to(device=device, dtype=torch.bfloat16).requires_grad_()
+
+        q, k, v = leaf(B, H, L, d), leaf(B, H, L, d), leaf(B, H, L, d)
+        dout = torch.randn(B, H, L, d, generator=gen).to(device=device, dtype=torch.bfloat16)
+
+        def flash():
+            return forms.sdpa_flash(q, k, v, causal=True, scale=d ** -0.5)
+
+        want = [flash().detach(), *torch.autograd.grad(flash(), (q, k, v), dout)]
+        base = {"d": d, "config": "SDPA flash",
+                "fwd": bench_gpu.time_ms(flash, device, reps),
+                "fb": bench_gpu.time_ms(lambda: torch.autograd.grad(flash(), (q, k, v), dout), device, reps)}
+        rows.append(base)
+        bench_gpu.log(f"d={d} SDPA flash: fwd {base['fwd']:.3f} ms, fwd+bwd {base['fb']:.3f} ms")
+        for config in configs:
+            row = {"d": d, "config": "x".join(map(str, config[:2])) + f" w{config[2]} s{config[3]}"}
+            rows.append(row)
+            if time.perf_counter() - bench_gpu.T0 > args.budget_s:
+                row["note"] = "skipped: time budget"
+                continue
+            launch_module.launch_for = lambda *_, _c=Launch(*config), **__: _c
+
+            def ours():
+                return gpu.attention(q, k, v, S.NoPosition(), causal=True, scale=d ** -0.5)
+
+            try:
+                got = [ours().detach(), *torch.autograd.grad(ours(), (q, k, v), dout)]
+                row["error"] = max(relative_error(g, w) for g, w in zip(got, want))
+                if row["error"] <= TOLERANCE:
+                    row["fwd"] = bench_gpu.time_ms(ours, device, reps)
+                    row["fb"] = bench_gpu.time_ms(lambda: torch.autograd.grad(ours(), (q, k, v), dout), device, reps)
+                    row["fwd_x"], row["fb_x"] = base["fwd"] / row["fwd"], base["fb"] / row["fb"]
+                    bench_gpu.log(f"d={d} {row['config']}: fwd {row['fwd']:.3f} ms ({row['fwd_x']:.2f}x flash), "
+                                  f"fwd+bwd {row['fb']:.3f} ms ({row['fb_x']:.2f}x flash)")
+                else:
+                    row["note"] = f"FAILED: relative error {row['error']:.2e} > {TOLERANCE}"
+            except Exception as e:  # shared memory beyond the card's, a compile error: a row of the table
+                row["note"] = f"failed: {bench_gpu.first_line(e)}"
+                bench_gpu.log(f"d={d} {row['config']}: {row['note']}")
+            bench_gpu.free_memory(device)
+    return rows
+
+
+def report(rows: list[dict], device) -> str:
+    lines = [f"# relpos.gpu launch configurations on {bench_gpu.card_name(device)}", "",
+             *bench_gpu.environment(device, "bench/gpu_tiles.py"), "",
+             "Plain attention, bfloat16, causal; (block_m x block_n, warps, stages) given to the forward and both "
+             "backward kernels; medians in ms (triton.testing.do_bench); bwd = fwd+bwd - fwd; x flash = SDPA "
+             "flash's time / the row's; error = max relative error of the output and gradients against SDPA flash's.",
+             "", "| d | config | fwd | fwd+bwd | bwd | x flash fwd | x flash fwd+bwd | error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "fb" not in r:
+            lines.append(f"| {r['d']} | {r['config']} | {r.get('note', '')} | | | | | |")
+            continue
+        error = f"{r['error']:.1e}" if "error" in r else ""
+        lines.append(f"| {r['d']} | {r['config']} | {r['fwd']:.3f} | {r['fb']:.3f} | {r['fb'] - r['fwd']:.3f} | "
+                     f"{r.get('fwd_x', 1.0):.2f} | {r.get('fb_x', 1.0):.2f} | {error} |")
+    lines.append("")
+    for d in sorted({r["d"] for r in rows}):
+        ran = [r for r in rows if r["d"] == d and "error" in r and "fb" in r]
+        if ran:
+            fwd = min(ran, key=lambda r: r["fwd"])
+            bwd = min(ran, key=lambda r: r["fb"] - r["fwd"])
+            lines.append(f"- d={d}: fastest forward {fwd['config']} ({fwd['fwd_x']:.2f}x flash), fastest backward "
+                         f"{bwd['config']} ({bwd['fb'] - bwd['fwd']:.3f} ms)")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU tensors under Triton's interpreter")
+    parser.add_argument("--out", type=Path, help="the markdown file (default bench/results/gpu_tiles_<card>.md)")
+    parser.add_argument("--budget-s", type=float, default=240.0,
+                        help="seconds from start after which no configuration starts (default 240)")
+    args = parser.parse_args(argv)
+    device = bench_gpu.device_for(args, parser)
+    out = args.out or bench_gpu.results_path(device, "gpu_tiles")
+    rows = sweep(args, device)
+    text = report(rows, device)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text, flush=True)
+    failed = [r for r in rows if r.get("note", "").startswith("FAILED")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
