@@ -24,7 +24,9 @@ it against SDPA flash, FlexAttention and the PyTorch forms models use, and write
    training, and the peak memory a forward+backward allocates beyond its inputs. Rows in
    the order they are run, each skipped once the time budget (--budget-s) cannot hold it:
    every SDPA / relpos / PyTorch-form row of the d=64 shapes, the flex rows there, then the
-   other shapes; forms whose estimated memory exceeds the card's free memory are skipped.
+   other shapes, and last every shape's rows of Shaw at the largest k (its kernels took over
+   a minute to compile on an H100); forms whose estimated memory exceeds the card's free
+   memory are skipped.
 3. bench/results/gpu_<card>.md (or --out): card, versions, command, both tables and the
    targets met / not met; written after the correctness step and after each timing row (a
    run stopped from outside keeps what it measured), printed at the end. Exit status 1 when
@@ -566,18 +568,28 @@ def measure(row: Row, ctx: Ctx, plan: Plan) -> Result:
     return result
 
 
+def row_pass(plan: Plan, row: Row) -> str:
+    """The timing pass a row runs in: "slow" for Shaw at the largest k (its kernels took over
+    a minute to compile on an H100, which ended a run's budget before the other shapes),
+    "flex" for FlexAttention's rows, else "main"."""
+    if row.group == f"shaw:{max(plan.shaw_ks)}":
+        return "slow"
+    return "flex" if row.kind == "flex" else "main"
+
+
 def timing(S, gpu, plan: Plan, device, progress=lambda results: None) -> dict:
-    """{(shape label, row name): Result}: non-flex rows of the d=64 shapes, their flex rows,
-    then the other shapes' rows and theirs, each row only while the budget holds it;
-    ``progress(results)`` after each row run (the report so far is written)."""
+    """{(shape label, row name): Result}: the main rows of the d=64 shapes, their flex rows,
+    then the other shapes' rows and theirs, then every shape's slow rows (row_pass), each
+    row only while the budget holds it; ``progress(results)`` after each row run (the report
+    so far is written)."""
     results = {}
     first, rest = plan.shapes[:2], plan.shapes[2:]
-    passes = [(first, False), (first, True), (rest, False), (rest, True)]
-    for shapes, flex_pass in passes:
+    passes = [(first, "main"), (first, "flex"), (rest, "main"), (rest, "flex"), (plan.shapes, "slow")]
+    for shapes, this_pass in passes:
         for shape in shapes:
             ctx = None
             for row in rows_for(plan, shape):
-                if (row.kind == "flex") != flex_pass:
+                if row_pass(plan, row) != this_pass:
                     continue
                 key = (shape.label, row.name)
                 if row.kind == "flex" and device.type != "cuda":
