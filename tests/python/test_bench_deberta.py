@@ -24,3 +24,23 @@ def test_quick_run_writes_every_row(tmp_path):
         assert r["transformers_peak_mb"] >= 0 and r["relpos_peak_mb"] >= 0
     table = prefix.with_suffix(".md").read_text()
     assert "| 2 | 64 |" in table and "| 2 | 128 |" in table
+
+
+def test_training_step_quick_run_agrees_and_writes_its_row(tmp_path):
+    """bench/deberta_step.py --quick: a tiny DebertaV2ForSequenceClassification step patched
+    against unpatched; it refuses to time them unless their first losses agree."""
+    out = tmp_path / "step.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT / "bench")]))}
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "deberta_step.py"), "--quick", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    row = [line for line in out.read_text().splitlines() if line.startswith("| tiny |")]
+    assert len(row) == 1
+    cells = [c.strip() for c in row[0].strip("|").split("|")]
+    assert float(cells[6]) > 0 and float(cells[7]) > 0 and float(cells[9]) < 1e-4
+
+
+def test_training_step_refuses_an_unknown_size(tmp_path):
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "deberta_step.py"), "--sizes", "huge"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "--sizes: unknown huge" in run.stderr
