@@ -171,6 +171,8 @@ class Spec:
                     "BUCKET": "*i32", "P1": "*fp32", "P2": "*fp32", "QX": "*fp32", "KX": "*fp32", "DQX": "*fp32",
                     "WK": t, "WV": t, "DWK": "*fp32", "DWV": "*fp32", "DQ": "*fp32", "DK": "*fp32", "X": "*fp32",
                     "ROT": "*fp32", "PARTNER": "*i32", "QB": "*fp32"}
+        # absent outputs: launch.py passes dq (float32 with RoPE) for DQX, the partial sums for DWK, DWV
+        absent = {"DQX": "*fp32" if self.rope else t, "DWK": "*fp32", "DWV": "*fp32"}
         n_parts = {0: 1, 1: self.nb, 2: 1}.get(self.bias, 2)
         sig, ones, div16 = {}, {}, []
         constexpr_names = set(constexpr_names)
@@ -179,8 +181,8 @@ class Spec:
         for name in arg_names:
             if name in constexpr_names:
                 sig[name] = "constexpr"
-            elif name in pointers:  # an absent input gets q's
-                sig[name] = own_type[name] if present.get(name, name in own_type) else t
+            elif name in pointers:  # an absent input gets q's, an absent output the buffer launch.py gives
+                sig[name] = own_type[name] if present.get(name, name in own_type) else absent.get(name, t)
                 div16.append(name)
             elif name in ("qk_scale", "scale"):
                 sig[name] = "fp32"
