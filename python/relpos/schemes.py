@@ -441,15 +441,21 @@ class DeBERTa(_Scheme):
         buckets, reach = options["deberta_position_buckets"], options["deberta_max_relative_positions"]
         # The joint bounds the core checks at each call, checked here too so that a module
         # fails when built, under its own argument names, not at its first forward.
+        cls.check_joint_options(buckets, reach)
+        span = buckets if buckets > 0 else reach
+        shape = ((heads,) if options["deberta_per_head"] else ()) + (2 * span, head_dim)
+        terms = options["deberta_pos_att_type"].split("|")
+        return {f: _randn(shape, head_dim**-0.5, dtype, device) if f in terms else None for f in cls._tensors}
+
+    @staticmethod
+    def check_joint_options(buckets: int, reach: int) -> None:
+        """The bounds the two options set each other (the CPU core checks them at each call;
+        the module and the GPU path, which have no core, with this)."""
         if 0 < buckets < 2:
             raise ValueError(f"relpos: deberta_position_buckets: must be <= 0 (no buckets) or >= 2, got {buckets}")
         if buckets > 0 and reach - 1 <= buckets // 2:
             raise ValueError(f"relpos: deberta_max_relative_positions: with deberta_position_buckets {buckets} "
                              f"must exceed {buckets // 2 + 1} (the log ratio would be <= 0), got {reach}")
-        span = buckets if buckets > 0 else reach
-        shape = ((heads,) if options["deberta_per_head"] else ()) + (2 * span, head_dim)
-        terms = options["deberta_pos_att_type"].split("|")
-        return {f: _randn(shape, head_dim**-0.5, dtype, device) if f in terms else None for f in cls._tensors}
 
     def _per_head(self, field):
         table = getattr(self, field)

@@ -57,6 +57,7 @@ SCHEMES = {
     "rope": {"dims": 8},
     "xl": {"pos_dim": 12},
     "shaw": {"k": 5},
+    "deberta": {"position_buckets": 8, "max_relative_positions": 20},
 }
 MASKS = [dict(causal=False), dict(causal=True), dict(causal=False, padding="batch"),
          dict(causal=True, padding="random")]
@@ -69,7 +70,8 @@ def _cases():
         combos = itertools.product(SCHEMES, range(len(MASKS)), range(len(SHAPES)))
     else:  # each scheme meets every mask and every shape once, in rotation
         combos = [(s, i % len(MASKS), (i + n) % len(SHAPES)) for n, s in enumerate(SCHEMES) for i in range(2)]
-        combos += [("t5", 3, 0), ("xl", 1, 1), ("rope", 2, 2), ("shaw", 1, 3), ("shaw", 3, 2)]
+        combos += [("t5", 3, 0), ("xl", 1, 1), ("rope", 2, 2), ("shaw", 1, 3), ("shaw", 3, 2), ("deberta", 1, 1),
+                   ("deberta", 3, 0)]
     cases = []
     for scheme, m, s in combos:
         opts = dict(SCHEMES[scheme])
@@ -82,6 +84,10 @@ def _cases():
         if scheme == "shaw":  # per-head or shared tables, K+V / K / V, clip or zero beyond, k past the tiles
             opts.update(per_head=bool(s % 2), tables=("kv", "k", "v")[m % 3], beyond=("clip", "zero")[m % 2],
                         k=(5, 40)[s % 2])
+        if scheme == "deberta":  # both tables / c2p / p2c, shared or per-head, log buckets or none (span past the tiles)
+            opts.update(tables=("c2p|p2c", "c2p", "p2c")[m % 3], per_head=bool(s % 2))
+            if m == 2:
+                opts.update(position_buckets=-1, max_relative_positions=24)
         cases.append(Case(f"{scheme}_m{m}_s{s}", scheme, B=2, H=2, d=16, **MASKS[m], **SHAPES[s], opts=opts))
     return list({c.id: c for c in cases}.values())
 
@@ -117,7 +123,9 @@ def test_float32_matches_the_float64_oracle(case):
                                   Case("rope_bf16", "rope", causal=True, Lq=40, Lk=56, q_offset=16,
                                        opts={"dims": 8, "style": "interleaved"}),
                                   Case("xl_bf16", "xl", causal=True, Lq=64, Lk=96, q_offset=32,
-                                       opts={"pos_dim": 16, "clamp_len": 20})],
+                                       opts={"pos_dim": 16, "clamp_len": 20}),
+                                  Case("deberta_bf16", "deberta", padding="random", Lq=48, Lk=64, q_offset=16,
+                                       opts={"position_buckets": 16, "max_relative_positions": 40})],
                          ids=lambda c: c.id)
 def test_bfloat16_meets_flash_attentions_error_rule(case, monkeypatch):
     """FlashAttention's rule for its GPU kernels: a bfloat16 result's error (against float64
@@ -177,7 +185,7 @@ def _grads(fn, tensors, scheme_fields, dout, **kw):
     return [out.detach().double()] + [x.grad.double() for x in leaves] + [f.grad.double() for f in fields.values()]
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "shaw", "rope"])
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "shaw", "rope", "deberta"])
 def test_grouped_query_heads_and_blhd_views_match_the_cpu_kernels(scheme):
     g = torch.Generator().manual_seed(5)
     B, H, Hkv, Lq, Lk, d = 2, 4, 2, 29, 35, 16
@@ -191,6 +199,9 @@ def test_grouped_query_heads_and_blhd_views_match_the_cpu_kernels(scheme):
         make = (lambda table: relpos.T5(table, max_distance=30), {"table": torch.randn(H, 32, generator=g)})
     elif scheme == "rope":  # q rotated from a (B, L, H, d) view; k's gradient rotated back per key head
         make = (lambda: relpos.RoPE(dims=12), {})
+    elif scheme == "deberta":  # p2c read by each key head for the query heads of its group
+        make = (lambda c2p, p2c: relpos.DeBERTa(c2p=c2p, p2c=p2c, position_buckets=8, max_relative_positions=20),
+                {"c2p": torch.randn(H, 16, d, generator=g), "p2c": torch.randn(16, d, generator=g)})
     else:
         make = (lambda wk, wv: relpos.Shaw(k=6, wk=wk, wv=wv),
                 {"wk": torch.randn(H, 13, d, generator=g), "wv": torch.randn(13, 24, generator=g)})
@@ -226,6 +237,33 @@ def test_t5_buckets_are_relpos_buckets():
         want = [relpos.t5_bucket(int(x), bidirectional=bidirectional, num_buckets=buckets, max_distance=max_distance)
                 for x in r]
         assert got == want
+
+
+def test_deberta_rows_are_relpos_buckets():
+    """The GPU path's per-distance rows equal the CPU core's bucket, shifted by the span and
+    clamped, at every distance of a long call and at the largest, with buckets and without."""
+    from relpos.gpu.terms import deberta_rows
+
+    r = torch.cat((torch.arange(-5000, 5001), torch.tensor([-(1 << 40), (1 << 40) - 1, 1 << 35])))
+    for buckets, reach in ((256, 512), (8, 20), (64, 100000), (-1, 24), (0, 512)):
+        span = buckets if buckets > 0 else reach
+        expected = [min(max(relpos.deberta_bucket(-int(x), buckets, reach) + span, 0), 2 * span - 1) for x in r]
+        assert deberta_rows(r, buckets, reach).tolist() == expected, (buckets, reach)
+
+
+def test_deberta_scale_defaults_to_the_papers():
+    """1 / sqrt(d (1 + tables)) by default, as the CPU path: same output with and without it."""
+    gen = torch.Generator().manual_seed(3)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float32)
+
+    q, k, v = (randn(1, 2, 20, 16) for _ in range(3))
+    for tables in ({"c2p": randn(16, 16)}, {"c2p": randn(16, 16), "p2c": randn(2, 16, 16)}):
+        scheme = relpos.DeBERTa(**tables, position_buckets=8, max_relative_positions=20)
+        got = gpu().attention(q, k, v, scheme)
+        expected = rt.attention(q, k, v, scheme, scale=(16 * (1 + len(tables))) ** -0.5)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_fully_masked_rows_and_empty_calls():
@@ -266,9 +304,14 @@ def test_rope_calls_without_keys_or_queries():
           k=torch.randn(1, 2, 4, 5, dtype=torch.float32)), "rope.dims: .* <= d=5, got 6"),
     (dict(scheme=relpos.TransformerXL(*(torch.zeros(s, dtype=torch.float32) for s in ((2, 16), (2, 16), (2, 16, 4))),
                                       clamp_len=-1)), "clamp_len"),
-    # DeBERTa has no Triton kernel: refused by name rather than computed without its terms
-    (dict(scheme=relpos.DeBERTa(c2p=torch.zeros(2, 16, 16), p2c=torch.zeros(16, 16), position_buckets=8,
-                                max_relative_positions=40)), "deberta has no GPU kernel"),
+    # tables of the wrong size or device: the kernels would read past them
+    (dict(scheme=relpos.DeBERTa(c2p=torch.zeros(2, 12, 16), position_buckets=8, max_relative_positions=40)),
+     r"deberta.c2p: expected shape \(16, 16\) or \(2, 16, 16\), got \(2, 12, 16\)"),
+    (dict(scheme=relpos.Shaw(k=2, wk=torch.zeros(3, 16))), r"shaw.wk: expected shape \(5, 16\)"),
+    (dict(scheme=relpos.T5(torch.zeros(3, 32))), r"t5.table: expected shape \(2, 32\)"),
+    (dict(scheme=relpos.ALiBi(torch.zeros(2, device="meta"))), "alibi.slopes: expected a torch tensor on q's device"),
+    (dict(scheme=relpos.DeBERTa(p2c=torch.zeros(16, 16), position_buckets=1, max_relative_positions=40)),
+     "position_buckets"),
 ])
 def test_bad_input_is_refused_by_name(bad, message):
     args = dict(q=torch.randn(1, 2, 4, 16, dtype=torch.float32), k=torch.randn(1, 2, 4, 16, dtype=torch.float32),

@@ -51,7 +51,7 @@ def test_pairwise_covers_every_pair():
     for a, b in itertools.combinations(factors, 2):
         for va, vb in itertools.product(factors[a], factors[b]):
             assert any(r[a] == va and r[b] == vb for r in rows), (a, va, b, vb)
-    assert len(rows) < len(cc.full_specs()) // 20  # a covering set, not the product (11,520)
+    assert len(rows) < len(cc.full_specs()) // 20  # a covering set, not the product (14,400)
 
 
 def test_specs_match_the_launcher():
@@ -65,7 +65,7 @@ def test_specs_match_the_launcher():
     assert all(s.cfg == ROTATE for s in rotations)
     specs = [s for s in specs if s.kernel != "rotate"]
     for s in specs:
-        assert s.cfg == launch_for(s.head, True, 4 if s.dtype == "float32" else 2, bool(s.shaw), s.has_x)
+        assert s.cfg == launch_for(s.head, True, 4 if s.dtype == "float32" else 2, bool(s.tables), s.has_x)
         consts = s.constexprs(["D", "DV", "DX", "NB", "PRECISION", "X_PRECISION"])
         assert consts["D"] == consts["DV"] == s.head
         assert consts["DX"] == (s.head if s.has_x else 16)
@@ -141,7 +141,7 @@ def test_cli_exits_nonzero_on_an_oversized_tile():
     done = _run(["-m", "relpos.gpu.compile_check", "--arch", "80", "--launch", "128,64,8,3", "--jobs", "1",
                  "--quiet", "--only", "kernel=forward", "--only", "dtype=float32", "--only", "bias=none",
                  "--only", "has_x=0", "--only", "causal=0", "--only", "has_pad=0", "--only", "head=128",
-                 "--only", "shaw=none", "--only", "clamp=0"])
+                 "--only", "tables=none", "--only", "clamp=0"])
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
     assert "forward/float32/none/d128/128x64w8s3 sm_80: shared memory" in done.stderr
 
@@ -159,7 +159,7 @@ q, k, v, out, dout = (torch.randn(B, H, L, d) for _ in range(5))
 lse = torch.randn(B, H, L)
 wk, wv = torch.randn(H, k_rows, d), torch.randn(k_rows, d)
 ints = ops.call_options(Terms(q, k, wk=wk, wv=wv, shaw_k=5), True, 0)
-absent = ("pad", "table", "bucket", "p1", "p2", "qx", "kx", "rot_q", "rot_k", "partner", "qb")
+absent = ("pad", "table", "bucket", "p1", "p2", "qx", "kx", "wq", "row_of", "rot_q", "rot_k", "partner", "qb")
 shaw = dict(dict.fromkeys(absent), ints=ints, scale=0.25)
 
 def fwd(q, k, v, wk, wv):

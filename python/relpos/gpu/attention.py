@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from relpos.schemes import NoPosition, T5
+from relpos.schemes import DeBERTa, NoPosition, T5
 
 from . import ops
 from .launch import interpreting
@@ -117,14 +117,24 @@ def _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale) 
         q_offset = k_offset + Lk - Lq
     delta = int(k_offset) - int(q_offset)
     if scale is None:
-        scale = 1.0 if isinstance(scheme, T5) else 1.0 / math.sqrt(q.shape[3])
-    terms: Terms = terms_of(scheme, q, k, int(q_offset), int(k_offset))
+        scale = _default_scale(scheme, q.shape[3])
+    terms: Terms = terms_of(scheme, q, k, int(q_offset), int(k_offset), v.shape[3])
     pad = key_padding.to(torch.uint8) if key_padding is not None else None
     q_, k_, v_ = (_same_strides_as_grad(x) for x in (terms.q, terms.k, v))
     terms = replace(terms, q=q_, k=k_, **{n: _float32(getattr(terms, n)) for n in ("p1", "p2", "qb")},
-                    **{n: _contiguous(getattr(terms, n), q.dtype) for n in ("wk", "wv")})
+                    **{n: _contiguous(getattr(terms, n), q.dtype) for n in ("wk", "wv", "wq")})
     return (q_, k_, v_, pad, terms.table, terms.bucket, terms.p1, terms.p2, terms.qx, terms.kx, terms.wk, terms.wv,
-            terms.rot_q, terms.rot_k, terms.partner, terms.qb, ops.call_options(terms, causal, delta), float(scale))
+            terms.wq, terms.row_of, terms.rot_q, terms.rot_k, terms.partner, terms.qb,
+            ops.call_options(terms, causal, delta), float(scale))
+
+
+def _default_scale(scheme, d: int) -> float:
+    """The scheme's default scale: T5's 1, DeBERTa's ``1 / sqrt(d (1 + tables))``, else ``1 / sqrt(d)``."""
+    if isinstance(scheme, T5):
+        return 1.0
+    if isinstance(scheme, DeBERTa):
+        return 1.0 / math.sqrt(d * (1 + sum(t is not None for t in (scheme.c2p, scheme.p2c))))
+    return 1.0 / math.sqrt(d)
 
 
 def _float32(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -134,5 +144,5 @@ def _float32(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def _contiguous(x: Optional[torch.Tensor], dtype) -> Optional[torch.Tensor]:
-    """A Shaw table in the inputs' dtype with contiguous rows, as the kernels index it."""
+    """A table of rows per distance in the inputs' dtype with contiguous rows, as the kernels index it."""
     return x.to(dtype).contiguous() if x is not None else None

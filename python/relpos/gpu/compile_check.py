@@ -15,12 +15,13 @@ The specialisations: kernel (forward, backward_kv, backward_q) x dtype (bfloat16
 float16, float32) x bias kind (0..4) x HAS_X (with QUERY_BIAS: Transformer-XL has both) x
 CAUSAL x HAS_PAD x head size (64,
 128; D = DV, DX = the head size when HAS_X as the Transformer-XL features use,
-else padded(1)) x Shaw's tables (none, K+V, K, V; k = SHAW_K) x Transformer-XL's
+else padded(1)) x tables of rows per distance (none; Shaw's K+V, K, V with k = SHAW_K;
+DeBERTa's c2p + p2c through a row map) x Transformer-XL's
 clamp (with HAS_X) x RoPE (the backward writes the gradients of the rotated q and k as
 float32), each with config.launch_for(head, on_gpu=True, the dtype's
 size, Shaw's tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
 (torch's TF32 switch on), ieee otherwise, and X_PRECISION tf32 (the float32
-features' product). The full product is 11,520 per arch; by default (CI) a
+features' product). The full product is 14,400 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
 specialisation), ``--full`` for the product. Beside them RoPE's rotate_kernel (run before
 the attention kernels, and on the gradients after them) per dtype x head x direction,
@@ -82,12 +83,13 @@ BIAS_NAMES = ("none", "row", "alibi", "kerple_log", "kerple_power")  # kernels.B
 HEADS = (64, 128)
 
 # The switches the covering set is built over, with their values.
-# Shaw's tables a call has: none, keys and values, keys only, values only (k = SHAW_K).
-SHAW_TABLES = ("", "kv", "k", "v")
-SHAW_K = 16  # the smaller k of the GPU targets; the backward's table partials hold padded(2k + 1) rows
+# The tables of rows per distance a call has: none; Shaw's keys and values, keys only, values
+# only (k = SHAW_K); DeBERTa's c2p and p2c, read through a per-distance row map.
+TABLES = ("", "shaw_kv", "shaw_k", "shaw_v", "deberta")
+SHAW_K = 16  # the smaller k of the GPU targets
 
 FACTORS = {"kernel": KERNELS, "dtype": DTYPES, "bias": tuple(range(5)), "has_x": (False, True),
-           "causal": (False, True), "has_pad": (False, True), "head": HEADS, "shaw": SHAW_TABLES,
+           "causal": (False, True), "has_pad": (False, True), "head": HEADS, "tables": TABLES,
            "clamp": (False, True), "rope": (False, True)}
 
 
@@ -107,7 +109,7 @@ class Spec:
     causal: bool
     has_pad: bool
     head: int
-    shaw: str = ""  # one of SHAW_TABLES
+    tables: str = ""  # one of TABLES
     clamp: bool = False  # Transformer-XL's clamp_len > 0 (with has_x)
     rope: bool = False  # RoPE: the backward writes dq and dk as float32 (launch.py rotates them back)
     transpose: bool = False  # rotate_kernel: the rotation's transpose (a gradient's; X float32)
@@ -120,7 +122,14 @@ class Spec:
             return ROTATE
         if self.launch is not None:
             return self.launch
-        return launch_for(self.head, True, 4 if self.dtype == "float32" else 2, bool(self.shaw), self.has_x)
+        return launch_for(self.head, True, 4 if self.dtype == "float32" else 2, bool(self.tables), self.has_x)
+
+    @property
+    def table_flags(self) -> dict:
+        """KEMB, VEMB, QEMB and ROW_MAP, the kernels' table switches, of the spec's tables."""
+        shaw = self.tables[5:] if self.tables.startswith("shaw_") else ""
+        deberta = self.tables == "deberta"
+        return dict(KEMB="k" in shaw or deberta, VEMB="v" in shaw, QEMB=deberta, ROW_MAP=deberta)
 
     @property
     def nb(self) -> int:
@@ -130,7 +139,7 @@ class Spec:
     def name(self) -> str:
         c = self.cfg
         flags = "".join(f for f, on in (("+x", self.has_x), ("+causal", self.causal), ("+pad", self.has_pad),
-                                        (f"+shaw_{self.shaw}", bool(self.shaw)),
+                                        (f"+{self.tables}", bool(self.tables)),
                                         ("+clamp", self.has_x and self.clamp), ("+rope", self.rope),
                                         ("+transpose", self.transpose)) if on)
         tail = "" if self.aligned else "/generic"
@@ -146,8 +155,8 @@ class Spec:
         known = dict(D=padded(self.head), DV=padded(self.head), DX=padded(self.head if self.has_x else 1),
                      BM=c.block_m, BN=c.block_n, NB=self.nb, BIAS=self.bias, HAS_X=self.has_x, CAUSAL=self.causal,
                      HAS_PAD=self.has_pad, PRECISION="tf32" if self.dtype == "float32" else "ieee",
-                     X_PRECISION="tf32", KEMB="k" in self.shaw, VEMB="v" in self.shaw, ZERO_BEYOND=False,
-                     CP=padded(2 * SHAW_K + 1), X_CLAMP=self.has_x and self.clamp, QUERY_BIAS=self.has_x,
+                     X_PRECISION="tf32", **self.table_flags, ZERO_BEYOND=False,
+                     X_CLAMP=self.has_x and self.clamp, QUERY_BIAS=self.has_x,
                      BR=c.block_m, TRANSPOSE=self.transpose)
         unknown = [n for n in names if n not in known]
         if unknown:
@@ -162,17 +171,19 @@ class Spec:
         t = "*" + _TRITON_DTYPE[self.dtype]
         present = {"PAD": self.has_pad, "BIAS_ROWS": self.bias == 1, "BUCKET": self.bias == 1,
                    "P1": self.bias >= 2, "P2": self.bias >= 3, "QX": self.has_x, "KX": self.has_x,
-                   "DQX": self.has_x, "WK": "k" in self.shaw, "DWK": "k" in self.shaw, "WV": "v" in self.shaw,
-                   "DWV": "v" in self.shaw, "DQ": self.rope, "DK": self.rope, "X": self.transpose,
-                   "QB": self.has_x}
+                   "DQX": self.has_x, "DQ": self.rope, "DK": self.rope, "X": self.transpose, "QB": self.has_x}
+        flags = self.table_flags
+        present.update(WK=flags["KEMB"], DWK=flags["KEMB"], WV=flags["VEMB"], DWV=flags["VEMB"], WQ=flags["QEMB"],
+                       DWQ=flags["QEMB"], ROW_OF=flags["ROW_MAP"])
         # float32 whatever q's dtype: row sums, partial gradients, bias parameters and the
         # Transformer-XL features (terms.py keeps them float32; dqx is made like qx)
         own_type = {"LSE": "*fp32", "DLT": "*fp32", "PARTS": "*fp32", "PAD": "*u8", "BIAS_ROWS": "*fp32",
                     "BUCKET": "*i32", "P1": "*fp32", "P2": "*fp32", "QX": "*fp32", "KX": "*fp32", "DQX": "*fp32",
-                    "WK": t, "WV": t, "DWK": "*fp32", "DWV": "*fp32", "DQ": "*fp32", "DK": "*fp32", "X": "*fp32",
+                    "WK": t, "WV": t, "WQ": t, "ROW_OF": "*i32", "DWK": "*fp32", "DWV": "*fp32", "DWQ": "*fp32",
+                    "DQ": "*fp32", "DK": "*fp32", "X": "*fp32",
                     "ROT": "*fp32", "PARTNER": "*i32", "QB": "*fp32"}
-        # absent outputs: launch.py passes dq (float32 with RoPE) for DQX, the partial sums for DWK, DWV
-        absent = {"DQX": "*fp32" if self.rope else t, "DWK": "*fp32", "DWV": "*fp32"}
+        # absent outputs: launch.py passes dq (float32 with RoPE) for DQX, the partial sums for DWK, DWV, DWQ
+        absent = {"DQX": "*fp32" if self.rope else t, "DWK": "*fp32", "DWV": "*fp32", "DWQ": "*fp32"}
         n_parts = {0: 1, 1: self.nb, 2: 1}.get(self.bias, 2)
         sig, ones, div16 = {}, {}, []
         constexpr_names = set(constexpr_names)
@@ -264,12 +275,12 @@ def pairwise(factors: dict) -> list[dict]:
 
 # The largest tiles of each kernel, added to the pairs: the widest dtype with every input
 # present (shared memory grows with dtype, head and the features' tiles), and bfloat16 with
-# every input but Shaw's tables (half types run larger tiles than float32: config.launch_for).
+# every input but the tables (half types run larger tiles than float32: config.launch_for).
 # Pairs alone need not meet them, and an overflow hides in exactly such a corner.
-CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128, "shaw": "kv",
-            "clamp": True, "rope": True},
+CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128,
+            "tables": "shaw_kv", "clamp": True, "rope": True},
            *({"dtype": "bfloat16", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": head,
-              "shaw": "", "clamp": True, "rope": True} for head in HEADS))
+              "tables": "", "clamp": True, "rope": True} for head in HEADS))
 
 
 def rotate_specs(factors: dict, aligned: bool = True) -> list[Spec]:
@@ -297,7 +308,7 @@ def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only
 
 
 def full_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:
-    """Every specialisation of the product (11,520 without ``only``) and rotate_kernel's 12."""
+    """Every specialisation of the product (14,400 without ``only``) and rotate_kernel's 12."""
     factors = {k: tuple(only.get(k, v)) for k, v in FACTORS.items()}
     attention = {**factors, "kernel": tuple(k for k in factors["kernel"] if k in ATTENTION_KERNELS)}
     return [Spec(**dict(zip(attention, values)), launch=launch, aligned=aligned)
@@ -547,7 +558,7 @@ def _parse_only(item: str) -> tuple[str, tuple]:
             values.append(int(v))
         elif name in ("has_x", "causal", "has_pad", "clamp", "rope"):
             values.append(v.lower() in ("1", "true", "yes"))
-        elif name == "shaw":
+        elif name == "tables":
             values.append("" if v == "none" else v)
         else:
             values.append(v)

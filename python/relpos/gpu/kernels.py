@@ -12,11 +12,14 @@ The attention kernels' terms:
   scale (the form Transformer-XL's sinusoidal term takes, ``relpos.gpu.terms``),
   multiplied with ``X_PRECISION`` (TF32 on a GPU: sines and cosines rounded to
   bfloat16 would cost more accuracy than the content term loses);
-- Shaw's tables: a key embedding per distance read by the query (``KEMB``) and a
-  value embedding per distance (``VEMB``), rows ``clip(r, -k, k) + k`` (zero beyond
-  +-k with ``ZERO_BEYOND``), computed per tile: the query tile times the rows of the
-  tile's BM + BN - 1 distances, and P's sums per distance times the value rows, each
-  a product of the tile laid out by distance (``tl.gather``), never an L x L x d tensor;
+- tables of rows per distance: a key embedding read by the query (``KEMB``: Shaw's
+  key table, DeBERTa's c2p), a value embedding (``VEMB``: Shaw's) and a query
+  embedding read by the key (``QEMB``: DeBERTa's p2c), rows ``clip(r, -k, k) + k``
+  (Shaw's; zero beyond +-k with ``ZERO_BEYOND``) or a per-distance map of the call
+  (``ROW_MAP``: DeBERTa's buckets), computed per tile: the query (key) tile times the
+  rows of the tile's BM + BN - 1 distances, and P's sums per distance times the value
+  rows, each a product of the tile laid out by distance (``tl.gather``), never an
+  L x L x d tensor;
 - a bias added to every query row of a head ``QUERY_BIAS`` (Transformer-XL's u), read
   as one more float32 product per key, ``u . k``;
 - causal cut and key padding; grouped-query heads (query head ``h`` reads key
@@ -86,35 +89,47 @@ def _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS: tl.constexpr):
 
 
 @triton.jit
-def _band_index(t0, shaw_k, W: tl.constexpr, ZERO_BEYOND: tl.constexpr):
-    """The table row of each of the W distances ``t0 .. t0 + W - 1`` that a tile pair reaches:
-    ``clip(r, -k, k) + k``, or -1 (the zero row) beyond +-k with ZERO_BEYOND."""
-    r = t0 + tl.arange(0, W)
-    c = tl.minimum(tl.maximum(r, -shaw_k), shaw_k) + shaw_k
-    if ZERO_BEYOND:
-        c = tl.where(tl.abs(r) <= shaw_k, c, -1)
+def _distance_rows(r, shaw_k, row_of, r_min, R, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr):
+    """The table row each distance ``r`` reads: with ROW_MAP the call's per-distance map
+    ``row_of[r - r_min]`` (DeBERTa's bucketed rows; a distance outside the call reads its
+    nearest end, whose pairs are masked anyway), else Shaw's ``clip(r, -k, k) + k``, or -1
+    (the zero row) beyond +-k with ZERO_BEYOND. Every map is monotone in ``r``."""
+    if ROW_MAP:
+        c = tl.load(row_of + tl.minimum(tl.maximum(r - r_min, 0), R - 1))
+    else:
+        c = tl.minimum(tl.maximum(r, -shaw_k), shaw_k) + shaw_k
+        if ZERO_BEYOND:
+            c = tl.where(tl.abs(r) <= shaw_k, c, -1)
     return c
 
 
 @triton.jit
-def _table_band(table, h, t0, shaw_k, stride_th, width, offs_c, W: tl.constexpr, ZERO_BEYOND: tl.constexpr):
-    """A Shaw table's rows for the W distances from ``t0`` (zeros for the zero row)."""
-    c = _band_index(t0, shaw_k, W, ZERO_BEYOND)
+def _table_band(table, h, t0, shaw_k, row_of, r_min, R, stride_th, width, offs_c, W: tl.constexpr,
+                ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr):
+    """A table's rows for the W distances from ``t0`` (zeros for the zero row)."""
+    c = _distance_rows(t0 + tl.arange(0, W), shaw_k, row_of, r_min, R, ZERO_BEYOND, ROW_MAP)
     return tl.load(table + h * stride_th + c[:, None] * width + offs_c[None, :],
                    mask=(c[:, None] >= 0) & (offs_c[None, :] < width), other=0.0)
 
 
 @triton.jit
-def _one_row(t0, shaw_k, BM: tl.constexpr, BN: tl.constexpr, ZERO_BEYOND: tl.constexpr):
+def _one_row(t0, shaw_k, row_of, r_min, R, BM: tl.constexpr, BN: tl.constexpr, ZERO_BEYOND: tl.constexpr,
+             ROW_MAP: tl.constexpr):
     """Whether every pair of a tile pair whose first distance is ``t0`` reads one table row
-    (all its distances beyond +-k on one side: most tiles of a long sequence), and that row
-    (without ZERO_BEYOND; with it the row is the zero row)."""
+    (all its distances beyond the table's reach on one side: most tiles of a long sequence),
+    and that row (with ZERO_BEYOND the row is the zero row). A map is monotone, so its rows
+    at the window's two ends are equal exactly when every distance between reads one row."""
     last = t0 + BM + BN - 2
-    if ZERO_BEYOND:
-        one = (t0 > shaw_k) | (last < -shaw_k)
+    if ROW_MAP:
+        row = _distance_rows(t0, shaw_k, row_of, r_min, R, ZERO_BEYOND, ROW_MAP)
+        one = row == _distance_rows(last, shaw_k, row_of, r_min, R, ZERO_BEYOND, ROW_MAP)
     else:
-        one = (t0 >= shaw_k) | (last <= -shaw_k)
-    return one, tl.where(t0 > 0, 2 * shaw_k, 0)
+        if ZERO_BEYOND:
+            one = (t0 > shaw_k) | (last < -shaw_k)
+        else:
+            one = (t0 >= shaw_k) | (last <= -shaw_k)
+        row = tl.where(t0 > 0, 2 * shaw_k, 0)
+    return one, row
 
 
 @triton.jit
@@ -123,66 +138,111 @@ def _table_row(table, h, row, stride_th, width, offs_c):
 
 
 @triton.jit
-def _rows_read(x, table, h, t0, rel, shaw_k, stride_th, width, offs_c, PRECISION: tl.constexpr,
-               ZERO_BEYOND: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """``(BM, BN)``: each pair's ``x_i . table[c(r_ij)]`` (Shaw's key term with x = q; dP's value
-    term with x = dout). A tile that reads one row takes one product per row of x; others
-    multiply x by the rows of the tile's distances and lay the result out by pair."""
-    one, row = _one_row(t0, shaw_k, BM, BN, ZERO_BEYOND)
+def _rows_read(x, table, h, t0, rel, shaw_k, row_of, r_min, R, stride_th, width, offs_c, PRECISION: tl.constexpr,
+               ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, BY_KEY: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr):
+    """``(BM, BN)``: each pair's ``x . table[c(r_ij)]`` with x the pair's query-side row
+    (Shaw's and DeBERTa's c2p key term with x = q; dP's value term with x = dout), or with
+    BY_KEY its key-side row (DeBERTa's p2c with x = k). A tile that reads one row takes one
+    product per row of x; others multiply x by the rows of the tile's distances and lay
+    the result out by pair."""
+    one, row = _one_row(t0, shaw_k, row_of, r_min, R, BM, BN, ZERO_BEYOND, ROW_MAP)
     out = tl.zeros([BM, BN], tl.float32)
     if one:
         if not ZERO_BEYOND:
-            w = _table_row(table, h, row, stride_th, width, offs_c)
-            out += tl.sum(x.to(tl.float32) * w[None, :], 1)[:, None]
+            dots = tl.sum(x.to(tl.float32) * _table_row(table, h, row, stride_th, width, offs_c)[None, :], 1)
+            if BY_KEY:
+                out += dots[None, :]
+            else:
+                out += dots[:, None]
     else:
-        rows = _table_band(table, h, t0, shaw_k, stride_th, width, offs_c, BM + BN, ZERO_BEYOND)
-        out = tl.gather(_dot(x, tl.trans(rows.to(x.dtype)), PRECISION), (rel - t0).to(tl.int32), axis=1)
+        rows = _table_band(table, h, t0, shaw_k, row_of, r_min, R, stride_th, width, offs_c, BM + BN, ZERO_BEYOND,
+                           ROW_MAP).to(x.dtype)
+        at = (rel - t0).to(tl.int32)  # each pair's distance within the window
+        if BY_KEY:
+            out = tl.gather(_dot(rows, tl.trans(x), PRECISION), at, axis=0)
+        else:
+            out = tl.gather(_dot(x, tl.trans(rows), PRECISION), at, axis=1)
     return out
 
 
 @triton.jit
-def _rows_weighted(weights, like, table, h, t0, shaw_k, stride_th, width, offs_c, C: tl.constexpr,
-                   PRECISION: tl.constexpr, ZERO_BEYOND: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """``(BM, C)``: each row's ``sum_j weights_ij table[c(r_ij)]`` (Shaw's value term with P; dq's
-    key term with dS), the weights' per-distance sums multiplied in ``like``'s dtype."""
-    one, row = _one_row(t0, shaw_k, BM, BN, ZERO_BEYOND)
-    out = tl.zeros([BM, C], tl.float32)
+def _rows_weighted(weights, like, table, h, t0, shaw_k, row_of, r_min, R, stride_th, width, offs_c, C: tl.constexpr,
+                   PRECISION: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, BY_KEY: tl.constexpr,
+                   BM: tl.constexpr, BN: tl.constexpr):
+    """``(BM, C)``: each query row's ``sum_j weights_ij table[c(r_ij)]`` (Shaw's value term with
+    P; dq's c2p term with dS), or with BY_KEY ``(BN, C)``, each key's ``sum_i`` (dk's p2c term),
+    the weights' per-distance sums multiplied in ``like``'s dtype."""
+    one, row = _one_row(t0, shaw_k, row_of, r_min, R, BM, BN, ZERO_BEYOND, ROW_MAP)
+    if BY_KEY:
+        out = tl.zeros([BN, C], tl.float32)
+        sums = tl.sum(weights, 0)
+    else:
+        out = tl.zeros([BM, C], tl.float32)
+        sums = tl.sum(weights, 1)
     if one:
         if not ZERO_BEYOND:
-            out += tl.sum(weights, 1)[:, None] * _table_row(table, h, row, stride_th, width, offs_c)[None, :]
+            out += sums[:, None] * _table_row(table, h, row, stride_th, width, offs_c)[None, :]
     else:
-        rows = _table_band(table, h, t0, shaw_k, stride_th, width, offs_c, BM + BN, ZERO_BEYOND)
-        out = _dot(_by_distance(weights, BM, BN).to(like.dtype), rows.to(like.dtype), PRECISION)
+        rows = _table_band(table, h, t0, shaw_k, row_of, r_min, R, stride_th, width, offs_c, BM + BN, ZERO_BEYOND,
+                           ROW_MAP)
+        by_distance = _by_distance(weights, 0, BM + BN, BM, BN, BY_KEY)
+        out = _dot(by_distance.to(like.dtype), rows.to(like.dtype), PRECISION)
     return out
 
 
 @triton.jit
-def _rows_grad(acc, weights, x, t0, shaw_k, CP: tl.constexpr, PRECISION: tl.constexpr, ZERO_BEYOND: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr):
-    """acc ``(CP, width)`` plus each table row c's ``sum over pairs reading c of weights_ij x_i``
-    (dwv with P and dout, dwk with dS and q): into the one row a far tile reads, or the band's
-    rows added to the rows they read as one exact 0/1 product (several read an edge row)."""
-    one, row = _one_row(t0, shaw_k, BM, BN, ZERO_BEYOND)
+def _rows_grad(slab, weights, x, t0, shaw_k, row_of, r_min, R, offs_c, C: tl.constexpr, PRECISION: tl.constexpr,
+               ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, BY_KEY: tl.constexpr, BM: tl.constexpr,
+               BN: tl.constexpr):
+    """Adds to the program's own float32 partial sum of a table's gradient, ``slab`` (rows x C
+    in global memory), each row c's ``sum over pairs reading c of weights_ij x`` with x the
+    pair's query-side row (dwv with P and dout, dwk / dc2p with dS and q), or with BY_KEY its
+    key-side row (dp2c with dS and k): into the one row a far tile reads, or the band's
+    per-distance sums merged by row and added to their rows, 32 distances at a time. A map
+    is monotone, so the distances of a part reading one row are a run: each run's first
+    distance sums its run (an exact 0/1 product, 32 x 32) and only those are written, each
+    to its own row. The slab lives in global memory, not in registers: DeBERTa's tables
+    have 2 x 256 rows and Shaw's up to 129, (rows x C) float32 per program that a register
+    tile spilled; so did the whole window's 0/1 product (BM + BN squared)."""
+    one, row = _one_row(t0, shaw_k, row_of, r_min, R, BM, BN, ZERO_BEYOND, ROW_MAP)
     if one:
         if not ZERO_BEYOND:
-            g = tl.sum(tl.sum(weights, 1)[:, None] * x.to(tl.float32), 0)
-            acc += tl.where(tl.arange(0, CP)[:, None] == row, g[None, :], 0.0)
+            if BY_KEY:
+                g = tl.sum(tl.sum(weights, 0)[:, None] * x.to(tl.float32), 0)
+            else:
+                g = tl.sum(tl.sum(weights, 1)[:, None] * x.to(tl.float32), 0)
+            tl.store(slab + row * C + offs_c, tl.load(slab + row * C + offs_c) + g)
+            tl.debug_barrier()  # the next tile's reads of this row may be other threads'
     else:
-        band = _dot(tl.trans(_by_distance(weights, BM, BN)).to(x.dtype), x, PRECISION)
-        c = _band_index(t0, shaw_k, BM + BN, ZERO_BEYOND)
-        onehot = (tl.arange(0, CP)[:, None] == c[None, :]).to(tl.float32)
-        acc += tl.dot(onehot, band, input_precision="ieee")
-    return acc
+        for first in range(0, BM + BN, 32):
+            part = _by_distance(weights, first, 32, BM, BN, BY_KEY)
+            band = _dot(tl.trans(part).to(x.dtype), x, PRECISION)  # (32, C): the sum per distance
+            t = t0 + first + tl.arange(0, 32)
+            c = _distance_rows(t, shaw_k, row_of, r_min, R, ZERO_BEYOND, ROW_MAP)
+            starts = (c != _distance_rows(t - 1, shaw_k, row_of, r_min, R, ZERO_BEYOND, ROW_MAP)) | (t == t0 + first)
+            starts = starts & (c >= 0)
+            runs = tl.dot(((c[:, None] == c[None, :]) & starts[:, None]).to(tl.float32), band, input_precision="ieee")
+            at = slab + c[:, None] * C + offs_c[None, :]
+            tl.store(at, tl.load(at, mask=starts[:, None], other=0.0) + runs, mask=starts[:, None])
+            tl.debug_barrier()  # the next part's or tile's reads of these rows may be other threads'
 
 
 @triton.jit
-def _by_distance(x, BM: tl.constexpr, BN: tl.constexpr):
-    """A tile ``(BM, BN)`` laid out by distance, ``(BM, BM + BN)``: entry (i, t) holds the pair
-    (i, t - (BM - 1) + i), the one at the tile's t-th distance, or 0 where that key is outside."""
-    t = tl.arange(0, BM + BN)
-    j = t[None, :] - (BM - 1) + tl.arange(0, BM)[:, None]
-    inside = (j >= 0) & (j < BN)
-    return tl.where(inside, tl.gather(x, tl.minimum(tl.maximum(j, 0), BN - 1), axis=1), 0.0)
+def _by_distance(x, first, W: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BY_KEY: tl.constexpr):
+    """A tile ``(BM, BN)`` laid out by its W distances from the tile's ``first``-th, ``(BM, W)``:
+    entry (i, t) holds the pair (i, first + t - (BM - 1) + i), the one at the tile's
+    (first + t)-th distance, or 0 where that key is outside; with BY_KEY by key, ``(BN, W)``:
+    entry (j, t) holds the pair (j + (BM - 1) - first - t, j)."""
+    t = first + tl.arange(0, W)
+    if BY_KEY:
+        i = tl.arange(0, BN)[:, None] + (BM - 1) - t[None, :]
+        out = tl.where((i >= 0) & (i < BM), tl.gather(tl.trans(x), tl.minimum(tl.maximum(i, 0), BM - 1), axis=1),
+                       0.0)
+    else:
+        j = t[None, :] - (BM - 1) + tl.arange(0, BM)[:, None]
+        out = tl.where((j >= 0) & (j < BN), tl.gather(x, tl.minimum(tl.maximum(j, 0), BN - 1), axis=1), 0.0)
+    return out
 
 
 @triton.jit
@@ -213,14 +273,16 @@ def _query_bias(qb, h, offs_d, d):
 
 @triton.jit
 def _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-            bias_row, p1, p2, pad, stride_pb, stride_pn, wk, t0, shaw_k, stride_wkh, far_hi, far_lo, xl_clamp, qb,
-            BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
-            PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr,
-            X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+            bias_row, p1, p2, pad, stride_pb, stride_pn, wk, wq, row_of, t0, shaw_k, stride_wkh, stride_wqh, far_hi,
+            far_lo, xl_clamp, qb, BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr,
+            HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr,
+            QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
+            QUERY_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile.
-    Shaw's key term (KEMB): the query tile times the table rows of the tile's BM + BN - 1
-    distances (from ``t0``), each pair then reading its distance's column; ``k`` is the key
-    tile as _rows loads it."""
+    A key table read by the query (KEMB: Shaw's, DeBERTa's c2p): the query tile times the
+    table rows of the tile's BM + BN - 1 distances (from ``t0``), each pair then reading its
+    distance's column; a table read by the key (QEMB: DeBERTa's p2c) likewise from the key
+    tile; ``k`` is the key tile as _rows loads it."""
     s = _dot(q, tl.trans(k), PRECISION)
     if QUERY_BIAS:  # (q + u) . k as q . k + u . k: one float32 dot per key, q + u never rounded
         s += tl.sum(k.to(tl.float32) * _query_bias(qb, h, offs_d, d)[None, :], 1)[None, :]
@@ -233,7 +295,11 @@ def _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, 
         s += xs
     rel = offs_n[None, :].to(tl.int64) - offs_m[:, None] + delta
     if KEMB:
-        s += _rows_read(q, wk, h, t0, rel, shaw_k, stride_wkh, d, offs_d, PRECISION, ZERO_BEYOND, BM, BN)
+        s += _rows_read(q, wk, h, t0, rel, shaw_k, row_of, r_min, R, stride_wkh, d, offs_d, PRECISION, ZERO_BEYOND,
+                        ROW_MAP, False, BM, BN)
+    if QEMB:
+        s += _rows_read(k, wq, h, t0, rel, shaw_k, row_of, r_min, R, stride_wqh, d, offs_d, PRECISION, ZERO_BEYOND,
+                        ROW_MAP, True, BM, BN)
     s = s * qk_scale
     if BIAS != 0:
         s += _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS) * 1.4426950408889634
@@ -291,18 +357,19 @@ def _causal_key_end(m_start, Lk, delta, BM: tl.constexpr, CAUSAL: tl.constexpr):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_forward_kernel(
-        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB,
+        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, xl_clamp, qk_scale,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp, qk_scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr):
+        QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
+        QUERY_BIAS: tl.constexpr):
     bh, b, h, hk = _query_program(H, GROUP)
     m_start = tl.program_id(0) * BM
     offs_m = m_start + tl.arange(0, BM)
@@ -324,9 +391,9 @@ def attention_forward_kernel(
         k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d)
         s, ok, rel = _logits(q, qx, k, KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
                              offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-                             BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k, stride_wkh, far_hi, far_lo,
-                             xl_clamp, QB, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, ZERO_BEYOND,
-                             X_CLAMP, QUERY_BIAS, BM, BN)
+                             BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0, shaw_k, stride_wkh,
+                             stride_wqh, far_hi, far_lo, xl_clamp, QB, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION,
+                             X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP, X_CLAMP, QUERY_BIAS, BM, BN)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
         p = tl.exp2(s - shift[:, None])
@@ -336,7 +403,8 @@ def attention_forward_kernel(
                     mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
         acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v, PRECISION)
         if VEMB:  # Shaw's value term: P's sums per distance times the table's rows
-            acc += _rows_weighted(p, v, WV, h, t0, shaw_k, stride_wvh, dv, offs_v, DV, PRECISION, ZERO_BEYOND, BM, BN)
+            acc += _rows_weighted(p, v, WV, h, t0, shaw_k, ROW_OF, r_min, R, stride_wvh, dv, offs_v, DV, PRECISION,
+                                  ZERO_BEYOND, ROW_MAP, False, BM, BN)
         row_max = new_max
     seen = row_sum > 0
     out = acc / tl.where(seen, row_sum, 1.0)[:, None]
@@ -356,18 +424,20 @@ def _probabilities(s, ok, lse_ptr, dlt_ptr, offs_m, Lq):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_kv_kernel(
-        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB,
+        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, xl_clamp, qk_scale, scale,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp, qk_scale,
+        scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr):
+        QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
+        QUERY_BIAS: tl.constexpr):
     """dk, dv of one key tile of one key head, over the query tiles of every query head
     that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
     n_start = tl.program_id(0) * BN
@@ -401,18 +471,23 @@ def attention_backward_kv_kernel(
                                            X_CLAMP, BM)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
             s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
-                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
-                                 stride_wkh, far_hi, far_lo, xl_clamp, QB, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION,
-                                 X_PRECISION, KEMB, ZERO_BEYOND, X_CLAMP, QUERY_BIAS, BM, BN)
+                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0,
+                                 shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, BIAS, HAS_X, CAUSAL,
+                                 HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP, X_CLAMP,
+                                 QUERY_BIAS, BM, BN)
             p, dlt = _probabilities(s, ok, LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
             do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
                          mask=row & (offs_v[None, :] < dv), other=0.0)
             dvv += _dot(tl.trans(p).to(do.dtype), do, PRECISION)
             dp = _dot(do, tl.trans(v), PRECISION)
             if VEMB:
-                dp += _rows_read(do, WV, h, t0, rel, shaw_k, stride_wvh, dv, offs_v, PRECISION, ZERO_BEYOND, BM, BN)
+                dp += _rows_read(do, WV, h, t0, rel, shaw_k, ROW_OF, r_min, R, stride_wvh, dv, offs_v, PRECISION,
+                                 ZERO_BEYOND, ROW_MAP, False, BM, BN)
             ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
             dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION)
+            if QEMB:  # the key's p2c term: dS's per-distance sums by key times the rows
+                dk += _rows_weighted(ds, q, WQ, h, t0, shaw_k, ROW_OF, r_min, R, stride_wqh, d, offs_d, D, PRECISION,
+                                     ZERO_BEYOND, ROW_MAP, True, BM, BN)
             if QUERY_BIAS:  # the keys' share of u . k
                 dk += tl.sum(ds, 0)[:, None] * _query_bias(QB, h, offs_d, d)[None, :]
     out_mask = (offs_n[:, None] < Lk)
@@ -455,26 +530,27 @@ def _bias_grads(ds, rel, ok, h, bucket, r_min, R, p1, p2, g1, g2, gt, NB: tl.con
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_q_kernel(
-        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, QB, DWK,
-        DWV,
+        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF,
+        DWK, DWV, DWQ,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, xl_clamp, qk_scale, scale,
-        n_parts,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp, qk_scale,
+        scale, n_parts, table_rows,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
-        ZERO_BEYOND: tl.constexpr, X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr,
-        CP: tl.constexpr):
+        QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
+        QUERY_BIAS: tl.constexpr):
     """dq (and dqx) of the query tiles pid, pid + programs, ... (pid = program_id(0), programs =
     num_programs(0)) of one head, and the program's partial sums of the positional parameters'
-    gradients, PARTS[(b * H + h) * programs + pid, :] and its rows of DWK, DWV (DQ contiguous,
-    DQX with QX's strides, DO with the output's). A program owns several tiles where Shaw's
-    partial tables, (2k+1) x d each, would otherwise be written once per tile."""
+    gradients, PARTS[(b * H + h) * programs + pid, :] and its slabs of DWK, DWV, DWQ (table_rows
+    x D or DV float32 each, zeros when the kernel starts, left unscaled; DQ contiguous, DQX
+    with QX's strides, DO with the output's). A program owns several tiles where the partial
+    tables would otherwise be one per tile."""
     bh, b, h, hk = _query_program(H, GROUP)
     offs_n0 = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
@@ -485,8 +561,8 @@ def attention_backward_q_kernel(
     g1 = tl.zeros([BM], tl.float32)
     g2 = tl.zeros([BM], tl.float32)
     gt = tl.zeros([NB], tl.float32)
-    dwk = tl.zeros([CP, D], tl.float32)
-    dwv = tl.zeros([CP, DV], tl.float32)
+    part = bh * tl.num_programs(0) + tl.program_id(0)
+    dwk, dwv, dwq = DWK + part * table_rows * D, DWV + part * table_rows * DV, DWQ + part * table_rows * D
     for tile in range(tl.program_id(0), tl.cdiv(Lq, BM), tl.num_programs(0)):
         m_start = tile * BM
         offs_m = m_start + tl.arange(0, BM)
@@ -507,21 +583,28 @@ def attention_backward_q_kernel(
             k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
             s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
-                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, t0, shaw_k,
-                                 stride_wkh, far_hi, far_lo, xl_clamp, QB, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION,
-                                 X_PRECISION, KEMB, ZERO_BEYOND, X_CLAMP, QUERY_BIAS, BM, BN)
+                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0,
+                                 shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, BIAS, HAS_X, CAUSAL,
+                                 HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP, X_CLAMP,
+                                 QUERY_BIAS, BM, BN)
             p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
             v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                         mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
             dp = _dot(do, tl.trans(v), PRECISION)
             if VEMB:  # dP gains dout . wv[c(r)]; the table's rows gain P's per-distance sums times dout
-                dp += _rows_read(do, WV, h, t0, rel, shaw_k, stride_wvh, dv, offs_v, PRECISION, ZERO_BEYOND, BM, BN)
-                dwv = _rows_grad(dwv, p, do, t0, shaw_k, CP, PRECISION, ZERO_BEYOND, BM, BN)
+                dp += _rows_read(do, WV, h, t0, rel, shaw_k, ROW_OF, r_min, R, stride_wvh, dv, offs_v, PRECISION,
+                                 ZERO_BEYOND, ROW_MAP, False, BM, BN)
+                _rows_grad(dwv, p, do, t0, shaw_k, ROW_OF, r_min, R, offs_v, DV, PRECISION, ZERO_BEYOND, ROW_MAP,
+                           False, BM, BN)
             ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
             if KEMB:  # dq gains dS's per-distance sums times the rows; the rows gain them times q
-                dq += _rows_weighted(ds, q, WK, h, t0, shaw_k, stride_wkh, d, offs_d, D, PRECISION, ZERO_BEYOND, BM,
-                                     BN)
-                dwk = _rows_grad(dwk, ds, q, t0, shaw_k, CP, PRECISION, ZERO_BEYOND, BM, BN)
+                dq += _rows_weighted(ds, q, WK, h, t0, shaw_k, ROW_OF, r_min, R, stride_wkh, d, offs_d, D, PRECISION,
+                                     ZERO_BEYOND, ROW_MAP, False, BM, BN)
+                _rows_grad(dwk, ds, q, t0, shaw_k, ROW_OF, r_min, R, offs_d, D, PRECISION, ZERO_BEYOND, ROW_MAP,
+                           False, BM, BN)
+            if QEMB:  # the p2c table's rows gain dS's per-distance sums by key times k
+                _rows_grad(dwq, ds, k, t0, shaw_k, ROW_OF, r_min, R, offs_d, D, PRECISION, ZERO_BEYOND, ROW_MAP,
+                           True, BM, BN)
             dq += _dot(ds.to(k.dtype), k, PRECISION)
             if HAS_X:
                 kx = tl.load(kx_ptrs, mask=(offs_n[:, None] < Lk) & (offs_x[None, :] < dx), other=0.0)
@@ -541,12 +624,6 @@ def attention_backward_q_kernel(
             if X_CLAMP:
                 tl.store(dqx_rows + dx * stride_xd, dfar_hi * scale, mask=offs_m < Lq)
                 tl.store(dqx_rows + (dx + 1) * stride_xd, dfar_lo * scale, mask=offs_m < Lq)
-    part = bh * tl.num_programs(0) + tl.program_id(0)
-    cp = tl.arange(0, CP)
-    if KEMB:
-        tl.store(DWK + (part * CP + cp[:, None]) * D + offs_d[None, :], dwk * scale)
-    if VEMB:
-        tl.store(DWV + (part * CP + cp[:, None]) * DV + offs_v[None, :], dwv)
     parts = PARTS + part * n_parts
     if BIAS == 1:
         tl.store(parts + tl.arange(0, NB), gt)

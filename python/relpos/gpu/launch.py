@@ -74,22 +74,27 @@ class Call:
         t = self.terms
         return t.table.float()[:, t.bucket.long()].contiguous() if t.table is not None else None
 
+    def tables(self) -> list[torch.Tensor]:
+        """The call's tables of rows per distance (Shaw's, DeBERTa's)."""
+        return [x for x in (self.terms.wk, self.terms.wv, self.terms.wq) if x is not None]
+
     def launch(self) -> Launch:
-        shaw = self.terms.wk is not None or self.terms.wv is not None
         return launch_for(max(self.q.shape[3], self.v.shape[3]), self.q.device.type == "cuda",
-                          self.q.element_size(), shaw, features=self.terms.qx is not None)
+                          self.q.element_size(), bool(self.tables()), features=self.terms.qx is not None)
 
     def pointers(self, bias_rows: Optional[torch.Tensor]) -> list[torch.Tensor]:
-        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB; q's where an input is absent (never read)."""
+        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF; q's where an input is absent
+        (never read)."""
         t = self.terms
-        return [x if x is not None else self.q for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv, t.qb)]
+        return [x if x is not None else self.q
+                for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv, t.qb, t.wq, t.row_of)]
 
     def strides(self, out_or_dout: torch.Tensor) -> list[int]:
         return [*self.q.stride(), *self.k.stride(), *self.v.stride(), *out_or_dout.stride(),
                 *_strides(self.terms.qx, 4), *_strides(self.terms.kx, 2), *_strides(self.pad, 2)]
 
     def sizes(self) -> list[int]:
-        """H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, xl_clamp."""
+        """H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp."""
         (B, H, Lq, d), Hkv, Lk, dv = self.q.shape, self.k.shape[1], self.k.shape[2], self.v.shape[3]
         t = self.terms
 
@@ -97,7 +102,7 @@ class Call:
             return table.stride(0) if table is not None and table.dim() == 3 else 0
 
         return [H, H // Hkv, Lq, Lk, d, dv, self.features(), self.delta, self.delta - (Lq - 1), Lq + Lk - 1,
-                t.shaw_k, head_stride(t.wk), head_stride(t.wv), t.xl_clamp]
+                t.shaw_k, head_stride(t.wk), head_stride(t.wv), head_stride(t.wq), t.xl_clamp]
 
     def features(self) -> int:
         """The width of the query / key feature product (qx's columns but the clamp's two)."""
@@ -110,11 +115,12 @@ class Call:
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, BIAS=t.bias, HAS_X=t.qx is not None,
                     CAUSAL=self.causal, HAS_PAD=self.pad is not None, PRECISION=_precision(self.q),
                     X_PRECISION=_feature_precision(self.q), KEMB=t.wk is not None, VEMB=t.wv is not None,
-                    ZERO_BEYOND=t.zero_beyond, X_CLAMP=t.xl_clamp > 0, QUERY_BIAS=t.qb is not None)
+                    QEMB=t.wq is not None, ZERO_BEYOND=t.zero_beyond, ROW_MAP=t.row_of is not None,
+                    X_CLAMP=t.xl_clamp > 0, QUERY_BIAS=t.qb is not None)
 
     def table_rows(self) -> int:
-        """Rows of a Shaw table as the backward's partial sums hold them (a power of two)."""
-        return padded(2 * self.terms.shaw_k + 1)
+        """Rows of the call's tables (all have as many), as the backward's partial sums hold them."""
+        return self.tables()[0].shape[-2] if self.tables() else 0
 
     def bias_parts(self) -> int:
         """Partial sums per program of the bias parameters' gradients: one per bucket (padded)
@@ -176,7 +182,7 @@ def forward(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
 
 def backward(call: Call, out, lse, dout):
     """(dq, dk, dv, dqx, per-head sums of the bias parameters' gradients (H, parts), of the
-    Shaw tables' (H, rows, d) and (H, rows, dv)); absent ones None. The sums over batch and
+    tables' wk (H, rows, D), wv (H, rows, DV), wq (H, rows, D)); absent ones None. The sums over batch and
     programs run in a fixed order: the same bits on every run. With RoPE the kernels see q
     and k rotated again and write the gradients of the rotated q and k in float32, which
     the rotation's transpose takes back to q's and k's dtype (one rounding, as without it);
@@ -195,22 +201,22 @@ def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
     (B, H, Lq, d), Lk = q.shape, k.shape[2]
     cfg = call.launch()
     switches = call.switches(cfg)
-    programs = query_programs(triton.cdiv(Lq, cfg.block_m), B * H, t.wk is not None or t.wv is not None)
-    n_parts, cp = call.bias_parts(), call.table_rows()
-    # The kernels write every element of these (rows past Lq or Lk masked off, a program's whole
-    # partial slab); they are zeros only where the kernels do not run (an empty call).
+    programs = query_programs(triton.cdiv(Lq, cfg.block_m), B * H, bool(call.tables()))
+    n_parts, rows = call.bias_parts(), call.table_rows()
+    # The kernels write every element of these (rows past Lq or Lk masked off); they are zeros
+    # only where the kernels do not run (an empty call).
     runs = call.runs_kernels()
     like = torch.empty_like if runs else torch.zeros_like
     dq = like(q, memory_format=torch.contiguous_format, dtype=grad_dtype)
     dk, dvv = like(k, dtype=grad_dtype), like(v)  # the strides of k and v, as the kernels write them
     dqx = like(t.qx) if t.qx is not None else None
 
-    def partials(*shape):  # one partial sum per (batch, head, query program), summed below in a fixed order
-        return (q.new_empty if runs else q.new_zeros)(B * H, programs, *shape, dtype=torch.float32)
+    def partials(table, width):  # a table's partial sums per (batch, head, query program), which the kernel
+        # adds to (zeros first) and per_head sums in a fixed order
+        return q.new_zeros(B * H, programs, rows, width, dtype=torch.float32) if table is not None else None
 
     parts = q.new_zeros(B * H, programs, n_parts, dtype=torch.float32)  # unwritten without a bias: kept zero
-    dwk = partials(cp, switches["D"]) if t.wk is not None else None
-    dwv = partials(cp, switches["DV"]) if t.wv is not None else None
+    dwk, dwv, dwq = partials(t.wk, switches["D"]), partials(t.wv, switches["DV"]), partials(t.wq, switches["D"])
     if runs:
         dout, lse = dout.to(q.dtype), lse.contiguous()  # the kernels read lse as (B, H, Lq) rows
         delta_rows = _row_dots(dout, out)
@@ -218,17 +224,17 @@ def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
         wrap_triton(kernels.attention_backward_kv_kernel)[(triton.cdiv(Lk, cfg.block_n), B * k.shape[1])](
             q, k, v, dout, lse, delta_rows, dk, dvv, *pointers, *strides, *sizes,
             call.scale * kernels.LOG2E, call.scale, **switches)
-        pad_p, rows_p, *rest = pointers  # the q kernel takes BUCKET after BIAS_ROWS, DWK and DWV after QB
+        pad_p, rows_p, *rest = pointers  # the q kernel takes BUCKET after BIAS_ROWS, DWK, DWV, DWQ after ROW_OF
         wrap_triton(kernels.attention_backward_q_kernel)[(programs, B * H)](
             q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
-            t.bucket if t.bucket is not None else q, *rest, dwk if dwk is not None else parts,
-            dwv if dwv is not None else parts, *strides, *sizes,
-            call.scale * kernels.LOG2E, call.scale, n_parts, NB=max(n_parts, 16), CP=cp, **switches)
+            t.bucket if t.bucket is not None else q, *rest, *(x if x is not None else parts for x in (dwk, dwv, dwq)),
+            *strides, *sizes, call.scale * kernels.LOG2E, call.scale, n_parts, rows, NB=max(n_parts, 16), **switches)
 
-    def per_head(x):
-        return x.view(B, H, programs, *x.shape[2:]).sum(dim=(0, 2)) if x is not None else None
+    def per_head(x, scale=1.0):  # the kernel leaves the tables' dS-weighted sums unscaled
+        return x.view(B, H, programs, *x.shape[2:]).sum(dim=(0, 2)) * scale if x is not None else None
 
-    return dq, dk, dvv, dqx, per_head(parts), per_head(dwk), per_head(dwv)
+    return (dq, dk, dvv, dqx, per_head(parts), per_head(dwk, call.scale), per_head(dwv),
+            per_head(dwq, call.scale))
 
 
 def _row_dots(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -33,11 +33,11 @@ def call_options(terms: Terms, causal: bool, delta: int) -> list[int]:
     return [terms.bias, int(causal), delta, terms.shaw_k, int(terms.zero_beyond), terms.xl_clamp]
 
 
-def _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, rot_q, rot_k, partner, qb, ints,
+def _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, ints,
           scale) -> launch.Call:
     o = dict(zip(_OPTIONS, ints))
-    terms = Terms(q, k, o["bias"], p1, p2, table, bucket, qx, kx, wk, wv, o["shaw_k"], bool(o["zero_beyond"]),
-                  o["xl_clamp"], rot_q, rot_k, partner, qb)
+    terms = Terms(q, k, o["bias"], p1, p2, table, bucket, qx, kx, wk, wv, wq, row_of, o["shaw_k"],
+                  bool(o["zero_beyond"]), o["xl_clamp"], rot_q, rot_k, partner, qb)
     return launch.Call(terms, v, pad, bool(o["causal"]), o["delta"], scale)
 
 
@@ -51,22 +51,24 @@ def _register(name: str, body):
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, pad: Optional[Tensor], table: Optional[Tensor],
              bucket: Optional[Tensor], p1: Optional[Tensor], p2: Optional[Tensor], qx: Optional[Tensor],
-             kx: Optional[Tensor], wk: Optional[Tensor], wv: Optional[Tensor], rot_q: Optional[Tensor],
-             rot_k: Optional[Tensor], partner: Optional[Tensor], qb: Optional[Tensor], ints: list[int],
-             scale: float) -> tuple[Tensor, Tensor]:
+             kx: Optional[Tensor], wk: Optional[Tensor], wv: Optional[Tensor], wq: Optional[Tensor],
+             row_of: Optional[Tensor], rot_q: Optional[Tensor], rot_k: Optional[Tensor], partner: Optional[Tensor],
+             qb: Optional[Tensor], ints: list[int], scale: float) -> tuple[Tensor, Tensor]:
     """out ``(B, H, Lq, dv)`` and the rows' logsumexp ``(B, H, Lq)`` in float32."""
-    return launch.forward(_call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, rot_q, rot_k, partner, qb,
-                                ints, scale))
+    return launch.forward(_call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k,
+                                partner, qb, ints, scale))
 
 
 def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, pad: Optional[Tensor],
               table: Optional[Tensor], bucket: Optional[Tensor], p1: Optional[Tensor], p2: Optional[Tensor],
               qx: Optional[Tensor], kx: Optional[Tensor], wk: Optional[Tensor], wv: Optional[Tensor],
-              rot_q: Optional[Tensor], rot_k: Optional[Tensor], partner: Optional[Tensor], qb: Optional[Tensor],
-              ints: list[int], scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv, dqx and the per-head sums of the bias parameters' and Shaw tables'
-    gradients (launch.backward); an absent one is an empty tensor (an op returns tensors)."""
-    call = _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, rot_q, rot_k, partner, qb, ints, scale)
+              wq: Optional[Tensor], row_of: Optional[Tensor], rot_q: Optional[Tensor], rot_k: Optional[Tensor],
+              partner: Optional[Tensor], qb: Optional[Tensor], ints: list[int],
+              scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, dqx and the per-head sums of the bias parameters' and the tables' (wk, wv,
+    wq) gradients (launch.backward); an absent one is an empty tensor (an op returns tensors)."""
+    call = _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, ints,
+                 scale)
     grads = launch.backward(call, out, lse, dout)
     return tuple(g if g is not None else q.new_empty(0, dtype=torch.float32) for g in grads)
 
@@ -83,8 +85,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _table_grad(per_head: Tensor, table: Optional[Tensor]) -> Optional[Tensor]:
-    """A Shaw table's gradient from its per-head sums (rows and width padded): summed over the
-    heads for a table they share."""
+    """A table's gradient (Shaw's, DeBERTa's) from its per-head sums (width padded): summed over
+    the heads for a table they share."""
     if table is None:
         return None
     g = per_head[:, : table.shape[-2], : table.shape[-1]]
@@ -94,8 +96,8 @@ def _table_grad(per_head: Tensor, table: Optional[Tensor]) -> Optional[Tensor]:
 def input_gradients(inputs, grads) -> list:
     """The gradient of each argument of relpos::gpu_attention_forward (``inputs``, None where
     it has none) from relpos::gpu_attention_backward's results ``grads``."""
-    q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, rot_q, rot_k, partner, qb, ints, scale = inputs
-    dq, dk, dv, dqx, bias_sums, wk_sums, wv_sums = grads
+    q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, ints, scale = inputs
+    dq, dk, dv, dqx, bias_sums, wk_sums, wv_sums, wq_sums = grads
     bias = ints[0]
     dtable = dp1 = dp2 = None
     if bias == kernels.BIAS_ROW:
@@ -104,7 +106,7 @@ def input_gradients(inputs, grads) -> list:
         dp1 = bias_sums[:, 0].to(p1.dtype)
         dp2 = bias_sums[:, 1].to(p2.dtype) if p2 is not None else None
     return [dq, dk, dv, None, dtable, None, dp1, dp2, dqx if qx is not None else None, None,
-            _table_grad(wk_sums, wk), _table_grad(wv_sums, wv), None, None, None,
+            _table_grad(wk_sums, wk), _table_grad(wv_sums, wv), _table_grad(wq_sums, wq), None, None, None, None,
             dq.float().sum((0, 2)).to(qb.dtype) if qb is not None else None, None, None]
 
 

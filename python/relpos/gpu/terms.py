@@ -2,7 +2,7 @@
 
 The one place where a scheme meets the kernels: a scheme becomes a bias per
 (head, distance) of one kind, an extra query/key dot product, a rotation of q
-and k, or a bias on the query, built from its parameters with differentiable
+and k, tables of rows per distance, or a bias on the query, built from its parameters with differentiable
 torch operations where the kernels do not take the parameter itself. Imports
 NumPy, torch and relpos.schemes only, never the compiled CPU extension, so the
 GPU path loads where that extension was not built.
@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from relpos.schemes import ALiBi, KERPLE, KERPLEPower, NoPosition, RoPE, Shaw, T5, TransformerXL, alibi_slopes
+from relpos.schemes import (ALiBi, DeBERTa, KERPLE, KERPLEPower, NoPosition, RoPE, Shaw, T5, TransformerXL,
+                             alibi_slopes)
 
 from . import kernels
 from .config import padded
@@ -55,8 +56,10 @@ class Terms:
     optional query / key features (``qx`` per head, ``kx`` shared), a bias kind
     with its per-head parameters ``p1``, ``p2`` (learnable, their gradients computed
     by the kernels) or a bucketed table (``table`` ``(H, buckets)`` read through
-    ``bucket``, an int32 bucket per distance of the call), and Shaw's tables of key
-    and value rows per clipped distance."""
+    ``bucket``, an int32 bucket per distance of the call), and tables of rows per
+    distance: Shaw's key and value rows per clipped distance, DeBERTa's c2p (as ``wk``)
+    and p2c (``wq``, read by the key) through ``row_of``, an int32 row per distance of
+    the call."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -69,6 +72,8 @@ class Terms:
     kx: Optional[torch.Tensor] = None
     wk: Optional[torch.Tensor] = None  # Shaw's key rows per distance, (2k+1, d) or (H, 2k+1, d)
     wv: Optional[torch.Tensor] = None  # Shaw's value rows, (2k+1, dv) or (H, 2k+1, dv)
+    wq: Optional[torch.Tensor] = None  # DeBERTa's p2c rows read by the key, (2 span, d) or (H, 2 span, d)
+    row_of: Optional[torch.Tensor] = None  # (Lq + Lk - 1,) int32: the table row per distance (DeBERTa's)
     shaw_k: int = 0
     zero_beyond: bool = False
     xl_clamp: int = 0  # > 0: qx ends with the feature products at +-xl_clamp (Transformer-XL's clamp_len)
@@ -97,6 +102,24 @@ def t5_buckets(distances: torch.Tensor, bidirectional: bool, num_buckets: int, m
     scaled = torch.log(ratio.double()).float() / log_ratio * span
     large = (max_exact + scaled.long()).clamp(max=num_buckets - 1)
     return bucket + torch.where(n < max_exact, n, large)
+
+
+def deberta_rows(distances: torch.Tensor, position_buckets: int, max_relative_positions: int) -> torch.Tensor:
+    """DeBERTa's table row of each distance r (key minus query): ``clamp(bucket(-r) + span, 0,
+    2 span - 1)`` with transformers' ``make_log_bucket_position`` of the relative position
+    ``-r`` (query minus key), evaluated in float32 as upstream does with each logarithm
+    rounded once from double, as relpos.deberta_bucket computes it (the roundings decide
+    the bucket edges). Non-increasing in r, as the kernels' one-row test needs."""
+    x = (-distances).clamp(-MAX_POSITION, MAX_POSITION)
+    span = position_buckets if position_buckets > 0 else max_relative_positions
+    bucket = x
+    if position_buckets > 0:
+        mid = position_buckets // 2
+        ratio = x.abs().clamp(min=mid).float() / mid  # clamped: no log(0) in the rows that stay x
+        step = torch.log(torch.tensor((max_relative_positions - 1) / mid, dtype=torch.float32).double()).float()
+        far = torch.ceil(torch.log(ratio.double()).float() / step * (mid - 1)) + mid
+        bucket = torch.where(x.abs() > mid, torch.sign(x) * far.long(), x)
+    return (bucket + span).clamp(0, 2 * span - 1)
 
 
 def _positions(length: int, offset: int, device) -> torch.Tensor:
@@ -165,8 +188,42 @@ def _xl_features(q: torch.Tensor, xl: TransformerXL, q_offset: int, Lk: int, k_o
                                          lambda: torch.cat((ck, sk), -1))
 
 
-def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
-    """The kernels' terms for a scheme record whose arrays are torch tensors on q's device."""
+def _expected_shapes(scheme, H: int, d: int, dv: int) -> dict:
+    """Each learnable tensor's accepted shapes, as the CPU core accepts them: the kernels index
+    them by head and row without bounds, so a wrong shape must not reach them."""
+    if isinstance(scheme, Shaw):
+        rows = 2 * int(scheme.k) + 1
+        return {"wk": ((rows, d), (H, rows, d)), "wv": ((rows, dv), (H, rows, dv))}
+    if isinstance(scheme, DeBERTa):
+        scheme.check_joint_options(int(scheme.position_buckets), int(scheme.max_relative_positions))
+        span = scheme.position_buckets if scheme.position_buckets > 0 else scheme.max_relative_positions
+        return dict.fromkeys(("c2p", "p2c"), ((2 * span, d), (H, 2 * span, d)))
+    if isinstance(scheme, T5):
+        return {"table": ((H, scheme.table.shape[-1]),)}
+    if isinstance(scheme, TransformerXL):
+        pos_dim = scheme.w_r.shape[-1]
+        return {"u": ((H, d),), "v": ((H, d),), "w_r": ((H, d, pos_dim),)}
+    return {f: ((H,),) for f in scheme._tensors}  # ALiBi's slopes, KERPLE's r1 and r2
+
+
+def _check_tensors(scheme, q: torch.Tensor, dv: int) -> None:
+    """Each tensor of the scheme a torch tensor on q's device with a shape the kernels index."""
+    for field, shapes in _expected_shapes(scheme, q.shape[1], q.shape[3], dv).items():
+        x = getattr(scheme, field)
+        if x is None:
+            continue
+        name = f"{scheme.name}.{field}"
+        if not isinstance(x, torch.Tensor) or x.device != q.device:
+            raise ValueError(f"relpos: {name}: expected a torch tensor on q's device {q.device}, got "
+                             f"{x.device if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if tuple(x.shape) not in shapes:
+            raise ValueError(f"relpos: {name}: expected shape {' or '.join(map(str, shapes))}, got {tuple(x.shape)}")
+
+
+def terms_of(scheme, q, k, q_offset: int, k_offset: int, dv: int) -> Terms:
+    """The kernels' terms for a scheme record whose arrays are torch tensors on q's device
+    (checked) with v's head size ``dv``."""
+    _check_tensors(scheme, q, dv)
     H, Lq, Lk = q.shape[1], q.shape[2], k.shape[2]
     if isinstance(scheme, NoPosition):
         return Terms(q, k)
@@ -196,6 +253,16 @@ def terms_of(scheme, q, k, q_offset: int, k_offset: int) -> Terms:
         return Terms(q, k, kernels.BIAS_ROW, table=scheme.table, bucket=bucket)
     if isinstance(scheme, Shaw):
         return Terms(q, k, wk=scheme.wk, wv=scheme.wv, shaw_k=int(scheme.k), zero_beyond=scheme.beyond == "zero")
+    if isinstance(scheme, DeBERTa):
+        delta = k_offset - q_offset
+        options = (int(scheme.position_buckets), int(scheme.max_relative_positions))
+
+        def make():
+            distances = torch.arange(delta - (Lq - 1), delta + Lk, dtype=torch.int64)
+            return deberta_rows(distances, *options).to(torch.int32).to(q.device)
+
+        row_of = _cached(("deberta", delta, Lq, Lk, *options, q.device), make)
+        return Terms(q, k, wk=scheme.c2p, wq=scheme.p2c, row_of=row_of)
     if isinstance(scheme, TransformerXL):
         qx, kx = _xl_features(q, scheme, q_offset, Lk, k_offset)
         return Terms(q, k, qx=qx, kx=kx, xl_clamp=int(scheme.clamp_len), qb=scheme.u)
