@@ -88,7 +88,9 @@ def import_relpos():
     return schemes, gpu
 
 
-CORRECTNESS_SCHEMES = ("none", "alibi", "t5", "kerple", "kerple_power", "rope", "xl", "shaw")
+CORRECTNESS_SCHEMES = ("none", "alibi", "t5", "kerple", "kerple_power", "rope", "xl", "shaw", "deberta")
+# DeBERTa-v3-base's options: 256 log buckets (span 256, tables of 512 rows) up to 512 positions
+DEBERTA_OPTIONS = {"position_buckets": 256, "max_relative_positions": 512}
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,9 @@ def scheme_values(name: str, H: int, d: int, shaw_k: int) -> dict:
         return {"u": randn(H, d, s=0.1), "v": randn(H, d, s=0.1), "w_r": randn(H, d, d, s=d ** -0.5)}
     if name == "shaw":
         return {"wk": randn(2 * shaw_k + 1, d, s=0.5), "wv": randn(2 * shaw_k + 1, d, s=0.5)}
+    if name == "deberta":
+        rows = 2 * DEBERTA_OPTIONS["position_buckets"]
+        return {"c2p": randn(rows, d, s=0.5), "p2c": randn(rows, d, s=0.5)}
     return {}
 
 
@@ -207,13 +212,15 @@ def scheme_record(S, name: str, t: dict, causal: bool, shaw_k: int = 0):
         return S.TransformerXL(u=t["u"], v=t["v"], w_r=t["w_r"], clamp_len=0)
     if name == "shaw":
         return S.Shaw(k=shaw_k, wk=t["wk"], wv=t["wv"], beyond="clip")
+    if name == "deberta":
+        return S.DeBERTa(c2p=t["c2p"], p2c=t["p2c"], **DEBERTA_OPTIONS)
     raise ValueError(name)
 
 
 def oracle_options(name: str, causal: bool, shaw_k: int = 0) -> dict:
     return {"t5": {"bidirectional": not causal, "max_distance": T5_MAX_DISTANCE},
             "rope": {"base": ROPE_BASE, "dims": None, "style": "half_split"},
-            "xl": {"clamp_len": 0}, "shaw": {"k": shaw_k, "beyond": "clip"}}.get(name, {})
+            "xl": {"clamp_len": 0}, "shaw": {"k": shaw_k, "beyond": "clip"}, "deberta": DEBERTA_OPTIONS}.get(name, {})
 
 
 def refused(error: ValueError) -> bool:
@@ -272,7 +279,7 @@ def error_row(scheme, causal, Lq, Lk, tensor, got, exact, torch_half, repeat, tr
 
 def check_case(S, gpu, O, plan, name, causal, device) -> tuple[list, str]:
     """Rows of one (scheme, mask), or ([], reason) when relpos.gpu does not serve the scheme."""
-    L = plan.shaw_L if name == "shaw" else plan.L
+    L = plan.shaw_L if name in ("shaw", "deberta") else plan.L  # their oracles hold (H, L, L, d) rows
     memory = L // 4 if name == "xl" else 0
     B, H, d, Lq, Lk = plan.B, plan.H, plan.d, L, L + memory
     gen = torch.Generator().manual_seed(7 + 2 * CORRECTNESS_SCHEMES.index(name) + int(causal))
@@ -480,6 +487,13 @@ def rows_for(plan: Plan, shape: Shape) -> list:
                     [x.q, x.k, x.v, t["wk"], t["wv"]])
         return build
 
+    def hf_deberta(x):
+        s = x.shape
+        x.check_memory(forms.deberta_hf_bytes(s.B, s.H, s.L))
+        t = x.params("deberta")
+        return (lambda: forms.deberta_hf(x.q, x.k, x.v, t["c2p"], t["p2c"], **DEBERTA_OPTIONS, causal=c,
+                                         scale=x.scale), [x.q, x.k, x.v, t["c2p"], t["p2c"]])
+
     def ours(group):
         return lambda x: x.relpos(group)
 
@@ -502,6 +516,8 @@ def rows_for(plan: Plan, shape: Shape) -> list:
                  Row(f"flex Shaw K-only k={kk}", f"shaw:{kk}", "flex", flex_shaw(kk), compare=False)]
         if shape.gather:
             rows.append(Row(f"OpenNMT Shaw K+V k={kk} (L x L x d gathers)", f"shaw:{kk}", "peer", opennmt(kk)))
+    rows += [Row("relpos DeBERTa c2p+p2c (span 256)", "deberta", "relpos", ours("deberta")),
+             Row("Hugging Face DeBERTa (c2p, p2c gathers; eager softmax)", "deberta", "peer", hf_deberta)]
     return [r for r in rows if r.kind == "base" or r.group.split(":")[0] in plan.schemes]
 
 
@@ -664,6 +680,10 @@ def targets(plan: Plan, results: dict) -> list:
                 ratio(shape, f"{row.name} fwd+bwd vs rotation + SDPA flash", peer, ours, "fb", 1.0)
             elif group == "xl":
                 ratio(shape, f"{row.name} fwd+bwd vs SDPA flash (no memory)", flash, ours, "fb", 0.3)
+            elif group == "deberta":
+                ratio(shape, f"{row.name} fwd+bwd vs SDPA flash", flash, ours, "fb", 0.3)
+                ratio(shape, f"{row.name} fwd+bwd vs Hugging Face's form",
+                      get(shape, "Hugging Face DeBERTa (c2p, p2c gathers; eager softmax)"), ours, "fb", 3.0)
             elif group == "shaw":
                 kk = row.group.split(":")[1]
                 ratio(shape, f"{row.name} fwd+bwd vs SDPA flash", flash, ours, "fb", 0.35)
@@ -723,7 +743,7 @@ def report(plan, device, corr_rows, not_served, failures, results, target_rows) 
              f"- total time: {time.perf_counter() - T0:.0f} s (budget {plan.budget_s:.0f} s)", "",
              "## Correctness", "",
              f"bfloat16 q, k, v, dout and learnable scheme tensors, B={plan.B}, H={plan.H}, L={plan.L} "
-             f"(Shaw {plan.shaw_L}; XL with L/4 memory keys), d={plan.d}, scale 1/sqrt(d); exact: "
+             f"(Shaw and DeBERTa {plan.shaw_L}; XL with L/4 memory keys), d={plan.d}, scale 1/sqrt(d); exact: "
              "tests/python/torch_oracle.py in float64 on the same values; errors are max abs differences from it. "
              "Rule (FlashAttention's, as tests/python/test_gpu.py): err relpos.gpu <= 2 x err of the oracle computed "
              "in bfloat16 throughout + 1e-6. For the record, err / rounding: relpos.gpu's error over that of the "

@@ -12,7 +12,10 @@ that code with relpos.gpu gains:
 - Transformer-XL: ``(q + v) . (W_R R)`` as a band over distances, the pad-and-view
   rel-shift of kimiyoung/transformer-xl, then SDPA with it as a bias;
 - OpenNMT-py's Shaw: (L, L, d) relation tables gathered and multiplied by
-  ``relative_matmul``.
+  ``relative_matmul``;
+- Hugging Face DeBERTa-v2: ``DisentangledSelfAttention``'s c2p and p2c products
+  against the whole (2 span, d) tables, gathered to (query, key) by the log-bucketed
+  relative positions, added to the scores, an eager softmax.
 
 Every form takes q, k, v ``(B, H, L, d)`` and returns ``(B, H, Lq, dv)``. Needs torch only
 (flex_attention is imported when a flex form is built); runs on CPU tensors too, which is
@@ -202,6 +205,46 @@ def shaw_opennmt_bytes(B, H, Lq, Lk, d, itemsize=2) -> float:
     """Estimated peak of shaw_opennmt's forward and backward: the two relation tables and
     their gradients, the scores in the input dtype and float32, the probabilities."""
     return Lq * Lk * d * itemsize * 6 + B * H * Lq * Lk * (itemsize * 6 + 4 * 3)
+
+
+# ---------------------------------------------------------------------------
+# DeBERTa as Hugging Face transformers writes it
+# ---------------------------------------------------------------------------
+
+
+def deberta_hf(q, k, v, c2p, p2c, *, position_buckets: int, max_relative_positions: int, causal: bool,
+               scale: float):
+    """transformers' DisentangledSelfAttention (modeling_deberta_v2.py) from projected q, k, v
+    and the tables' projections (pos_key_layer = c2p, pos_query_layer = p2c, shared by the
+    heads): ``q k^T`` plus ``c2p_att`` (q against every table row, gathered at
+    ``clamp(rel + span)``) plus ``p2c_att`` (k against every row, gathered at
+    ``clamp(-rel + span)`` and transposed), each scaled, masked with the dtype's minimum as
+    HF masks, softmax and ``@ v`` in the input dtype. ``rel`` is ``make_log_bucket_position``
+    of query minus key position (tests/python/torch_oracle.py, checked against transformers)."""
+    B, H, L, d = q.shape
+    span = position_buckets if position_buckets > 0 else max_relative_positions
+    positions = torch.arange(L, device=q.device)
+    rel = oracle().deberta_log_bucket(positions[:, None] - positions[None, :], position_buckets,
+                                      max_relative_positions)
+    query, key = q.reshape(B * H, L, d), k.reshape(B * H, L, d)
+    scores = torch.bmm(query, key.transpose(-1, -2)) * scale
+    c2p_att = torch.bmm(query, c2p[None].expand(B * H, -1, -1).transpose(-1, -2))
+    c2p_pos = torch.clamp(rel + span, 0, 2 * span - 1)
+    scores = scores + torch.gather(c2p_att, -1, c2p_pos[None].expand(B * H, L, L)) * scale
+    p2c_att = torch.bmm(key, p2c[None].expand(B * H, -1, -1).transpose(-1, -2))
+    p2c_pos = torch.clamp(-rel + span, 0, 2 * span - 1)
+    scores = scores + torch.gather(p2c_att, -1, p2c_pos[None].expand(B * H, L, L)).transpose(-1, -2) * scale
+    if causal:
+        future = torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, torch.finfo(q.dtype).min)
+    probs = torch.softmax(scores, dim=-1)
+    return torch.bmm(probs, v.reshape(B * H, L, -1)).view(B, H, L, -1)
+
+
+def deberta_hf_bytes(B, H, L, itemsize=2) -> float:
+    """Estimated peak of deberta_hf's forward and backward: the scores, both gathered
+    terms, their sums, the probabilities and the gradients of each, (B H, L, L) apiece."""
+    return B * H * L * L * itemsize * 10
 
 
 # ---------------------------------------------------------------------------
