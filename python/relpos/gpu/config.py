@@ -61,19 +61,19 @@ def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, shaw: bool =
     return Launch(64, 64, 8 if features else 4, 2)
 
 
-# Query programs of the backward's dq kernel, all heads together, where Shaw's tables learn.
-# Each program writes its partial sums of a table's gradient, (2k+1) x d float32 rows padded
-# to a power of two, which the host adds in a fixed order; at one program per query tile they
+# Query programs of the backward's dq kernel, all heads together, where tables per distance
+# learn (Shaw's, DeBERTa's). Each program adds to its partial sums of a table's gradient, rows x
+# d float32 (d padded), which the host adds in a fixed order; at one program per query tile they
 # took tiles x rows x d floats per head (4.3 GB per table at B = 4, H = 16, L = 16384, d = 128,
-# k = 64). A program that owns every n-th tile keeps one partial for all of them: about
-# SHAW_PROGRAMS x rows x d floats (134 MB at rows 256, d 128; one program per head where
-# B x H passes SHAW_PROGRAMS), still several programs per SM.
+# Shaw's k = 64). A program that owns every n-th tile keeps one partial for all of them: about
+# SHAW_PROGRAMS x rows x d floats (69 MB at Shaw's 129 rows, d 128; 134 MB at DeBERTa's 512
+# rows, d 64; one program per head where B x H passes SHAW_PROGRAMS), still several per SM.
 SHAW_PROGRAMS = 1024
 
 
 def query_programs(tiles: int, heads: int, shaw: bool) -> int:
     """Programs per (batch, head) of the dq kernel for ``tiles`` query tiles and ``heads``
-    batch x head pairs: one per tile, or fewer with Shaw's tables (SHAW_PROGRAMS)."""
+    batch x head pairs: one per tile, or fewer with tables per distance (SHAW_PROGRAMS)."""
     if not shaw:
         return max(1, tiles)
     return max(1, min(tiles, triton.cdiv(SHAW_PROGRAMS, max(1, heads))))
