@@ -43,7 +43,7 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   const double slices = nb * double(sizes.key_width + sizes.value_width + sizes.query_width);
   const bool band = sizes.key_width > 0 && sizes.table_rows == 0;  // a key embedding with a row per distance
   const double rows = double(tiles::kBackwardRows), keys = double(tiles::kBackwardKeys);
-  const tiles::ForwardTiles forward = tiles::forward(p.q.shape[3], p.v.shape[3]);
+  const tiles::ForwardTiles forward = tiles::forward(p.q.shape[3], p.v.shape[3], by_key);
   // The forward's tile rows (fewer for fewer queries) and the logits of a step of keys.
   const int64_t tile_rows = std::min(forward.rows, p.q.shape[2]);
   const double forward_rows = double(std::max<int64_t>(tile_rows, 1));

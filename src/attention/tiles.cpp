@@ -58,7 +58,8 @@ const CacheSizes& this_cpu() {
   return caches;
 }
 
-ForwardTiles forward_rule(const CacheSizes& caches, int64_t d, int64_t dv) {
+ForwardTiles forward_rule(const CacheSizes& caches, int64_t d, int64_t dv, bool table_read_by_key) {
+  if (table_read_by_key) return {kRows, 128};
   const int64_t budget = (caches.l2 > 0 ? caches.l2 : kAssumedL2) / 4 * 3;
   for (const int64_t keys : {512, 256}) {
     const int64_t bytes = 4 * (kRows * keys + keys * (d + dv));  // the logits, the key and value blocks
@@ -96,9 +97,9 @@ const ForwardTiles& override_tiles() {
 }
 }  // namespace
 
-ForwardTiles forward(int64_t d, int64_t dv) {
+ForwardTiles forward(int64_t d, int64_t dv, bool table_read_by_key) {
   const ForwardTiles& forced = override_tiles();
-  return forced.rows ? forced : forward_rule(this_cpu(), d, dv);
+  return forced.rows ? forced : forward_rule(this_cpu(), d, dv, table_read_by_key);
 }
 
 std::string describe() {
@@ -109,7 +110,8 @@ std::string describe() {
     return std::string("none: ") + e.what();
   }
   const CacheSizes& c = this_cpu();
-  return shown(forward(64, 64)) + " (d = 64), " + shown(forward(128, 128)) + " (d = 128); rule for " +
+  return shown(forward(64, 64)) + " (d = 64), " + shown(forward(128, 128)) + " (d = 128), " +
+         shown(forward(64, 64, true)) + " with a table read by the key; rule for " +
          (c.l2 > 0 ? kib(c.l2) + " of L2" : "an unreported L2, taken as " + kib(kAssumedL2));
 }
 

@@ -13,6 +13,11 @@
 //     (+-3%), 64 rows 3-10% and 32 rows up to 25% slower than 128
 //     (docs/benchmarks.md, "Forward tiles").
 // The backward's tiles stay 128 x 128 (its P and dP, 64 KiB each, fit every L2).
+// A call with a table read by the key (DeBERTa's p2c) takes 128 keys whatever
+// the L2: its picks go into the logits key by key, down the tile's columns,
+// and on Zen 5 (B = 2, H = 12, L = 2048, d = 64, 2 threads) DeBERTa's forward
+// took 440 ms with 512 keys, 350 with 256 and 160-190 with 128 (64 rows:
+// 159 ms, within that spread).
 //
 // The rule is deterministic per machine, and so are the results: the tile
 // decides where the online softmax rescales, which changes the last bits of
@@ -61,8 +66,9 @@ inline int64_t forward_key_block(const ForwardTiles& f, int64_t bq) {
   return std::clamp<int64_t>(f.rows * f.keys / bq / kBackwardKeys * kBackwardKeys, f.keys, kDecodeBlockK);
 }
 
-// The rule (see above) for these caches and head dimensions.
-ForwardTiles forward_rule(const CacheSizes& caches, int64_t d, int64_t dv);
+// The rule (see above) for these caches and head dimensions, with or
+// without a table read by the key.
+ForwardTiles forward_rule(const CacheSizes& caches, int64_t d, int64_t dv, bool table_read_by_key = false);
 
 // "ROWSxKEYS" as RELPOS_FORWARD_TILES takes it: rows 16 to 512, keys a multiple
 // of 128 from 128 to 4096; std::invalid_argument naming the variable otherwise.
@@ -70,7 +76,7 @@ ForwardTiles parse_override(const std::string& text);
 
 // This call's tiles: RELPOS_FORWARD_TILES (read once) if set, else the rule
 // for this CPU.
-ForwardTiles forward(int64_t d, int64_t dv);
+ForwardTiles forward(int64_t d, int64_t dv, bool table_read_by_key = false);
 
 // "128 x 256 (d = 64), 128 x 256 (d = 128), rule for 512 KiB of L2" for relpos info;
 // a malformed RELPOS_FORWARD_TILES is described, not thrown (the attention calls refuse it).

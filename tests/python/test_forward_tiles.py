@@ -55,7 +55,7 @@ def test_info_reports_the_caches_and_the_rules_tiles():
         assert info["l2_bytes"] == int(l2.read_text().strip()[:-1]) * 1024
     if "RELPOS_FORWARD_TILES" not in os.environ:
         tiles = info["forward_tiles"]
-        assert "(d = 64)" in tiles and "(d = 128)" in tiles
+        assert "(d = 64)" in tiles and "(d = 128)" in tiles and "128 x 128 with a table read by the key" in tiles
         l2 = info["l2_bytes"]
         shown = f"{l2 >> 20} MiB" if l2 >= 8 << 20 else f"{l2 >> 10} KiB"  # as relpos info writes sizes
         rule = f"rule for {shown} of L2" if l2 else "rule for an unreported L2"

@@ -28,6 +28,9 @@ TEST(ForwardTiles, RuleKeepsTheLogitsAndTheKeyAndValueBlocksInThreeQuartersOfL2)
   EXPECT_EQ(forward_rule({0, 64 * KiB, 0}, 64, 64), (ForwardTiles{128, 128}));  // never fewer than 128 keys
   // No L2 reported: the size the tiles were tuned on.
   EXPECT_EQ(forward_rule({}, 64, 64), forward_rule({0, kAssumedL2, 0}, 64, 64));
+  // A table read by the key (DeBERTa's p2c): 128 keys on every L2.
+  for (const int64_t l2 : {int64_t(0), 512 * KiB, MiB, 2 * MiB})
+    EXPECT_EQ(forward_rule({48 * KiB, l2, 0}, 64, 64, true), (ForwardTiles{128, 128}));
 }
 
 // This CPU's L2 as sysfs lists it, where it does.
