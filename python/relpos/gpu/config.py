@@ -33,18 +33,18 @@ def padded(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
 
-def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, shaw: bool = False,
+def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, tables: bool = False,
                features: bool = False) -> Launch:
     """The configuration for a call with head size ``head_dim`` (the larger of d and dv),
-    inputs of ``element_bytes`` each and, with ``shaw``, Shaw's tables (whose per-tile band of
-    BM + BN table rows, a power of two, adds to the tile's shared memory), with ``features``
-    Transformer-XL's float32 feature product. Head 128 takes
-    twice the shared memory of head 64, float32 twice that of half types: 64 x 64 tiles in
-    two stages needed up to 295 KB on sm_90 for float32 (232 KB available) and 246 KB for
-    float16 with Shaw's tables, so those run smaller tiles in one stage (the compile check,
-    compile_check.py, measures every one). Half types at head 128 without Shaw's tables or
-    features run 4 warps: bench/gpu_tiles.py on an H100 timed plain attention there at 1.08x / 0.79x SDPA
-    flash forward / forward+backward against 0.65x / 0.46x with 8 warps. Its fastest, 64 x 32
+    inputs of ``element_bytes`` each and, with ``tables``, tables per distance (Shaw's,
+    DeBERTa's: a per-tile band of BM + BN table rows adds to the tile's shared memory), with
+    ``features`` Transformer-XL's float32 feature product. Head 128 takes twice the shared
+    memory of head 64, float32 twice that of half types: 64 x 64 tiles in two stages needed
+    up to 295 KB on sm_90 for float32 (232 KB available) and 246 KB for float16 with Shaw's
+    tables, so those run smaller tiles in one stage (the compile check, compile_check.py,
+    measures every one). Half types at head 128 without tables or features run 4 warps:
+    bench/gpu_tiles.py on an H100 timed plain attention there at 1.08x / 0.79x SDPA flash
+    forward / forward+backward against 0.65x / 0.46x with 8 warps. Its fastest, 64 x 32
     tiles in 3 stages (1.12x / 0.81x), needs 186,368 bytes of shared memory with
     Transformer-XL's features, over an A100's 166,912; at head 64 three stages gained 1%
     forward and 5% forward+backward on plain attention, within the run-to-run spread of the
@@ -54,7 +54,7 @@ def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, shaw: bool =
         return INTERPRETER
     if padded(head_dim) <= 64:
         return Launch(64, 64, 4, 2)
-    if shaw:
+    if tables:
         return Launch(16, 16, 4, 1) if element_bytes > 2 else Launch(32, 32, 4, 1)
     if element_bytes > 2:
         return Launch(32, 32, 4, 1)
@@ -71,9 +71,9 @@ def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, shaw: bool =
 SHAW_PROGRAMS = 1024
 
 
-def query_programs(tiles: int, heads: int, shaw: bool) -> int:
+def query_programs(tiles: int, heads: int, tables: bool) -> int:
     """Programs per (batch, head) of the dq kernel for ``tiles`` query tiles and ``heads``
     batch x head pairs: one per tile, or fewer with tables per distance (SHAW_PROGRAMS)."""
-    if not shaw:
+    if not tables:
         return max(1, tiles)
     return max(1, min(tiles, triton.cdiv(SHAW_PROGRAMS, max(1, heads))))

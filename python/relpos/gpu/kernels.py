@@ -198,16 +198,17 @@ def _rows_grad(slab, first_row, last_row, first_sum, last_sum, weights, x, t0, s
     """Adds to the program's own float32 partial sum of a table's gradient, ``slab`` (rows x C
     in global memory), each row c's ``sum over pairs reading c of weights_ij x`` with x the
     pair's query-side row (dwv with P and dout, dwk / dc2p with dS and q), or with BY_KEY its
-    key-side row (dp2c with dS and k): into the one row a far tile reads, or the band's
-    per-distance sums merged by row and added to their rows, 32 distances at a time. Returns
-    the program's running sums of the call's first and last rows (_end_rows) with a far
-    tile's sum added when it reads one of them (it nearly always does), so a far tile
-    writes nothing and needs no barrier (on an H100 this measured the same speed as adding
-    each far tile's row to the slab, within the spread between runs). A map is monotone, so the distances of a part reading one row are a run: each
-    run's first distance sums its run (an exact 0/1 product, 32 x 32) and only those are
-    written, each to its own row. The slab lives in global memory, not in registers: DeBERTa's tables
-    have 2 x 256 rows and Shaw's up to 129, (rows x C) float32 per program that a register
-    tile spilled; so did the whole window's 0/1 product (BM + BN squared)."""
+    key-side row (dp2c with dS and k): a far tile's one row, or the band's per-distance sums
+    merged by row and added to their rows, 32 distances at a time. A map is monotone, so the
+    distances of a part reading one row are a run: each run's first distance sums its run
+    (an exact 0/1 product, 32 x 32) and only those are written, each to its own row.
+
+    Returns the program's running sums of the call's first and last rows (_end_rows), a far
+    tile's sum added to them when it reads one (it nearly always does), so that a far tile
+    writes nothing and needs no barrier (on an H100 the same speed as adding each far tile's
+    row to the slab, within the spread between runs). The slab lives in global memory, not
+    in registers: DeBERTa's tables have 2 x 256 rows and Shaw's up to 129, (rows x C) float32
+    per program that a register tile spilled; so did the whole window's 0/1 product."""
     one, row = _one_row(t0, shaw_k, row_of, r_min, R, BM, BN, ZERO_BEYOND, ROW_MAP)
     if one:
         if not ZERO_BEYOND:
