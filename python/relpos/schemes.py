@@ -427,8 +427,8 @@ class DeBERTa(_Scheme):
 
     c2p: Optional[np.ndarray] = None
     p2c: Optional[np.ndarray] = None
-    # Their joint bounds (buckets >= 2 or <= 0, max_relative_positions past buckets / 2 + 1)
-    # are the core's to check.
+    # Their joint bounds (buckets >= 2 or <= 0, max_relative_positions past buckets / 2 + 1):
+    # check_joint_options, and the core at each call.
     position_buckets: int = option("deberta_position_buckets", "int", 256, high=MAX_POSITION)
     max_relative_positions: int = option("deberta_max_relative_positions", "int", 512, low=1, high=MAX_POSITION)
     name = "deberta"
@@ -449,11 +449,12 @@ class DeBERTa(_Scheme):
 
     @staticmethod
     def check_joint_options(buckets: int, reach: int) -> None:
-        """The bounds the two options set each other (the CPU core checks them at each call;
-        the module and the GPU path, which have no core, with this)."""
+        """The bounds the two options set each other, as the CPU core checks them at each call
+        (the torch module when built and the GPU path, which has no core, call this)."""
         if 0 < buckets < 2:
             raise ValueError(f"relpos: deberta_position_buckets: must be <= 0 (no buckets) or >= 2, got {buckets}")
-        if buckets > 0 and reach - 1 <= buckets // 2:
+        # (reach - 1) / mid must exceed 1 in float32 too (2^26 buckets reaching 2^25 + 2 rounds to 1)
+        if buckets > 0 and (reach - 1 <= buckets // 2 or not np.float32((reach - 1) / (buckets // 2)) > 1):
             raise ValueError(f"relpos: deberta_max_relative_positions: with deberta_position_buckets {buckets} "
                              f"must exceed {buckets // 2 + 1} (the log ratio would be <= 0), got {reach}")
 

@@ -84,7 +84,7 @@ def _cases():
         if scheme == "shaw":  # per-head or shared tables, K+V / K / V, clip or zero beyond, k past the tiles
             opts.update(per_head=bool(s % 2), tables=("kv", "k", "v")[m % 3], beyond=("clip", "zero")[m % 2],
                         k=(5, 40)[s % 2])
-        if scheme == "deberta":  # both tables / c2p / p2c, shared or per-head, log buckets or none (span past the tiles)
+        if scheme == "deberta":  # both / c2p / p2c, shared or per-head, log buckets or none (span past the tiles)
             opts.update(tables=("c2p|p2c", "c2p", "p2c")[m % 3], per_head=bool(s % 2))
             if m == 2:
                 opts.update(position_buckets=-1, max_relative_positions=24)
@@ -251,6 +251,24 @@ def test_deberta_rows_are_relpos_buckets():
         assert deberta_rows(r, buckets, reach).tolist() == expected, (buckets, reach)
 
 
+def test_a_table_shared_as_one_head_is_the_shared_table():
+    """A DeBERTa or Shaw table given as (1, rows, d), as the CPU core takes a shared table,
+    computes what (rows, d) does, and its gradient keeps its shape."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 20, 16, generator=gen, dtype=torch.float32) for _ in range(3))
+    for make, table in ((lambda t: relpos.DeBERTa(c2p=t, position_buckets=8, max_relative_positions=20),
+                         torch.randn(16, 16, generator=gen, dtype=torch.float32)),
+                        (lambda t: relpos.Shaw(k=3, wk=t), torch.randn(7, 16, generator=gen, dtype=torch.float32))):
+        results = []
+        for given in (table, table[None]):
+            given = given.clone().requires_grad_()
+            out = gpu().attention(q, k, v, make(given))
+            out.sum().backward()
+            assert given.grad.shape == given.shape
+            results.append((out.detach(), given.grad.reshape(table.shape)))
+        torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+
+
 def test_deberta_scale_defaults_to_the_papers():
     """1 / sqrt(d (1 + tables)) by default, as the CPU path: same output with and without it."""
     gen = torch.Generator().manual_seed(3)
@@ -306,12 +324,16 @@ def test_rope_calls_without_keys_or_queries():
                                       clamp_len=-1)), "clamp_len"),
     # tables of the wrong size or device: the kernels would read past them
     (dict(scheme=relpos.DeBERTa(c2p=torch.zeros(2, 12, 16), position_buckets=8, max_relative_positions=40)),
-     r"deberta.c2p: expected shape \(16, 16\) or \(2, 16, 16\), got \(2, 12, 16\)"),
+     r"deberta.c2p: expected shape \(16, 16\) or \(1, 16, 16\) or \(2, 16, 16\), got \(2, 12, 16\)"),
     (dict(scheme=relpos.Shaw(k=2, wk=torch.zeros(3, 16))), r"shaw.wk: expected shape \(5, 16\)"),
     (dict(scheme=relpos.T5(torch.zeros(3, 32))), r"t5.table: expected shape \(2, 32\)"),
     (dict(scheme=relpos.ALiBi(torch.zeros(2, device="meta"))), "alibi.slopes: expected a torch tensor on q's device"),
     (dict(scheme=relpos.DeBERTa(p2c=torch.zeros(16, 16), position_buckets=1, max_relative_positions=40)),
      "position_buckets"),
+    (dict(scheme=relpos.DeBERTa(position_buckets=8, max_relative_positions=40)), "deberta: give c2p, p2c or both"),
+    # the log ratio (2^25 + 1) / 2^25 rounds to 1 in float32: the CPU core refuses it too
+    (dict(scheme=relpos.DeBERTa(c2p=torch.zeros(4, 16), position_buckets=1 << 26,
+                                max_relative_positions=(1 << 25) + 2)), "max_relative_positions"),
 ])
 def test_bad_input_is_refused_by_name(bad, message):
     args = dict(q=torch.randn(1, 2, 4, 16, dtype=torch.float32), k=torch.randn(1, 2, 4, 16, dtype=torch.float32),

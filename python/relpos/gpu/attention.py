@@ -144,5 +144,9 @@ def _float32(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def _contiguous(x: Optional[torch.Tensor], dtype) -> Optional[torch.Tensor]:
-    """A table of rows per distance in the inputs' dtype with contiguous rows, as the kernels index it."""
-    return x.to(dtype).contiguous() if x is not None else None
+    """A table of rows per distance in the inputs' dtype with contiguous rows, as the kernels index
+    it: ``(rows, width)`` shared by the heads (also when given as ``(1, rows, width)``) or
+    ``(H, rows, width)``."""
+    if x is None:
+        return None
+    return (x[0] if x.dim() == 3 and x.shape[0] == 1 else x).to(dtype).contiguous()

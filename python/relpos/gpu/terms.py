@@ -70,7 +70,7 @@ class Terms:
     bucket: Optional[torch.Tensor] = None
     qx: Optional[torch.Tensor] = None
     kx: Optional[torch.Tensor] = None
-    wk: Optional[torch.Tensor] = None  # Shaw's key rows per distance, (2k+1, d) or (H, 2k+1, d)
+    wk: Optional[torch.Tensor] = None  # read by the query: Shaw's (2k+1, d), DeBERTa's c2p (2 span, d); or (H, ...)
     wv: Optional[torch.Tensor] = None  # Shaw's value rows, (2k+1, dv) or (H, 2k+1, dv)
     wq: Optional[torch.Tensor] = None  # DeBERTa's p2c rows read by the key, (2 span, d) or (H, 2 span, d)
     row_of: Optional[torch.Tensor] = None  # (Lq + Lk - 1,) int32: the table row per distance (DeBERTa's)
@@ -189,15 +189,14 @@ def _xl_features(q: torch.Tensor, xl: TransformerXL, q_offset: int, Lk: int, k_o
 
 
 def _expected_shapes(scheme, H: int, d: int, dv: int) -> dict:
-    """Each learnable tensor's accepted shapes, as the CPU core accepts them: the kernels index
-    them by head and row without bounds, so a wrong shape must not reach them."""
+    """Each learnable tensor's shapes the kernels index (a table shared by the heads may be
+    ``(1, rows, width)`` too, as the CPU core takes it; attention.py reads it as ``(rows, width)``)."""
     if isinstance(scheme, Shaw):
         rows = 2 * int(scheme.k) + 1
-        return {"wk": ((rows, d), (H, rows, d)), "wv": ((rows, dv), (H, rows, dv))}
+        return {"wk": ((rows, d), (1, rows, d), (H, rows, d)), "wv": ((rows, dv), (1, rows, dv), (H, rows, dv))}
     if isinstance(scheme, DeBERTa):
-        scheme.check_joint_options(int(scheme.position_buckets), int(scheme.max_relative_positions))
         span = scheme.position_buckets if scheme.position_buckets > 0 else scheme.max_relative_positions
-        return dict.fromkeys(("c2p", "p2c"), ((2 * span, d), (H, 2 * span, d)))
+        return dict.fromkeys(("c2p", "p2c"), ((2 * span, d), (1, 2 * span, d), (H, 2 * span, d)))
     if isinstance(scheme, T5):
         return {"table": ((H, scheme.table.shape[-1]),)}
     if isinstance(scheme, TransformerXL):
@@ -206,18 +205,30 @@ def _expected_shapes(scheme, H: int, d: int, dv: int) -> dict:
     return {f: ((H,),) for f in scheme._tensors}  # ALiBi's slopes, KERPLE's r1 and r2
 
 
+# Elements of one table of rows per distance (rows x width per head) the kernels address with
+# int32 offsets.
+_MAX_TABLE = (1 << 31) - 1
+
+
 def _check_tensors(scheme, q: torch.Tensor, dv: int) -> None:
     """Each tensor of the scheme a torch tensor on q's device with a shape the kernels index."""
+    for field in scheme._tensors:
+        x = getattr(scheme, field)
+        if x is not None and (not isinstance(x, torch.Tensor) or x.device != q.device):
+            raise ValueError(f"relpos: {scheme.name}.{field}: expected a torch tensor on q's device {q.device}, got "
+                             f"{x.device if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if isinstance(scheme, DeBERTa):
+        scheme.check_joint_options(int(scheme.position_buckets), int(scheme.max_relative_positions))
+        if scheme.c2p is None and scheme.p2c is None:
+            raise ValueError("relpos: deberta: give c2p, p2c or both")
     for field, shapes in _expected_shapes(scheme, q.shape[1], q.shape[3], dv).items():
         x = getattr(scheme, field)
-        if x is None:
-            continue
-        name = f"{scheme.name}.{field}"
-        if not isinstance(x, torch.Tensor) or x.device != q.device:
-            raise ValueError(f"relpos: {name}: expected a torch tensor on q's device {q.device}, got "
-                             f"{x.device if isinstance(x, torch.Tensor) else type(x).__name__}")
-        if tuple(x.shape) not in shapes:
-            raise ValueError(f"relpos: {name}: expected shape {' or '.join(map(str, shapes))}, got {tuple(x.shape)}")
+        if x is not None and tuple(x.shape) not in shapes:
+            raise ValueError(f"relpos: {scheme.name}.{field}: expected shape {' or '.join(map(str, shapes))}, "
+                             f"got {tuple(x.shape)}")
+        if x is not None and x.dim() >= 2 and x.shape[-2] * x.shape[-1] > _MAX_TABLE:
+            raise ValueError(f"relpos: {scheme.name}.{field}: {x.shape[-2]} x {x.shape[-1]} elements per head; the "
+                             "GPU kernels address at most 2^31 - 1")
 
 
 def terms_of(scheme, q, k, q_offset: int, k_offset: int, dv: int) -> Terms:
