@@ -6,7 +6,7 @@ it against SDPA flash, FlexAttention and the PyTorch forms models use, and write
     python bench/gpu.py --smoke --out /tmp/gpu.md   # tiny sizes on CPU tensors (Triton's interpreter)
     python bench/gpu.py --schemes rope,t5   # those schemes' checks and rows only (SDPA flash's rows stay)
 
-1. Correctness (B=1, H=4, L=4096, d=64; Shaw, when served, at L=1024 because the oracle
+1. Correctness (B=1, H=4, L=4096, d=64; Shaw and DeBERTa at L=1024 because the oracle
    materialises (H, L, L, d) tables; Transformer-XL with L/4 memory keys), causal and not,
    every scheme: bfloat16 q, k, v, dout and learnable scheme tensors; relpos.gpu's output
    and the gradients of q, k, v and every learnable tensor against tests/python/torch_oracle.py
@@ -110,7 +110,7 @@ class Plan:
     H: int
     L: int
     d: int
-    shaw_L: int
+    tables_L: int
     shapes: list
     shaw_ks: tuple
     kerple_power_timed: bool
@@ -217,7 +217,7 @@ def error_row(scheme, causal, Lq, Lk, tensor, got, exact, torch_half, repeat, tr
 
 def check_case(S, gpu, O, plan, name, causal, device) -> tuple[list, str]:
     """Rows of one (scheme, mask), or ([], reason) when relpos.gpu does not serve the scheme."""
-    L = plan.shaw_L if name in ("shaw", "deberta") else plan.L  # their oracles hold (H, L, L, d) rows
+    L = plan.tables_L if name in ("shaw", "deberta") else plan.L  # their oracles hold (H, L, L, d) rows
     memory = L // 4 if name == "xl" else 0
     B, H, d, Lq, Lk = plan.B, plan.H, plan.d, L, L + memory
     gen = torch.Generator().manual_seed(7 + 2 * CORRECTNESS_SCHEMES.index(name) + int(causal))
@@ -681,7 +681,7 @@ def report(plan, device, corr_rows, not_served, failures, results, target_rows) 
              f"- total time: {time.perf_counter() - T0:.0f} s (budget {plan.budget_s:.0f} s)", "",
              "## Correctness", "",
              f"bfloat16 q, k, v, dout and learnable scheme tensors, B={plan.B}, H={plan.H}, L={plan.L} "
-             f"(Shaw and DeBERTa {plan.shaw_L}; XL with L/4 memory keys), d={plan.d}, scale 1/sqrt(d); exact: "
+             f"(Shaw and DeBERTa {plan.tables_L}; XL with L/4 memory keys), d={plan.d}, scale 1/sqrt(d); exact: "
              "tests/python/torch_oracle.py in float64 on the same values; errors are max abs differences from it. "
              "Rule (FlashAttention's, as tests/python/test_gpu.py): err relpos.gpu <= 2 x err of the oracle computed "
              "in bfloat16 throughout + 1e-6. For the record, err / rounding: relpos.gpu's error over that of the "

@@ -1,7 +1,8 @@
 """relpos.gpu as registered operators, through Triton's interpreter on CPU tensors:
 ``torch.compile(fullgraph=True)`` and ``torch.export`` trace ``relpos.gpu.attention`` and
 compute what it computes eagerly, gradients included; the backward's query programs
-that own several tiles (Shaw's partial tables, config.SHAW_PROGRAMS) agree with the
+that own several tiles (the partial tables of Shaw's and DeBERTa's tables,
+config.TABLE_PROGRAMS) agree with the
 float64 oracle; inputs the kernels cannot address are refused by name.
 
 Under the interpreter the ops are custom ops (relpos.gpu.ops says why); the Triton form
@@ -95,32 +96,38 @@ def test_exported_program_equals_eager_and_holds_the_op():
     torch.testing.assert_close(program.module()(q, k, v), model(q, k, v), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("tables, beyond", [("kv", "clip"), ("k", "zero"), ("v", "clip")])
-def test_shaw_programs_that_own_several_tiles_match_the_oracle(monkeypatch, tables, beyond):
-    """At one program per head every program walks all five query tiles (16 rows each)
-    and keeps one partial table for them."""
+@pytest.mark.parametrize("scheme, L, opts", [
+    ("shaw", 70, dict(k=9, tables="kv", beyond="clip")), ("shaw", 70, dict(k=9, tables="k", beyond="zero")),
+    ("shaw", 70, dict(k=9, tables="v", beyond="clip")),
+    ("deberta", 70, dict(position_buckets=8, max_relative_positions=20, tables="p2c")),
+    # 8 buckets to 1000 positions: bucket 6 spans distances 26 to 157, so at L = 180 far tiles read
+    # that middle row, neither the call's first row (bucket 7) nor its last
+    ("deberta", 180, dict(position_buckets=8, max_relative_positions=1000))], ids=lambda x: str(x))
+def test_programs_that_own_several_tiles_match_the_oracle(monkeypatch, scheme, L, opts):
+    """At one program per head every program walks all the query tiles (16 rows each)
+    and keeps one partial table (and one pair of running end rows) for them."""
     from relpos.gpu import config
 
-    case = Case(f"shaw_owning_{tables}", "shaw", B=2, H=2, d=16, causal=True, Lq=70, Lk=70,
-                opts=dict(k=9, tables=tables, beyond=beyond, per_head=True))
+    case = Case(f"{scheme}_owning", scheme, B=1 if L > 100 else 2, H=2, d=16, causal=True, Lq=L, Lk=L,
+                opts=dict(opts, per_head=True))
     pb = make_problem(case)
     per_tile = run_gpu(pb)
-    monkeypatch.setattr(config, "SHAW_PROGRAMS", 1)
-    assert config.query_programs(5, 4, shaw=True) == 1
+    monkeypatch.setattr(config, "TABLE_PROGRAMS", 1)
+    assert config.query_programs(5, 4, tables=True) == 1
     owning = run_gpu(pb)
     assert_matches_oracle(owning, run_oracle(pb), np.float32)
     for name in per_tile:
         np.testing.assert_allclose(owning[name], per_tile[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def test_query_programs_bound_shaws_partial_tables():
-    from relpos.gpu.config import SHAW_PROGRAMS, query_programs
+def test_query_programs_bound_the_partial_tables():
+    from relpos.gpu.config import TABLE_PROGRAMS, query_programs
 
-    assert query_programs(512, 64, shaw=False) == 512  # one per tile without tables to sum
+    assert query_programs(512, 64, tables=False) == 512  # one per tile without tables to sum
     for tiles, heads in ((512, 64), (256, 16), (3, 2), (1024, 4096)):
-        programs = query_programs(tiles, heads, shaw=True)
-        assert 1 <= programs <= tiles and heads * programs <= max(SHAW_PROGRAMS, heads)
-    assert query_programs(512, 64, shaw=True) == 16
+        programs = query_programs(tiles, heads, tables=True)
+        assert 1 <= programs <= tiles and heads * programs <= max(TABLE_PROGRAMS, heads)
+    assert query_programs(512, 64, tables=True) == 16
 
 
 def test_a_batch_entry_past_int32_offsets_is_refused():

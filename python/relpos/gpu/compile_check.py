@@ -19,7 +19,7 @@ else padded(1)) x tables of rows per distance (none; Shaw's K+V, K, V with k = S
 DeBERTa's c2p + p2c through a row map) x Transformer-XL's
 clamp (with HAS_X) x RoPE (the backward writes the gradients of the rotated q and k as
 float32), each with config.launch_for(head, on_gpu=True, the dtype's
-size, Shaw's tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
+size, the tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
 (torch's TF32 switch on), ieee otherwise, and X_PRECISION tf32 (the float32
 features' product). The full product is 14,400 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one

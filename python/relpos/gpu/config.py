@@ -66,14 +66,14 @@ def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, tables: bool
 # d float32 (d padded), which the host adds in a fixed order; at one program per query tile they
 # took tiles x rows x d floats per head (4.3 GB per table at B = 4, H = 16, L = 16384, d = 128,
 # Shaw's k = 64). A program that owns every n-th tile keeps one partial for all of them: about
-# SHAW_PROGRAMS x rows x d floats (69 MB at Shaw's 129 rows, d 128; 134 MB at DeBERTa's 512
-# rows, d 64; one program per head where B x H passes SHAW_PROGRAMS), still several per SM.
-SHAW_PROGRAMS = 1024
+# TABLE_PROGRAMS x rows x d floats (68 MB at Shaw's 129 rows, d 128; 134 MB at DeBERTa's 512
+# rows, d 64; one program per head where B x H passes TABLE_PROGRAMS), still several per SM.
+TABLE_PROGRAMS = 1024
 
 
 def query_programs(tiles: int, heads: int, tables: bool) -> int:
     """Programs per (batch, head) of the dq kernel for ``tiles`` query tiles and ``heads``
-    batch x head pairs: one per tile, or fewer with tables per distance (SHAW_PROGRAMS)."""
+    batch x head pairs: one per tile, or fewer with tables per distance (TABLE_PROGRAMS)."""
     if not tables:
         return max(1, tiles)
-    return max(1, min(tiles, triton.cdiv(SHAW_PROGRAMS, max(1, heads))))
+    return max(1, min(tiles, triton.cdiv(TABLE_PROGRAMS, max(1, heads))))

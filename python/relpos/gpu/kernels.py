@@ -33,7 +33,7 @@ and ``lse = -inf``.
 
 Determinism: no atomics anywhere. The backward's key-tile programs own their dk,
 dv rows; its query-tile programs own their dq rows and write the gradient of
-every positional parameter as a partial sum per (batch, head, query tile),
+every positional parameter as a partial sum per (batch, head, query program),
 which the caller reduces in a fixed order.
 """
 from __future__ import annotations
@@ -207,7 +207,7 @@ def _rows_grad(slab, first_row, last_row, first_sum, last_sum, weights, x, t0, s
     tile's sum added to them when it reads one (it nearly always does), so that a far tile
     writes nothing and needs no barrier (on an H100 the same speed as adding each far tile's
     row to the slab, within the spread between runs). The slab lives in global memory, not
-    in registers: DeBERTa's tables have 2 x 256 rows and Shaw's up to 129, (rows x C) float32
+    in registers: DeBERTa's tables have 2 x 256 rows and Shaw's 2k + 1, (rows x C) float32
     per program that a register tile spilled; so did the whole window's 0/1 product."""
     one, row = _one_row(t0, shaw_k, row_of, r_min, R, BM, BN, ZERO_BEYOND, ROW_MAP)
     if one:
