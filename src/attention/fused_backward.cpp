@@ -184,7 +184,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
           rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, j0, shown), srow, scale, shown);
         }
       }
-      if constexpr (F::indexed) add_indexed_grads(c, t, m0, dS, scale, q);
+      if constexpr (F::indexed) add_indexed_grads(c, t, m0, dS, scale, q, w.transposed);
       if (split_tile) {
         split_products(w.split, j0 - begin, bk, scale, q.dqc.data() + i0 * d);
         continue;
@@ -206,24 +206,16 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
 }
 
 // The indexed tables' share of a tile's scale * dS (bq, bk), add_indexed_scores
-// backwards: into each query's c2p score gradients by each key's row, and,
-// key by key (as add_indexed_scores reads them), into each key's p2c score
-// gradients by the same pair's row.
+// backwards: into each query's c2p score gradients dR and each key's p2c
+// score gradients dRk by each pair's row. by_key: scratch.
 template <class T>
-void add_indexed_grads(const HeadContext<T>& c, const Tile& t, int64_t m0, const T* dS, T scale, QueryGrads<T>& q) {
-  const int64_t nb = c.nb, bq = t.bq, bk = t.bk;
-  if (!c.c2p.empty())
-    for (int64_t ii = 0; ii < bq; ++ii) {
-      const int32_t* rows = c.c2p_rows + m0 + (bq - 1 - ii);
-      T* dR = &q.dR[(t.i0 + ii) * nb];
-      for (int64_t jj = 0; jj < bk; ++jj) dR[rows[jj]] += scale * dS[ii * bk + jj];
-    }
-  if (!c.p2c.empty())
-    for (int64_t jj = 0; jj < bk; ++jj) {
-      const int32_t* rows = c.p2c_rows + m0 + jj + (bq - 1);  // rows[-ii]: row ii's
-      T* dRk = &q.dRk[(t.j0 + jj) * nb];
-      for (int64_t ii = 0; ii < bq; ++ii) dRk[rows[-ii]] += scale * dS[ii * bk + jj];
-    }
+void add_indexed_grads(const HeadContext<T>& c, const Tile& t, int64_t m0, const T* dS, T scale, QueryGrads<T>& q,
+                       Scratch<T>& by_key) {
+  const int64_t bq = t.bq, bk = t.bk, nb = c.nb;
+  if (c.c2p_rows)
+    for (int64_t ii = 0; ii < bq; ++ii)
+      sum_picks(*c.c2p_rows, m0 + (bq - 1 - ii), bk, dS + ii * bk, scale, &q.dR[(t.i0 + ii) * nb]);
+  if (c.p2c_rows) sum_key_picks(*c.p2c_rows, m0, dS, bq, bk, scale, &q.dRk[t.j0 * nb], nb, by_key);
 }
 
 // A key band's row gradients, summed over the batch entries of one head that

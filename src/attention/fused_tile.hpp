@@ -20,9 +20,10 @@
 //                       under a causal mask a cut tile of its own (key_band.hpp)
 //   indexed tables      a table read at a row per distance (DeBERTa's buckets),
 //                       by the query (c2p: R = qp c2p^T per query tile) or by
-//                       the key (p2c: k p2c^T once per head), each pair's
-//                       score picked by its distance's row; the backward sums
-//                       dS into the same (rows, table rows) shapes
+//                       the key (p2c: p2c k^T once per head), each pair's
+//                       score picked by its distance's row, run by run of
+//                       rows (indexed_rows.hpp); the backward sums dS into
+//                       the same shapes
 //
 // Backward recomputes P from the saved logsumexp, query tiles outer and key
 // tiles inner; positional gradients go to per-thread partials summed in
@@ -50,6 +51,7 @@
 #include "causal_cut.hpp"
 #include "distance_table.hpp"
 #include "head.hpp"
+#include "indexed_rows.hpp"
 #include "key_band.hpp"
 #include "tile_products.hpp"
 #include "tiles.hpp"
@@ -70,8 +72,8 @@ struct HeadContext {
   const T* E = nullptr;     // a key band's rows per distance (distances, d), falling, from CallEmbeddings
   Scratch<T> c2p, p2c;      // indexed tables: this head's slices (nb, d), read by the query and by the key
   Scratch<T> Rk;            // p2c: every key's scores against its rows, (lk, nb)
-  const int32_t* c2p_rows = nullptr;  // indexed tables: the table row of each distance index, from CallEmbeddings
-  const int32_t* p2c_rows = nullptr;
+  const RowRuns* c2p_rows = nullptr;  // indexed tables: the table row of each distance index, from CallEmbeddings
+  const RowRuns* p2c_rows = nullptr;
   StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
 
   bool key_table() const { return !wk.empty(); }
@@ -120,7 +122,7 @@ template <class T>
 struct CallEmbeddings {
   std::unique_ptr<DistanceEmbedding<T>> keys, values, queries;
   std::vector<Scratch<T>> E;  // a key band: per head (distances, d), row r the distance index distances - 1 - r
-  std::vector<int32_t> key_rows, query_rows;  // indexed tables: the row of distance index m
+  RowRuns key_rows, query_rows;  // indexed tables: the row of distance index m
 
   explicit CallEmbeddings(const AttentionForward<T>& p)
       : keys(make_key_embedding(p)), values(make_value_embedding(p)), queries(make_query_embedding(p)) {
@@ -129,7 +131,9 @@ struct CallEmbeddings {
       if (table) {
         if (table->table_rows() > INT32_MAX)  // rows are listed as int32
           throw std::invalid_argument("relpos: fused: a table of more than 2^31 - 1 rows");
-        for (int64_t m = 0; m < table->count(); ++m) rows->push_back(int32_t(table->index(table->rmin() + m)));
+        std::vector<int32_t> of_distance(table->count());
+        for (int64_t m = 0; m < table->count(); ++m) of_distance[m] = int32_t(table->index(table->rmin() + m));
+        *rows = RowRuns(std::move(of_distance));
       }
     if (values && !values->clipped()) throw std::logic_error("relpos: fused reads value embeddings as clipped tables");
     if (const ClippedTable<T>*a = key_table(), *b = value_table();
@@ -205,8 +209,8 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
   if (e.value_table()) table_slice(*e.value_table(), h, c.wv);
   c.E = e.E.empty() ? nullptr : e.E[h].data();
   c.c2p.clear(), c.p2c.clear(), c.Rk.clear();
-  c.c2p_rows = e.key_rows.empty() ? nullptr : e.key_rows.data();
-  c.p2c_rows = e.query_rows.empty() ? nullptr : e.query_rows.data();
+  c.c2p_rows = e.key_rows.empty() ? nullptr : &e.key_rows;
+  c.p2c_rows = e.query_rows.empty() ? nullptr : &e.query_rows;
   if (const IndexedTable<T>* table = e.indexed_keys()) {
     c.nb = table->table_rows();
     c.c2p.resize(c.nb * table->width()), table->slice(h, c.c2p.data());
@@ -254,25 +258,14 @@ BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t compute
 // Adds the indexed tables' scores to the tile's logits S (bq, bk): scale
 // times Rq[ii, c2p row] (Rq the query tile's scores against the c2p rows,
 // (bq, nb)) and Rk[j, p2c row], each pair's row that of its distance
-// (distance index of (ii, jj): m0 + (bq - 1 - ii) + jj). The p2c scores go
-// key by key, each key's row of the head's (lk, nb) scores read once per
-// tile, not one key's row per pair.
+// (distance index of (ii, jj): m0 + (bq - 1 - ii) + jj). by_key: scratch.
 template <class T>
-void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t m0, const T* Rq, T* S) {
-  const int64_t nb = c.nb, bq = t.bq, bk = t.bk;
-  if (!c.c2p.empty())
-    for (int64_t ii = 0; ii < bq; ++ii) {
-      T* row = S + ii * bk;
-      const int32_t* rows = c.c2p_rows + m0 + (bq - 1 - ii);
-      const T* R = Rq + ii * nb;
-      for (int64_t jj = 0; jj < bk; ++jj) row[jj] += scale * R[rows[jj]];
-    }
-  if (!c.p2c.empty())
-    for (int64_t jj = 0; jj < bk; ++jj) {
-      const int32_t* rows = c.p2c_rows + m0 + jj + (bq - 1);  // rows[-ii]: row ii's
-      const T* R = c.Rk.data() + (t.j0 + jj) * nb;
-      for (int64_t ii = 0; ii < bq; ++ii) S[ii * bk + jj] += scale * R[rows[-ii]];
-    }
+void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t m0, const T* Rq, T* S,
+                        Scratch<T>& by_key) {
+  const int64_t bq = t.bq, bk = t.bk;
+  if (c.c2p_rows)
+    for (int64_t ii = 0; ii < bq; ++ii) add_picks(*c.c2p_rows, m0 + (bq - 1 - ii), bk, Rq + ii * c.nb, scale, S + ii * bk);
+  if (c.p2c_rows) add_key_picks(*c.p2c_rows, m0, c.Rk.data() + t.j0 * c.nb, c.nb, bq, bk, scale, S, by_key);
 }
 
 // S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
@@ -287,7 +280,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
   product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
                   bq, bk, d, scale, S, cut, transposed);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
-  if constexpr (F::indexed) add_indexed_scores(c, scale, t, m0, Rq, S);
+  if constexpr (F::indexed) add_indexed_scores(c, scale, t, m0, Rq, S, transposed);  // the products are done with it
   const Scratch<T>& bias = c.x.bias;
   for (int64_t ii = 0; ii < bq; ++ii) {
     T* row = S + ii * bk;

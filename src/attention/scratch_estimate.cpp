@@ -19,6 +19,7 @@
 #include "fused.hpp"
 #include "head.hpp"
 #include "half_storage.hpp"
+#include "indexed_rows.hpp"
 #include "tiles.hpp"
 #include "relpos/attention.hpp"
 #include "../schemes/registry.hpp"
@@ -67,6 +68,12 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   // A key band's scores (and in the backward their gradients) for a query
   // tile against every key it visits.
   const auto band_scores = [&](double tile_rows) { return band ? tile_rows * (Lk + tile_rows - 1) : 0.0; };
+  // The transposed tile of a staircase product, which a table read by the
+  // key also takes for its picks by key (indexed_rows.hpp: a chunk of keys
+  // by the tile's rows forward, the backward tile's keys by its rows).
+  const auto transposed = [&](double tile_rows, double tile_keys) {
+    return std::max(rows * widest, by_key ? tile_rows * tile_keys : 0.0);
+  };
   // bfloat16 parts, three per float32 entry at half its size, where the
   // kernel splits P and dS (bf16_split.hpp).
   double half = 0;
@@ -74,8 +81,8 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   // ForwardScratch: the logits of a step of keys, the output, the key
   // table's scores and value bucket sums, the running max and sum, a
   // transposed tile; P split where half storage splits it.
-  const double forward_worker = head + forward_logits * (1.0 + 1.5 * half) +
-                                forward_rows * (dv + query_side + 2.0) + rows * widest + band_scores(forward_rows);
+  const double forward_worker = head + forward_logits * (1.0 + 1.5 * half) + forward_rows * (dv + query_side + 2.0) +
+                                transposed(forward_rows, double(fused::kKeyChunk)) + band_scores(forward_rows);
   // BackwardScratch: dout, D, the tile's P and dS, key-table scores and
   // dout wv^T, a transposed tile; where a head is one group (else below) its
   // QueryGrads (dq's two parts, the key-score gradients and value bucket
@@ -87,7 +94,7 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
       2.0 * Lq * d + Lq * query_side + (band ? distances * d : 0.0) + distances + (by_key ? Lk * nb : 0.0);
   const double groups = double(fused::backward_key_groups(p));
   const double one_group = groups > 1 ? 0.0 : query_grads + Lk * (d + dv);
-  const double backward_worker = head + Lq * (dv + 1.0) + dv + 2.0 * rows * keys + rows * (query_side + widest) +
+  const double backward_worker = head + Lq * (dv + 1.0) + dv + 2.0 * rows * keys + rows * query_side + transposed(rows, keys) +
                                  2.0 * band_scores(std::min(rows, Lq)) + one_group + slices +
                                  half * (3.0 * rows * keys + 1.5 * Lk * d + 1.5 * rows * (d + dv) + Lk * (d + dv));
   const double forward_workers = std::min(requested, batch_heads * std::ceil(Lq / forward_rows));
@@ -96,13 +103,13 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   // gradients, and every head's dk, dv until its groups are summed.
   const double grouped = groups > 1 ? batch_heads * (groups * query_grads + Lk * (d + dv)) : 0.0;
   // Per call: a key band's rows per head and what its embedding needs per
-  // distance; the indexed tables' rows per distance (int32, counted as
-  // elements); half storage's positional parameters widened to float32 and
+  // distance; the indexed tables' rows per distance (RowRuns: int32 row and
+  // run end, int8 step, counted as 2.25 elements); half storage's positional parameters widened to float32 and
   // their float32 gradients (half_storage.cpp); the backward's per-thread
   // partial gradients of the positional parameters (with a key band's row sums).
   double parameters = 0;
   for_each_scheme_param(p.pos, [&](const char*, const auto& x) { parameters += x.empty() ? 0.0 : double(x.numel()); });
-  const double indexed_rows = sizes.indexed ? 2.0 * distances : 0.0;
+  const double indexed_rows = sizes.indexed ? 2.0 * 2.25 * distances : 0.0;
   const double call = (band ? (heads * d + double(sizes.per_distance)) * (Lq + Lk) : 0.0) + indexed_rows +
                       (is_half_v<T> ? 2.0 * parameters : 0.0);
   const double partials = backward_workers * (parameters + (band ? distances * d : 0.0));

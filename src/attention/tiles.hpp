@@ -14,10 +14,12 @@
 //     (docs/benchmarks.md, "Forward tiles").
 // The backward's tiles stay 128 x 128 (its P and dP, 64 KiB each, fit every L2).
 // A call with a table read by the key (DeBERTa's p2c) takes 128 keys whatever
-// the L2: its picks go into the logits key by key, down the tile's columns,
-// and on Zen 5 (B = 2, H = 12, L = 2048, d = 64, 2 threads) DeBERTa's forward
-// took 440 ms with 512 keys, 350 with 256 and 160-190 with 128 (64 rows:
-// 159 ms, within that spread).
+// the L2: a step also reads its keys' scores against the table's rows (keys x
+// rows, 1 MiB for 512 keys of DeBERTa-v3's 512 rows) and picks them into a
+// (keys x 128) scratch before adding them to the logits transposed
+// (indexed_rows.hpp). On Zen 5 (B = 2, H = 12, L = 2048, d = 64, 2 threads)
+// DeBERTa's forward took 144-150 ms with 128 keys, 180-188 with 256 and 208
+// with 512.
 //
 // The rule is deterministic per machine, and so are the results: the tile
 // decides where the online softmax rescales, which changes the last bits of

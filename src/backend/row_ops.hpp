@@ -89,6 +89,18 @@ bool rows_finite(const T* x, int64_t rows, int64_t n, int64_t ld) {
   }
 }
 
+// out (cols x rows, row stride ldo) += the transpose of x (rows x cols, row
+// stride ldx); strides may be negative.
+template <class T>
+void add_transposed(const T* x, int64_t rows, int64_t cols, int64_t ldx, T* out, int64_t ldo) {
+  if constexpr (std::is_same_v<T, float>) {
+    return simd::add_transposed(x, rows, cols, ldx, out, ldo);
+  } else {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) out[c * ldo + r] += x[r * ldx + c];
+  }
+}
+
 // (a[i], b[i]) rotated by the angle with cosine c[i] and sine sign * s[i].
 template <class T>
 void rotate_pairs(T* a, T* b, const T* c, const T* s, T sign, int64_t n) {

@@ -108,8 +108,11 @@ struct StaircaseProductArgs {
   int64_t delta = 0;
 };
 void staircase_product(const StaircaseProductArgs& args);
-// out (cols x rows, row stride rows) = the transpose of x (rows x cols, row stride ldx).
+// out (cols x rows, row stride rows) = the transpose of x (rows x cols, row
+// stride ldx); and out (row stride ldo) += it. A stride may be negative (rows
+// taken or put in reverse).
 void transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out);
+void add_transposed(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out, int64_t ldo);
 
 // One row of LayerNorm (nn/layer_norm.hpp): the mean and the biased variance
 // of x summed lane-wise in float32, out = (x - mean) rstd gamma + beta; and its

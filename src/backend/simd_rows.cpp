@@ -88,10 +88,13 @@ void RotatePairs(float* a, float* b, const float* c, const float* s, float sign,
   });
 }
 
-// out (cols x rows, row stride rows) = the transpose of x (rows x cols, row
-// stride ldx), by 4 x 4 blocks of 128-bit vectors (every x86 target has
-// them) and element by element at the edges.
-void Transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out) {
+// The transpose of x (rows x cols, row stride ldx) into an output (cols x
+// rows, row stride ldo), by 4 x 4 blocks of 128-bit vectors (every x86 target has
+// them) and element by element at the edges: put(d, v, at) puts a block's
+// row of four at the output's entry at, put_one(at, value) one element.
+template <class Put, class PutOne>
+void TransposeBy(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_t ldo, [[maybe_unused]] Put put,
+                 PutOne put_one) {
   int64_t r = 0;
 #if HWY_TARGET != HWY_SCALAR  // one lane: element by element
   const hn::FixedTag<float, 4> d;
@@ -102,17 +105,29 @@ void Transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* o
       const auto r2 = hn::LoadU(d, x + (r + 2) * ldx + c), r3 = hn::LoadU(d, x + (r + 3) * ldx + c);
       const auto lo01 = hn::InterleaveLower(d, r0, r1), lo23 = hn::InterleaveLower(d, r2, r3);
       const auto hi01 = hn::InterleaveUpper(d, r0, r1), hi23 = hn::InterleaveUpper(d, r2, r3);
-      hn::StoreU(hn::ConcatLowerLower(d, lo23, lo01), d, out + c * rows + r);
-      hn::StoreU(hn::ConcatUpperUpper(d, lo23, lo01), d, out + (c + 1) * rows + r);
-      hn::StoreU(hn::ConcatLowerLower(d, hi23, hi01), d, out + (c + 2) * rows + r);
-      hn::StoreU(hn::ConcatUpperUpper(d, hi23, hi01), d, out + (c + 3) * rows + r);
+      put(d, hn::ConcatLowerLower(d, lo23, lo01), c * ldo + r);
+      put(d, hn::ConcatUpperUpper(d, lo23, lo01), (c + 1) * ldo + r);
+      put(d, hn::ConcatLowerLower(d, hi23, hi01), (c + 2) * ldo + r);
+      put(d, hn::ConcatUpperUpper(d, hi23, hi01), (c + 3) * ldo + r);
     }
     for (; c < cols; ++c)
-      for (int64_t i = r; i < r + 4; ++i) out[c * rows + i] = x[i * ldx + c];
+      for (int64_t i = r; i < r + 4; ++i) put_one(c * ldo + i, x[i * ldx + c]);
   }
 #endif
   for (; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = x[r * ldx + c];
+    for (int64_t c = 0; c < cols; ++c) put_one(c * ldo + r, x[r * ldx + c]);
+}
+
+void Transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out) {
+  TransposeBy(
+      x, rows, cols, ldx, rows, [&](auto d, auto v, int64_t at) { hn::StoreU(v, d, out + at); },
+      [&](int64_t at, float value) { out[at] = value; });
+}
+
+void AddTransposed(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out, int64_t ldo) {
+  TransposeBy(
+      x, rows, cols, ldx, ldo, [&](auto d, auto v, int64_t at) { hn::StoreU(hn::Add(hn::LoadU(d, out + at), v), d, out + at); },
+      [&](int64_t at, float value) { out[at] += value; });
 }
 
 }  // namespace relpos::simd::HWY_NAMESPACE
@@ -132,6 +147,7 @@ HWY_EXPORT(AddColumnSumsBf16);
 HWY_EXPORT(SumOfSquares);
 HWY_EXPORT(RotatePairs);
 HWY_EXPORT(Transpose);
+HWY_EXPORT(AddTransposed);
 
 void multiply(const float* a, const float* b, float* out, int64_t n) { RELPOS_SIMD_DISPATCH(Multiply)(a, b, out, n); }
 void add_scaled(float* y, const float* x, float alpha, int64_t n) { RELPOS_SIMD_DISPATCH(AddScaled)(y, x, alpha, n); }
@@ -153,6 +169,9 @@ void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign
 }
 void transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out) {
   RELPOS_SIMD_DISPATCH(Transpose)(x, rows, cols, ldx, out);
+}
+void add_transposed(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out, int64_t ldo) {
+  RELPOS_SIMD_DISPATCH(AddTransposed)(x, rows, cols, ldx, out, ldo);
 }
 
 }  // namespace relpos::simd

@@ -201,6 +201,18 @@ void check_transposes() {
     relpos::simd::transpose(x.data(), rows, cols, ldx, out.data());
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(out[c * rows + r], x[r * ldx + c]) << rows << "x" << cols;
+    // Added, x's rows taken and the output's rows put in reverse (negative strides), the output's padding kept.
+    const int64_t ldo = rows + 3;
+    const std::vector<float> before = random_row(cols * ldo, -1.0f, 1.0f, uint64_t(rows * 7 + cols));
+    std::vector<float> sum = before;
+    relpos::simd::add_transposed(x.data() + (rows - 1) * ldx, rows, cols, -ldx, sum.data() + (cols - 1) * ldo, -ldo);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < ldo; ++r) {
+        const float added = r < rows ? x[(rows - 1 - r) * ldx + c] : 0.0f;
+        EXPECT_EQ(sum[(cols - 1 - c) * ldo + r], r < rows ? before[(cols - 1 - c) * ldo + r] + added
+                                                          : before[(cols - 1 - c) * ldo + r])
+            << "add_transposed " << rows << "x" << cols << " at " << r << ", " << c;
+      }
   }
 }
 

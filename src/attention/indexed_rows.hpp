@@ -1,0 +1,155 @@
+// An indexed table's row per distance (DeBERTa's log buckets), cut into runs,
+// and the fused kernel's picks of a tile row through them.
+//
+// The rows step by one per distance near the diagonal (exact buckets), stay
+// on one row for a run of distances beyond (log buckets, then the edge row).
+// The picks follow the runs along a row of scores: a long run of one row
+// adds one constant, a long stepping run one contiguous stretch of the scores;
+// what lies between (short runs: the first log buckets) goes pair by pair.
+// The backward sums the same stretches, a short run of one row in a register.
+// By the query (c2p) that row is the query's scores against the table, along
+// the keys of a tile row. By the key (p2c) it is the key's scores, along the
+// queries: the picks are made key by key and added to the tile transposed,
+// as a tile row of p2c reads a diagonal of the keys' scores (a cache line
+// per pair: 37% of the forward's picks when read in place). In place of a
+// load and a store per pair, whose store-to-load chains on runs of one row
+// made c2p + p2c 2.8x plain attention's forward + backward (B = 2, L = 2048, Zen 5).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "../backend/row_ops.hpp"
+#include "../backend/scratch.hpp"
+
+namespace relpos::fused {
+
+class RowRuns {
+ public:
+  RowRuns() = default;
+  // rows[m]: the table row of distance index m.
+  explicit RowRuns(std::vector<int32_t> rows) : row_(std::move(rows)), next_(row_.size()), step_(row_.size()) {
+    const int64_t count = int64_t(row_.size());
+    int64_t short_from = 0;  // the first distance index of the short stretch under way
+    const auto end_short = [&](int64_t at) {
+      std::fill(&next_[0] + short_from, &next_[0] + at, int32_t(at));
+      std::fill(&step_[0] + short_from, &step_[0] + at, kShort);
+    };
+    for (int64_t m = 0; m < count;) {
+      int64_t step = m + 1 < count ? int64_t(row_[m + 1]) - row_[m] : 0, e = m + 1;
+      if (std::abs(step) > 1) step = 0;  // a jump: a run of one distance
+      else
+        while (e < count && int64_t(row_[e]) - row_[e - 1] == step) ++e;
+      if (e - m >= kLongRun) {
+        end_short(m);
+        std::fill(&next_[m], &next_[0] + e, int32_t(e));
+        std::fill(&step_[m], &step_[0] + e, int8_t(step));
+        short_from = e;
+      }
+      m = e;
+    }
+    end_short(count);
+  }
+
+  bool empty() const { return row_.empty(); }
+  const int32_t* rows_from(int64_t m) const { return &row_[m]; }
+
+  // For the distance indices [m, m + count), positions t = 0, 1, ...: the
+  // long runs, whole(t, n, row, step) (positions [t, t + n), the first's row,
+  // the run's step -1, 0 or +1); picked(t, n) for each stretch between them.
+  template <class Whole, class Picked>
+  void for_each_stretch(int64_t m, int64_t count, Whole&& whole, Picked&& picked) const {
+    for (int64_t t = 0; t < count;) {
+      const int64_t e = std::min<int64_t>(next_[m + t] - m, count);
+      if (const int step = step_[m + t]; step == kShort)
+        picked(t, e - t);
+      else
+        whole(t, e - t, row_[m + t], step);
+      t = e;
+    }
+  }
+
+ private:
+  // Runs from this long go to a vector loop whole: a call costs more for fewer.
+  static constexpr int64_t kLongRun = 8;
+  static constexpr int8_t kShort = 2;  // step_ of a short stretch's distances
+  std::vector<int32_t> row_;
+  std::vector<int32_t> next_;  // the end of m's long run or short stretch
+  std::vector<int8_t> step_;   // the step of m's long run, or kShort
+};
+
+// dR[rows[u]] += alpha * in[u] for u < n, a run of one row summed in a
+// register (no store-to-load chain).
+template <class T>
+void sum_picked(const int32_t* rows, const T* in, T alpha, T* dR, int64_t n) {
+  for (int64_t u = 0; u < n;) {
+    T sum = in[u];
+    const int32_t row = rows[u];
+    for (++u; u < n && rows[u] == row; ++u) sum += in[u];
+    dR[row] += alpha * sum;
+  }
+}
+
+// out[t] += alpha * R[row(m + t)] for t < count: the picks from one row of
+// scores R against the table's rows.
+template <class T>
+void add_picks(const RowRuns& runs, int64_t m, int64_t count, const T* R, T alpha, T* out) {
+  runs.for_each_stretch(
+      m, count,
+      [&](int64_t t, int64_t n, int64_t row, int step) {
+        if (step == 0) rows::add_constant(out + t, alpha * R[row], n);
+        else if (step > 0) rows::add_scaled(out + t, R + row, alpha, n);
+        else rows::add_scaled_reversed(out + t, R + row - (n - 1), alpha, n);
+      },
+      [&](int64_t t, int64_t n) {
+        const int32_t* rows = runs.rows_from(m + t);
+        for (int64_t u = 0; u < n; ++u) out[t + u] += alpha * R[rows[u]];
+      });
+}
+
+// dR[row(m + t)] += alpha * in[t] for t < count: add_picks backwards.
+template <class T>
+void sum_picks(const RowRuns& runs, int64_t m, int64_t count, const T* in, T alpha, T* dR) {
+  runs.for_each_stretch(
+      m, count,
+      [&](int64_t t, int64_t n, int64_t row, int step) {
+        if (step == 0) dR[row] += alpha * rows::sum_of(in + t, n);
+        else if (step > 0) rows::add_scaled(dR + row, in + t, alpha, n);
+        else rows::add_scaled_reversed(dR + row - (n - 1), in + t, alpha, n);
+      },
+      [&](int64_t t, int64_t n) { sum_picked(runs.rows_from(m + t), in + t, alpha, dR, n); });
+}
+
+// A tile's picks by the key, as the fused kernel lays them out: tile (bq, bk),
+// pair (ii, jj) at distance index m0 + (bq - 1 - ii) + jj; key jj's scores
+// Rk + jj * nb. Along the queries in falling order (ii' = bq - 1 - ii) the
+// distance rises, as add_picks reads it.
+//
+// S (bq, bk) += alpha * the picks, made kKeyChunk keys at a time into
+// by_key (keys, bq) and added transposed.
+inline constexpr int64_t kKeyChunk = 128;
+
+template <class T>
+void add_key_picks(const RowRuns& runs, int64_t m0, const T* Rk, int64_t nb, int64_t bq, int64_t bk, T alpha, T* S,
+                   Scratch<T>& by_key) {
+  for (int64_t j = 0; j < bk; j += kKeyChunk) {
+    const int64_t keys = std::min(kKeyChunk, bk - j);
+    by_key.assign(keys * bq, T(0));
+    for (int64_t jj = 0; jj < keys; ++jj) add_picks(runs, m0 + j + jj, bq, Rk + (j + jj) * nb, alpha, &by_key[jj * bq]);
+    rows::add_transposed(by_key.data(), keys, bq, bq, S + (bq - 1) * bk + j, -bk);  // query ii' to tile row bq - 1 - ii'
+  }
+}
+
+// dRk (key jj's row at dRk + jj * nb) += alpha * dS (bq, bk) by each pair's
+// row: add_key_picks backwards, dS transposed into by_key first.
+template <class T>
+void sum_key_picks(const RowRuns& runs, int64_t m0, const T* dS, int64_t bq, int64_t bk, T alpha, T* dRk, int64_t nb,
+                   Scratch<T>& by_key) {
+  by_key.assign(bk * bq, T(0));
+  rows::add_transposed(dS + (bq - 1) * bk, bq, bk, -bk, by_key.data(), bq);  // tile row bq - 1 - ii' to query ii'
+  for (int64_t jj = 0; jj < bk; ++jj) sum_picks(runs, m0 + jj, bq, &by_key[jj * bq], alpha, dRk + jj * nb);
+}
+
+}  // namespace relpos::fused
