@@ -264,7 +264,8 @@ void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t
                         Scratch<T>& by_key) {
   const int64_t bq = t.bq, bk = t.bk;
   if (c.c2p_rows)
-    for (int64_t ii = 0; ii < bq; ++ii) add_picks(*c.c2p_rows, m0 + (bq - 1 - ii), bk, Rq + ii * c.nb, scale, S + ii * bk);
+    for (int64_t ii = 0; ii < bq; ++ii)
+      add_picks(*c.c2p_rows, m0 + (bq - 1 - ii), bk, Rq + ii * c.nb, c.nb, scale, S + ii * bk);
   if (c.p2c_rows) add_key_picks(*c.p2c_rows, m0, c.Rk.data() + t.j0 * c.nb, c.nb, bq, bk, scale, S, by_key);
 }
 

@@ -93,9 +93,9 @@ void sum_picked(const int32_t* rows, const T* in, T alpha, T* dR, int64_t n) {
 }
 
 // out[t] += alpha * R[row(m + t)] for t < count: the picks from one row of
-// scores R against the table's rows.
+// scores R against the table's nb rows.
 template <class T>
-void add_picks(const RowRuns& runs, int64_t m, int64_t count, const T* R, T alpha, T* out) {
+void add_picks(const RowRuns& runs, int64_t m, int64_t count, const T* R, int64_t nb, T alpha, T* out) {
   runs.for_each_stretch(
       m, count,
       [&](int64_t t, int64_t n, int64_t row, int step) {
@@ -103,10 +103,7 @@ void add_picks(const RowRuns& runs, int64_t m, int64_t count, const T* R, T alph
         else if (step > 0) rows::add_scaled(out + t, R + row, alpha, n);
         else rows::add_scaled_reversed(out + t, R + row - (n - 1), alpha, n);
       },
-      [&](int64_t t, int64_t n) {
-        const int32_t* rows = runs.rows_from(m + t);
-        for (int64_t u = 0; u < n; ++u) out[t + u] += alpha * R[rows[u]];
-      });
+      [&](int64_t t, int64_t n) { rows::add_picked(out + t, R, nb, runs.rows_from(m + t), alpha, n); });
 }
 
 // dR[row(m + t)] += alpha * in[t] for t < count: add_picks backwards.
@@ -137,8 +134,10 @@ void add_key_picks(const RowRuns& runs, int64_t m0, const T* Rk, int64_t nb, int
   for (int64_t j = 0; j < bk; j += kKeyChunk) {
     const int64_t keys = std::min(kKeyChunk, bk - j);
     by_key.assign(keys * bq, T(0));
-    for (int64_t jj = 0; jj < keys; ++jj) add_picks(runs, m0 + j + jj, bq, Rk + (j + jj) * nb, alpha, &by_key[jj * bq]);
-    rows::add_transposed(by_key.data(), keys, bq, bq, S + (bq - 1) * bk + j, -bk);  // query ii' to tile row bq - 1 - ii'
+    for (int64_t jj = 0; jj < keys; ++jj)
+      add_picks(runs, m0 + j + jj, bq, Rk + (j + jj) * nb, nb, alpha, &by_key[jj * bq]);
+    // Query ii' of by_key to tile row bq - 1 - ii'.
+    rows::add_transposed(by_key.data(), keys, bq, bq, S + (bq - 1) * bk + j, -bk);
   }
 }
 

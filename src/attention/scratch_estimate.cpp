@@ -94,8 +94,8 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
       2.0 * Lq * d + Lq * query_side + (band ? distances * d : 0.0) + distances + (by_key ? Lk * nb : 0.0);
   const double groups = double(fused::backward_key_groups(p));
   const double one_group = groups > 1 ? 0.0 : query_grads + Lk * (d + dv);
-  const double backward_worker = head + Lq * (dv + 1.0) + dv + 2.0 * rows * keys + rows * query_side + transposed(rows, keys) +
-                                 2.0 * band_scores(std::min(rows, Lq)) + one_group + slices +
+  const double backward_worker = head + Lq * (dv + 1.0) + dv + 2.0 * rows * keys + rows * query_side +
+                                 transposed(rows, keys) + 2.0 * band_scores(std::min(rows, Lq)) + one_group + slices +
                                  half * (3.0 * rows * keys + 1.5 * Lk * d + 1.5 * rows * (d + dv) + Lk * (d + dv));
   const double forward_workers = std::min(requested, batch_heads * std::ceil(Lq / forward_rows));
   const double backward_workers = std::min(requested, batch_heads * groups);

@@ -5,6 +5,7 @@
 // the best one the CPU supports.
 #include "simd_dispatch.h"  // first: the targets to compile
 
+#include <algorithm>
 #include <cstdint>
 
 #undef HWY_TARGET_INCLUDE
@@ -37,6 +38,30 @@ void AddScaledReversed(float* y, const float* x, float alpha, int64_t n) {
 
 void AddConstant(float* y, float c, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::Set(d, c)), d, y + i); });
+}
+
+// y[i] += alpha x[rows[i]], x of nx entries: where a vector's rows lie
+// within one vector's width, one load of x and a permutation of its lanes;
+// elsewhere (and in the tail) lane by lane.
+void AddPicked(float* y, const float* x, int64_t nx, const int32_t* rows, float alpha, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToSigned<decltype(d)> di;
+  const int64_t lanes = int64_t(hn::Lanes(d));
+  int64_t i = 0;
+  if (nx >= lanes)
+    for (; i + lanes <= n; i += lanes) {
+      const auto at = hn::LoadU(di, rows + i);
+      const int64_t lo = hn::GetLane(hn::MinOfLanes(di, at)), hi = hn::GetLane(hn::MaxOfLanes(di, at));
+      const int64_t base = std::min(lo, nx - lanes);
+      if (hi - base < lanes) {
+        const auto lanes_of_x = hn::IndicesFromVec(d, hn::Sub(at, hn::Set(di, int32_t(base))));
+        const auto picked = hn::TableLookupLanes(hn::LoadU(d, x + base), lanes_of_x);
+        hn::StoreU(hn::MulAdd(hn::Set(d, alpha), picked, hn::LoadU(d, y + i)), d, y + i);
+      } else {
+        for (int64_t u = i; u < i + lanes; ++u) y[u] += alpha * x[rows[u]];
+      }
+    }
+  for (; i < n; ++i) y[i] += alpha * x[rows[i]];
 }
 
 void Scale(float* y, float alpha, int64_t n) {
@@ -126,7 +151,8 @@ void Transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* o
 
 void AddTransposed(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out, int64_t ldo) {
   TransposeBy(
-      x, rows, cols, ldx, ldo, [&](auto d, auto v, int64_t at) { hn::StoreU(hn::Add(hn::LoadU(d, out + at), v), d, out + at); },
+      x, rows, cols, ldx, ldo,
+      [&](auto d, auto v, int64_t at) { hn::StoreU(hn::Add(hn::LoadU(d, out + at), v), d, out + at); },
       [&](int64_t at, float value) { out[at] += value; });
 }
 
@@ -140,6 +166,7 @@ HWY_EXPORT(Multiply);
 HWY_EXPORT(AddScaled);
 HWY_EXPORT(AddScaledReversed);
 HWY_EXPORT(AddConstant);
+HWY_EXPORT(AddPicked);
 HWY_EXPORT(Scale);
 HWY_EXPORT(SumOf);
 HWY_EXPORT(AddColumnSums);
@@ -155,6 +182,9 @@ void add_scaled_reversed(float* y, const float* x, float alpha, int64_t n) {
   RELPOS_SIMD_DISPATCH(AddScaledReversed)(y, x, alpha, n);
 }
 void add_constant(float* y, float c, int64_t n) { RELPOS_SIMD_DISPATCH(AddConstant)(y, c, n); }
+void add_picked(float* y, const float* x, int64_t nx, const int32_t* rows, float alpha, int64_t n) {
+  RELPOS_SIMD_DISPATCH(AddPicked)(y, x, nx, rows, alpha, n);
+}
 void scale(float* y, float alpha, int64_t n) { RELPOS_SIMD_DISPATCH(Scale)(y, alpha, n); }
 float sum_of(const float* x, int64_t n) { return RELPOS_SIMD_DISPATCH(SumOf)(x, n); }
 void add_column_sums(const float* x, int64_t rows, int64_t cols, float* sums) {

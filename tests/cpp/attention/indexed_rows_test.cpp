@@ -81,7 +81,7 @@ void check_row_picks(const std::vector<int32_t>& rows, int64_t nb, const std::st
       want_out[t] += double(alpha) * double(R[rows[m + t]]);
       want_dR[rows[m + t]] += double(alpha) * double(in[t]);
     }
-    add_picks(runs, m, n, R.data(), alpha, out.data());
+    add_picks(runs, m, n, R.data(), nb, alpha, out.data());
     sum_picks(runs, m, n, in.data(), alpha, dR.data());
     expect_close(out, want_out, "add_picks " + what);
     expect_close(dR, want_dR, "sum_picks " + what);

@@ -6,12 +6,14 @@
 // rounded product and sum on the others.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,19 @@ void check_row_ops(int64_t n) {
     exact_sum += double(x[i]);
   }
   EXPECT_NEAR(relpos::simd::sum_of(x.data(), n), exact_sum, 1e-6 * double(n));
+  // Picks by row (DeBERTa's tables): rows near each other (a vector's within
+  // a vector's width: permuted), far apart, and from fewer entries than lanes.
+  for (const auto& [nx, near] : {std::pair<int64_t, bool>{40, true}, {40, false}, {5, true}}) {
+    const std::vector<float> table = random_row(nx, -2.0f, 2.0f, uint64_t(n + nx) + 700);
+    std::vector<int32_t> rows(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rows[i] = int32_t(near ? std::min<int64_t>(nx - 1, i / 3) : (i * 17) % nx);
+    std::vector<float> picked = y0;
+    relpos::simd::add_picked(picked.data(), table.data(), nx, rows.data(), 0.6f, n);
+    for (int64_t i = 0; i < n; ++i)  // a vector's multiply-add, or a lane's, which the compiler may not fuse
+      EXPECT_TRUE(picked[i] == relpos::multiply_add<true>(0.6f, table[rows[i]], y0[i]) ||
+                  picked[i] == relpos::multiply_add<false>(0.6f, table[rows[i]], y0[i]))
+          << "add_picked " << nx << (near ? " near " : " far ") << i;
+  }
   relpos::simd::scale(z.data(), 0.5f, n);
   relpos::simd::softmax_grad(x.data(), y.data(), 0.3f, n);
   for (int64_t i = 0; i < n; ++i) {
