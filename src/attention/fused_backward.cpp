@@ -62,7 +62,7 @@ struct QueryGrads {
 template <class T>
 struct BackwardScratch {
   HeadContext<T> head;
-  Scratch<T> dout, out_row, D, P, dP, Rq, G, dband, transposed;
+  Scratch<T> dout, out_row, D, P, dP, Rq, G, dband, transposed, by_key;
   KeyBand<T> band;
   QueryGrads<T> query;  // one head's, when a head is one group
   Scratch<T> dk, dv;
@@ -146,7 +146,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
                                                w.dout.data() + i0 * dvd, dvd);
       if (split_tile)
         for (SplitTile* tile : {&w.split.P, &w.split.dS}) tile->reshape(bq, bk, SplitTile::Layout::interleaved);
-      tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, P, w.transposed);
+      tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, P, w.transposed, w.by_key);
       const int64_t m0 = hd.diagonal(i0 + bq - 1, j0);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const T lse = data.lse(b, h, i0 + ii);
@@ -184,7 +184,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
           rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, j0, shown), srow, scale, shown);
         }
       }
-      if constexpr (F::indexed) add_indexed_grads(c, t, m0, dS, scale, q, w.transposed);
+      if constexpr (F::indexed) add_indexed_grads(c, t, m0, dS, scale, q, w.by_key);
       if (split_tile) {
         split_products(w.split, j0 - begin, bk, scale, q.dqc.data() + i0 * d);
         continue;

@@ -16,7 +16,7 @@ using tiles::forward_key_block;
 template <class T>
 struct ForwardScratch {
   HeadContext<T> head;
-  Scratch<T> S, O, Rq, Pb, transposed;
+  Scratch<T> S, O, Rq, Pb, transposed, by_key;
   OnlineSoftmax<T> softmax;
   KeyBand<T> band;
   SplitTile split;  // P, where split_row splits it
@@ -45,7 +45,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
     const Tile t{i0, bq, j0, std::min(block, keys - j0)};
     T* S = w.S.data();
     const TileCut cut = cut_of(p, hd, t);
-    tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, S, w.transposed);
+    tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, S, w.transposed, w.by_key);
     if (c.stored.split) w.split.reshape(bq, t.bk, SplitTile::Layout::stacked);
     for (int64_t ii = 0; ii < bq; ++ii) {  // S becomes P; O and Pb rescaled where the row's maximum rose
       T* row = S + ii * t.bk;

@@ -20,7 +20,7 @@
 //                       under a causal mask a cut tile of its own (key_band.hpp)
 //   indexed tables      a table read at a row per distance (DeBERTa's buckets),
 //                       by the query (c2p: R = qp c2p^T per query tile) or by
-//                       the key (p2c: p2c k^T once per head), each pair's
+//                       the key (p2c: k p2c^T once per head), each pair's
 //                       score picked by its distance's row, run by run of
 //                       rows (indexed_rows.hpp); the backward sums dS into
 //                       the same shapes
@@ -129,8 +129,8 @@ struct CallEmbeddings {
     if (queries && !queries->indexed()) throw std::logic_error("relpos: fused reads query embeddings as indexed tables");
     for (const auto& [table, rows] : {std::pair{indexed_keys(), &key_rows}, std::pair{indexed_queries(), &query_rows}})
       if (table) {
-        if (table->table_rows() > INT32_MAX)  // rows are listed as int32
-          throw std::invalid_argument("relpos: fused: a table of more than 2^31 - 1 rows");
+        if (table->table_rows() > INT32_MAX || table->count() > INT32_MAX)  // rows and distances listed as int32
+          throw std::invalid_argument("relpos: fused: a table of more than 2^31 - 1 rows or distances");
         std::vector<int32_t> of_distance(table->count());
         for (int64_t m = 0; m < table->count(); ++m) of_distance[m] = int32_t(table->index(table->rmin() + m));
         *rows = RowRuns(std::move(of_distance));
@@ -271,17 +271,18 @@ void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t
 
 // S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
 // table's edge scores (bucketed_row). Rq: the key table's scores of the tile's queries, (bq, nb).
-// band: the query tile's key band scores.
+// band: the query tile's key band scores. transposed, by_key: scratch of the products and of
+// the picks by key.
 template <class F, class T>
 void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const TileCut& cut,
-                 const T* Rq, KeyBand<T>& band, T* S, Scratch<T>& transposed) {
+                 const T* Rq, KeyBand<T>& band, T* S, Scratch<T>& transposed, Scratch<T>& by_key) {
   const Head<T>& hd = c.x.hd;
   if constexpr (F::band) band.reach_keys(t.j0, t.bk);
   const int64_t d = hd.d, bq = t.bq, bk = t.bk;
   product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
                   bq, bk, d, scale, S, cut, transposed);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
-  if constexpr (F::indexed) add_indexed_scores(c, scale, t, m0, Rq, S, transposed);  // the products are done with it
+  if constexpr (F::indexed) add_indexed_scores(c, scale, t, m0, Rq, S, by_key);
   const Scratch<T>& bias = c.x.bias;
   for (int64_t ii = 0; ii < bq; ++ii) {
     T* row = S + ii * bk;

@@ -5,15 +5,16 @@
 // on one row for a run of distances beyond (log buckets, then the edge row).
 // The picks follow the runs along a row of scores: a long run of one row
 // adds one constant, a long stepping run one contiguous stretch of the scores;
-// what lies between (short runs: the first log buckets) goes pair by pair.
-// The backward sums the same stretches, a short run of one row in a register.
-// By the query (c2p) that row is the query's scores against the table, along
-// the keys of a tile row. By the key (p2c) it is the key's scores, along the
-// queries: the picks are made key by key and added to the tile transposed,
-// as a tile row of p2c reads a diagonal of the keys' scores (a cache line
-// per pair: 37% of the forward's picks when read in place). In place of a
-// load and a store per pair, whose store-to-load chains on runs of one row
-// made c2p + p2c 2.8x plain attention's forward + backward (B = 2, L = 2048, Zen 5).
+// the stretches between (short runs: for DeBERTa-v3's 256 buckets to 512,
+// every log bucket, 1-6 distances each) are picked a vector at a time, a
+// loaded vector of scores permuted where a vector's rows lie within its width
+// (add_picked). The backward sums the same long runs whole and the short
+// stretches pair by pair, a run of one row in a register (no store-to-load
+// chain). By the query (c2p) the row of scores is the query's against the
+// table, along the keys of a tile row. By the key (p2c) it is the key's, along
+// the queries: a tile row of p2c reads a diagonal of the keys' scores, a cache
+// line per pair, so its picks are made key by key, where its rows run as
+// c2p's do, and added to the tile transposed.
 #pragma once
 
 #include <algorithm>
@@ -146,8 +147,8 @@ void add_key_picks(const RowRuns& runs, int64_t m0, const T* Rk, int64_t nb, int
 template <class T>
 void sum_key_picks(const RowRuns& runs, int64_t m0, const T* dS, int64_t bq, int64_t bk, T alpha, T* dRk, int64_t nb,
                    Scratch<T>& by_key) {
-  by_key.assign(bk * bq, T(0));
-  rows::add_transposed(dS + (bq - 1) * bk, bq, bk, -bk, by_key.data(), bq);  // tile row bq - 1 - ii' to query ii'
+  by_key.resize(bk * bq);
+  rows::transpose(dS + (bq - 1) * bk, bq, bk, -bk, by_key.data());  // tile row bq - 1 - ii' to query ii'
   for (int64_t jj = 0; jj < bk; ++jj) sum_picks(runs, m0 + jj, bq, &by_key[jj * bq], alpha, dRk + jj * nb);
 }
 

@@ -68,23 +68,21 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   // A key band's scores (and in the backward their gradients) for a query
   // tile against every key it visits.
   const auto band_scores = [&](double tile_rows) { return band ? tile_rows * (Lk + tile_rows - 1) : 0.0; };
-  // The transposed tile of a staircase product, which a table read by the
-  // key also takes for its picks by key (indexed_rows.hpp: a chunk of keys
-  // by the tile's rows forward, the backward tile's keys by its rows).
-  const auto transposed = [&](double tile_rows, double tile_keys) {
-    return std::max(rows * widest, by_key ? tile_rows * tile_keys : 0.0);
-  };
+  // A table read by the key: its picks by key (indexed_rows.hpp), a chunk of
+  // keys by the tile's rows forward, the backward tile's keys by its rows.
+  const auto picks_by_key = [&](double tile_rows, double tile_keys) { return by_key ? tile_rows * tile_keys : 0.0; };
   // bfloat16 parts, three per float32 entry at half its size, where the
   // kernel splits P and dS (bf16_split.hpp).
   double half = 0;
   if constexpr (std::is_same_v<T, bfloat16>) half = fused::splits_stored_bf16(scheme, p) ? 1.0 : 0.0;
   // ForwardScratch: the logits of a step of keys, the output, the key
   // table's scores and value bucket sums, the running max and sum, a
-  // transposed tile; P split where half storage splits it.
+  // transposed tile, picks by key; P split where half storage splits it.
   const double forward_worker = head + forward_logits * (1.0 + 1.5 * half) + forward_rows * (dv + query_side + 2.0) +
-                                transposed(forward_rows, double(fused::kKeyChunk)) + band_scores(forward_rows);
+                                rows * widest + picks_by_key(forward_rows, double(fused::kKeyChunk)) +
+                                band_scores(forward_rows);
   // BackwardScratch: dout, D, the tile's P and dS, key-table scores and
-  // dout wv^T, a transposed tile; where a head is one group (else below) its
+  // dout wv^T, a transposed tile, picks by key; where a head is one group (else below) its
   // QueryGrads (dq's two parts, the key-score gradients and value bucket
   // sums, a band's row gradients, the bias per distance, the keys' score
   // gradients of a table read by the key) and its dk, dv; the
@@ -95,7 +93,8 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   const double groups = double(fused::backward_key_groups(p));
   const double one_group = groups > 1 ? 0.0 : query_grads + Lk * (d + dv);
   const double backward_worker = head + Lq * (dv + 1.0) + dv + 2.0 * rows * keys + rows * query_side +
-                                 transposed(rows, keys) + 2.0 * band_scores(std::min(rows, Lq)) + one_group + slices +
+                                 rows * widest + picks_by_key(rows, keys) + 2.0 * band_scores(std::min(rows, Lq)) +
+                                 one_group + slices +
                                  half * (3.0 * rows * keys + 1.5 * Lk * d + 1.5 * rows * (d + dv) + Lk * (d + dv));
   const double forward_workers = std::min(requested, batch_heads * std::ceil(Lq / forward_rows));
   const double backward_workers = std::min(requested, batch_heads * groups);

@@ -15,9 +15,7 @@
 // The backward's tiles stay 128 x 128 (its P and dP, 64 KiB each, fit every L2).
 // A call with a table read by the key (DeBERTa's p2c) takes 128 keys whatever
 // the L2: a step also reads its keys' scores against the table's rows (keys x
-// rows, 1 MiB for 512 keys of DeBERTa-v3's 512 rows) and picks them into a
-// (keys x 128) scratch before adding them to the logits transposed
-// (indexed_rows.hpp). On Zen 5 (B = 2, H = 12, L = 2048, d = 64, 2 threads)
+// rows, 1 MiB for 512 keys of DeBERTa-v3's 512 rows; indexed_rows.hpp). On Zen 5 (B = 2, H = 12, L = 2048, d = 64, 2 threads)
 // DeBERTa's forward took 144-150 ms with 128 keys, 180-188 with 256 and 208
 // with 512.
 //

@@ -74,6 +74,7 @@ void check_row_picks(const std::vector<int32_t>& rows, int64_t nb, const std::st
   const std::vector<T> R = random_values<T>(nb, 7), in = random_values<T>(count, 8);
   const T alpha = T(0.75);
   for (const auto& [m, n] : {std::pair<int64_t, int64_t>{0, count}, {3, count - 3}, {count / 2 - 5, 37}, {1, 1}}) {
+    if (m < 0 || n < 1 || m + n > count) continue;  // a window the map is too short for
     const std::string what = name + " m " + std::to_string(m) + " n " + std::to_string(n);
     std::vector<T> out = random_values<T>(n, 9), dR = random_values<T>(nb, 10);
     std::vector<double> want_out(out.begin(), out.end()), want_dR(dR.begin(), dR.end());
@@ -125,6 +126,9 @@ void check_every_map() {
                                      {7, 1, 0}, {128, 257, 1500}, {33, 130, 600}})
       check_key_picks<T>(rows, 512, bq, bk, m0, side + "256/512");
   }
+  // Maps shorter than a long run, and of one distance.
+  check_row_picks<T>(deberta_rows(7, 8, 20, false), 16, "7 distances");
+  check_row_picks<T>({3}, 4, "1 distance");
   for (const uint32_t seed : {1u, 2u, 3u}) {
     check_row_picks<T>(ragged_rows(400, seed), 80, "ragged " + std::to_string(seed));
     check_key_picks<T>(ragged_rows(400, seed), 80, 64, 200, 90, "ragged " + std::to_string(seed));
