@@ -54,7 +54,9 @@ from pathlib import Path
 
 T0 = time.perf_counter()
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "python" / "relpos"
+# RELPOS_PACKAGE=PATH imports relpos.gpu from another copy of python/relpos (another version
+# of the kernels, timed on the same card in the same call); the report names the copy it ran.
+PACKAGE = Path(os.environ.get("RELPOS_PACKAGE") or ROOT / "python" / "relpos").resolve()
 SMOKE = __name__ == "__main__" and "--smoke" in sys.argv[1:]
 if SMOKE:  # Triton reads it when first imported: before torch, which may import Triton
     os.environ["TRITON_INTERPRET"] = "1"
@@ -73,7 +75,7 @@ def log(message: str) -> None:
 
 
 def import_relpos():
-    """relpos.schemes and relpos.gpu from this repository's python/relpos, without running
+    """relpos.schemes and relpos.gpu from this repository's python/relpos (or RELPOS_PACKAGE's), without running
     python/relpos/__init__.py: that file imports the compiled CPU extension (relpos._relpos),
     which the GPU machines do not build, while relpos.gpu needs only relpos.schemes and its own
     modules (neither imports the extension). A bare package module whose __path__ is

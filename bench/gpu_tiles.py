@@ -1,12 +1,15 @@
-"""Launch configurations of relpos.gpu's kernels on one GPU, side by side: plain attention
+"""Launch configurations of relpos.gpu's kernels on one GPU, side by side: a scheme's attention
 (bfloat16, B=4, H=16, causal L=4096, d=64 and 128) timed forward and forward+backward with
 each (block_m, block_n, warps, stages) given to all three kernels, beside SDPA's flash kernel
-in the same run. Each configuration's output and gradients are first checked against SDPA
-flash's (relative max error under 2e-2, bfloat16 against bfloat16); one that does not fit the
-card's shared memory is a row saying so. What config.launch_for's choices rest on.
+in the same run. Plain attention's configurations are first checked against SDPA flash's
+output and gradients; a scheme's (--schemes shaw,deberta: Shaw's key and value tables at
+k = 16, DeBERTa-v3-base's c2p and p2c) against those of the configuration config.launch_for
+ships, timed first, the tables' gradients included (relative max error under 2e-2, bfloat16
+against bfloat16). One that does not fit the card's shared memory is a row saying so. What
+config.launch_for's choices rest on.
 
     python bench/gpu_tiles.py                  # bench/results/gpu_tiles_<card>.md
-    python bench/gpu_tiles.py --budget-s 120   # no configuration starts after 120 s
+    python bench/gpu_tiles.py --schemes none,shaw,deberta --budget-s 240
     python bench/gpu_tiles.py --smoke --out /tmp/tiles.md   # tiny sizes, Triton's interpreter
 
 The configuration is given by replacing relpos.gpu.launch's launch_for for the run (the
@@ -31,14 +34,24 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu as bench_gpu  # noqa: E402  (import_relpos, time_ms, free_memory, card_name)
 import gpu_forms as forms  # noqa: E402
+from gpu_schemes import scheme_record, scheme_values  # noqa: E402
 
-# (block_m, block_n, warps, stages) per head size.
+# (block_m, block_n, warps, stages) per scheme kind (plain; tables per distance) and head size.
 CANDIDATES = {
     64: [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 128, 4, 2),
          (128, 128, 8, 2), (64, 32, 4, 3)],
     128: [(64, 64, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 1)],
 }
+# Tables per distance take square tiles: a tile pair's band of BM + BN distances is a tl.arange,
+# whose length must be a power of two.
+TABLE_CANDIDATES = {
+    64: [(64, 64, 8, 2), (64, 64, 4, 3), (32, 32, 4, 2), (64, 64, 8, 3)],
+    128: [(32, 32, 4, 2), (64, 64, 8, 2), (64, 64, 8, 1), (32, 32, 4, 3)],
+}
 SMOKE_CANDIDATES = {16: [(16, 16, 4, 1), (32, 16, 4, 1)]}
+SMOKE_TABLE_CANDIDATES = {16: [(16, 16, 4, 1), (32, 32, 4, 1)]}
+SCHEMES = ("none", "shaw", "deberta")
+SHAW_K = 16
 TOLERANCE = 2e-2
 
 
@@ -46,85 +59,122 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp(min=1e-30)).item()
 
 
+def _scheme(S, name: str, H: int, d: int, device):
+    """The scheme record and its learnable tensors (bfloat16 leaves) for ``name``."""
+    tensors = {f: t.to(device=device, dtype=torch.bfloat16).requires_grad_()
+               for f, t in scheme_values(name, H, d, SHAW_K).items()}
+    return scheme_record(S, name, tensors, True, SHAW_K), list(tensors.values())
+
+
+def _timed_row(row, base, fn, grads, device, reps):
+    row["fwd"] = bench_gpu.time_ms(fn, device, reps)
+    row["fb"] = bench_gpu.time_ms(grads, device, reps)
+    row["fwd_x"], row["fb_x"] = base["fwd"] / row["fwd"], base["fb"] / row["fb"]
+    bench_gpu.log(f"{row['scheme']} d={row['d']} {row['config']}: fwd {row['fwd']:.3f} ms ({row['fwd_x']:.2f}x "
+                  f"flash), fwd+bwd {row['fb']:.3f} ms ({row['fb_x']:.2f}x flash)")
+
+
 def sweep(args, device) -> list[dict]:
     S, gpu = bench_gpu.import_relpos()
     launch_module = sys.modules["relpos.gpu.launch"]
+    shipped = launch_module.launch_for
     from relpos.gpu.config import Launch
 
     B, H, L = (1, 2, 32) if args.smoke else (4, 16, 4096)
-    candidates = SMOKE_CANDIDATES if args.smoke else CANDIDATES
     reps = 3 if args.smoke else 1
     rows = []
-    for d, configs in candidates.items():
-        gen = torch.Generator().manual_seed(d)
+    for name in args.schemes:
+        if args.smoke:
+            candidates = SMOKE_CANDIDATES if name == "none" else SMOKE_TABLE_CANDIDATES
+        else:
+            candidates = CANDIDATES if name == "none" else TABLE_CANDIDATES
+        for d, configs in candidates.items():
+            gen = torch.Generator().manual_seed(d)
 
-        def leaf(*shape):
-            return torch.randn(*shape, generator=gen).to(device=device, dtype=torch.bfloat16).requires_grad_()
+            def leaf(*shape):
+                return torch.randn(*shape, generator=gen).to(device=device, dtype=torch.bfloat16).requires_grad_()
 
-        q, k, v = leaf(B, H, L, d), leaf(B, H, L, d), leaf(B, H, L, d)
-        dout = torch.randn(B, H, L, d, generator=gen).to(device=device, dtype=torch.bfloat16)
+            q, k, v = leaf(B, H, L, d), leaf(B, H, L, d), leaf(B, H, L, d)
+            dout = torch.randn(B, H, L, d, generator=gen).to(device=device, dtype=torch.bfloat16)
+            scheme, tables = _scheme(S, name, H, d, device)
+            inputs = (q, k, v, *tables)
 
-        def flash():
-            return forms.sdpa_flash(q, k, v, causal=True, scale=d ** -0.5)
-
-        want = [flash().detach(), *torch.autograd.grad(flash(), (q, k, v), dout)]
-        base = {"d": d, "config": "SDPA flash",
-                "fwd": bench_gpu.time_ms(flash, device, reps),
-                "fb": bench_gpu.time_ms(lambda: torch.autograd.grad(flash(), (q, k, v), dout), device, reps)}
-        rows.append(base)
-        bench_gpu.log(f"d={d} SDPA flash: fwd {base['fwd']:.3f} ms, fwd+bwd {base['fb']:.3f} ms")
-        for config in configs:
-            row = {"d": d, "config": "x".join(map(str, config[:2])) + f" w{config[2]} s{config[3]}"}
-            rows.append(row)
-            if time.perf_counter() - bench_gpu.T0 > args.budget_s:
-                row["note"] = "skipped: time budget"
-                continue
-            launch_module.launch_for = lambda *_, _c=Launch(*config), **__: _c
+            def flash():
+                return forms.sdpa_flash(q, k, v, causal=True, scale=d ** -0.5)
 
             def ours():
-                return gpu.attention(q, k, v, S.NoPosition(), causal=True, scale=d ** -0.5)
+                return gpu.attention(q, k, v, scheme, causal=True, scale=d ** -0.5)
 
-            try:
-                got = [ours().detach(), *torch.autograd.grad(ours(), (q, k, v), dout)]
-                row["error"] = max(relative_error(g, w) for g, w in zip(got, want))
-                if row["error"] <= TOLERANCE:
-                    row["fwd"] = bench_gpu.time_ms(ours, device, reps)
-                    row["fb"] = bench_gpu.time_ms(lambda: torch.autograd.grad(ours(), (q, k, v), dout), device, reps)
-                    row["fwd_x"], row["fb_x"] = base["fwd"] / row["fwd"], base["fb"] / row["fb"]
-                    bench_gpu.log(f"d={d} {row['config']}: fwd {row['fwd']:.3f} ms ({row['fwd_x']:.2f}x flash), "
-                                  f"fwd+bwd {row['fb']:.3f} ms ({row['fb_x']:.2f}x flash)")
-                else:
-                    row["note"] = f"FAILED: relative error {row['error']:.2e} > {TOLERANCE}"
-            except Exception as e:  # shared memory beyond the card's, a compile error: a row of the table
-                row["note"] = f"failed: {bench_gpu.first_line(e)}"
-                bench_gpu.log(f"d={d} {row['config']}: {row['note']}")
+            def grads(fn, wrt):
+                return lambda: torch.autograd.grad(fn(), wrt, dout)
+
+            base = {"scheme": name, "d": d, "config": "SDPA flash",
+                    "fwd": bench_gpu.time_ms(flash, device, reps),
+                    "fb": bench_gpu.time_ms(grads(flash, (q, k, v)), device, reps)}
+            rows.append(base)
+            bench_gpu.log(f"{name} d={d} SDPA flash: fwd {base['fwd']:.3f} ms, fwd+bwd {base['fb']:.3f} ms")
+            if name == "none":
+                want = [flash().detach(), *grads(flash, (q, k, v))()]
+            else:  # the shipped configuration, timed, is the reference of the others
+                launch_module.launch_for = shipped
+                cfg = shipped(d, device.type == "cuda", 2, True)
+                row = {"scheme": name, "d": d, "config": _label(cfg) + " (launch_for)"}
+                rows.append(row)
+                want = [ours().detach(), *grads(ours, inputs)()]
+                _timed_row(row, base, ours, grads(ours, inputs), device, reps)
+            for config in configs:
+                row = {"scheme": name, "d": d, "config": _label(Launch(*config))}
+                rows.append(row)
+                if time.perf_counter() - bench_gpu.T0 > args.budget_s:
+                    row["note"] = "skipped: time budget"
+                    continue
+                launch_module.launch_for = lambda *_, _c=Launch(*config), **__: _c
+                try:
+                    got = [ours().detach(), *grads(ours, inputs)()]
+                    row["error"] = max(relative_error(g, w) for g, w in zip(got, want))
+                    if row["error"] <= TOLERANCE:
+                        _timed_row(row, base, ours, grads(ours, inputs), device, reps)
+                    else:
+                        row["note"] = f"FAILED: relative error {row['error']:.2e} > {TOLERANCE}"
+                except Exception as e:  # shared memory beyond the card's, a compile error: a row of the table
+                    row["note"] = f"failed: {bench_gpu.first_line(e)}"
+                    bench_gpu.log(f"{name} d={d} {row['config']}: {row['note']}")
+                bench_gpu.free_memory(device)
+            launch_module.launch_for = shipped
+            del q, k, v, dout, tables, scheme
             bench_gpu.free_memory(device)
     return rows
+
+
+def _label(cfg) -> str:
+    return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
 
 
 def report(rows: list[dict], device) -> str:
     lines = [f"# relpos.gpu launch configurations on {bench_gpu.card_name(device)}", "",
              *bench_gpu.environment(device, "bench/gpu_tiles.py"), "",
-             "Plain attention, bfloat16, causal; (block_m x block_n, warps, stages) given to the forward and both "
+             "bfloat16, causal, B=4, H=16, L=4096; (block_m x block_n, warps, stages) given to the forward and both "
              "backward kernels; medians in ms (triton.testing.do_bench); bwd = fwd+bwd - fwd; x flash = SDPA "
-             "flash's time / the row's; error = max relative error of the output and gradients against SDPA flash's.",
-             "", "| d | config | fwd | fwd+bwd | bwd | x flash fwd | x flash fwd+bwd | error |",
-             "|---|---|---|---|---|---|---|---|"]
+             "flash's time (no positions, same shape) / the row's; error = max relative error of the output and "
+             f"gradients against SDPA flash's (plain) or the configuration launch_for ships (Shaw's tables, "
+             f"k = {SHAW_K}; DeBERTa's, span 256), the tables' gradients included.",
+             "", "| scheme | d | config | fwd | fwd+bwd | bwd | x flash fwd | x flash fwd+bwd | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "fb" not in r:
-            lines.append(f"| {r['d']} | {r['config']} | {r.get('note', '')} | | | | | |")
+            lines.append(f"| {r['scheme']} | {r['d']} | {r['config']} | {r.get('note', '')} | | | | | |")
             continue
         error = f"{r['error']:.1e}" if "error" in r else ""
-        lines.append(f"| {r['d']} | {r['config']} | {r['fwd']:.3f} | {r['fb']:.3f} | {r['fb'] - r['fwd']:.3f} | "
-                     f"{r.get('fwd_x', 1.0):.2f} | {r.get('fb_x', 1.0):.2f} | {error} |")
+        lines.append(f"| {r['scheme']} | {r['d']} | {r['config']} | {r['fwd']:.3f} | {r['fb']:.3f} | "
+                     f"{r['fb'] - r['fwd']:.3f} | {r.get('fwd_x', 1.0):.2f} | {r.get('fb_x', 1.0):.2f} | {error} |")
     lines.append("")
-    for d in sorted({r["d"] for r in rows}):
-        ran = [r for r in rows if r["d"] == d and "error" in r and "fb" in r]
+    for name, d in sorted({(r["scheme"], r["d"]) for r in rows}):
+        ran = [r for r in rows if (r["scheme"], r["d"]) == (name, d) and r["config"] != "SDPA flash" and "fb" in r]
         if ran:
             fwd = min(ran, key=lambda r: r["fwd"])
             bwd = min(ran, key=lambda r: r["fb"] - r["fwd"])
-            lines.append(f"- d={d}: fastest forward {fwd['config']} ({fwd['fwd_x']:.2f}x flash), fastest backward "
-                         f"{bwd['config']} ({bwd['fb'] - bwd['fwd']:.3f} ms)")
+            lines.append(f"- {name}, d={d}: fastest forward {fwd['config']} ({fwd['fwd_x']:.2f}x flash), fastest "
+                         f"backward {bwd['config']} ({bwd['fb'] - bwd['fwd']:.3f} ms)")
     return "\n".join(lines) + "\n"
 
 
@@ -134,7 +184,12 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="the markdown file (default bench/results/gpu_tiles_<card>.md)")
     parser.add_argument("--budget-s", type=float, default=240.0,
                         help="seconds from start after which no configuration starts (default 240)")
+    parser.add_argument("--schemes", type=lambda text: tuple(text.split(",")), default=("none",),
+                        help=f"comma list of {', '.join(SCHEMES)} (default none)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.schemes) - set(SCHEMES))
+    if unknown:
+        parser.error(f"--schemes: unknown {', '.join(unknown)} (known: {', '.join(SCHEMES)})")
     device = bench_gpu.device_for(args, parser)
     out = args.out or bench_gpu.results_path(device, "gpu_tiles")
     rows = sweep(args, device)

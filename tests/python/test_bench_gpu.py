@@ -83,9 +83,20 @@ def test_tile_sweep_checks_each_configuration_against_sdpa(tmp_path):
     """bench/gpu_tiles.py --smoke: each launch configuration's output and gradients checked
     against SDPA's before it is timed, and the table written."""
     _, text = _smoke("gpu_tiles", tmp_path)
-    rows = [line for line in text.splitlines() if line.startswith("| 16 |")]
+    rows = [line for line in text.splitlines() if line.startswith("| none | 16 |")]
     configs = [r for r in rows if "SDPA flash" not in r]
     assert len(configs) == 2, rows
     errors = [float(r.strip("|").split("|")[-1]) for r in configs]
     assert all(0 < e < 2e-2 for e in errors), errors  # bfloat16 against bfloat16: close, never equal
     assert "fastest forward" in text
+
+
+def test_tile_sweep_checks_a_table_scheme_against_the_shipped_configuration(tmp_path):
+    """--schemes shaw: the configuration launch_for ships is timed first and each other one's
+    output and gradients, the tables' included, are checked against it."""
+    _, text = _smoke("gpu_tiles", tmp_path, "--schemes", "shaw")
+    rows = [line for line in text.splitlines() if line.startswith("| shaw | 16 |")]
+    assert "(launch_for)" in rows[1] and "SDPA flash" in rows[0], rows
+    other = rows[-1].strip("|").split("|")
+    assert other[2].strip() == "32x32 w4 s1" and 0 < float(other[-1]) < 2e-2, rows  # other tiles: other rounding
+    assert not any(line.startswith("| none |") for line in text.splitlines())
