@@ -150,3 +150,35 @@ def test_double_backward_is_refused():
     (g,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match="no double backward"):
         g.sum().backward()
+
+
+def test_eager_calls_run_the_bodies_and_traces_the_registered_ops(monkeypatch):
+    """An eager call runs the ops' bodies through one autograd.Function (the registered ops'
+    Python dispatch cost more host time than a short forward kernel); a trace's fake tensors
+    and dispatch modes get the registered ops. Both compute the same bits."""
+    import relpos.gpu
+    from relpos.gpu import ops
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v, table, dout = _inputs(seed=7, Lq=21, Lk=21)
+    with monkeypatch.context() as m:
+        m.setattr(ops, "_traced", lambda inputs: True)  # every call through the registered ops
+        model = _T5Attention(table)
+        want = _run(model, q, k, v, dout) + [model.table.grad]
+
+    def refused(*_):
+        raise AssertionError("an eager call reached a registered op")
+
+    with monkeypatch.context() as m:
+        m.setattr(ops, "_forward_op", refused)
+        m.setattr(ops, "_backward_op", refused)
+        model = _T5Attention(table)
+        got = _run(model, q, k, v, dout) + [model.table.grad]
+        with torch.no_grad():
+            assert torch.equal(relpos.gpu.attention(q, k, v, relpos.T5(table, max_distance=20), causal=True), want[0])
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(x) for x in (q, k, v)]
+        assert ops._traced(fake) and ops._traced([q])  # the mode is on: every call is a trace's
+    assert not ops._traced([q, torch.nn.Parameter(table)])

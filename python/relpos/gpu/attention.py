@@ -94,7 +94,8 @@ def gradients(q, k, v, out, lse, dout, scheme=None, *, causal: bool = False, key
         record = replace(scheme, **tensors)
         inputs = _op_inputs(leaves["q"], leaves["k"], leaves["v"], record, causal, key_padding, q_offset, k_offset,
                             scale)
-        grads = ops.backward(*inputs[:3], out, lse, dout, *inputs[3:])
+        with torch.no_grad():  # the gradients themselves build no graph
+            grads = ops.backward(*inputs[:3], out, lse, dout, *inputs[3:])
         reached = [(x, g) for x, g in zip(inputs, ops.input_gradients(inputs, grads))
                    if g is not None and x.requires_grad]
         torch.autograd.backward([x for x, _ in reached], [g for _, g in reached])
