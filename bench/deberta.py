@@ -36,7 +36,7 @@ import relpos
 import relpos.torch as rt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from targets import cpu_model, interleaved_median_ms  # noqa: E402
+from timing import cpu_model, interleaved_median_ms  # noqa: E402
 
 HEADS, HEAD_DIM, BUCKETS, MAX_RELATIVE = 12, 64, 256, 512
 

@@ -24,7 +24,7 @@ from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
 import relpos.torch as rt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from targets import cpu_model, interleaved_median_ms  # noqa: E402
+from timing import cpu_model, interleaved_median_ms  # noqa: E402
 
 # name: (hidden, layers, heads, B, L); base is DeBERTa-v3-base's encoder (86M parameters besides its embeddings)
 SIZES = {"tiny": (128, 2, 4, 8, 128), "small": (384, 6, 6, 8, 256), "base": (768, 12, 12, 4, 512)}

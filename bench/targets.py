@@ -33,9 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -46,34 +44,9 @@ import relpos.torch as rt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peers import hf_relative_position_bucket  # noqa: E402  (HF's bucket function, in torch)
+from timing import cpu_model, interleaved_median_ms  # noqa: E402
 
 T5_BUCKETS, T5_MAX_DISTANCE, SHAW_K, XL_POS_DIM = 32, 128, 64, 64
-
-
-def interleaved_median_ms(fns, reps: int) -> list[float]:
-    """The median time in ms of each fn over reps calls after one warm-up call, the calls of all fns
-    alternating so that each sees the same spells of a noisy machine (a whole series of one side, then
-    of the other, put a drift of the machine into the ratio)."""
-    for fn in fns:
-        fn()  # warm-up
-    times = [[] for _ in fns]
-    for _ in range(reps):
-        for fn, t in zip(fns, times):
-            start = time.perf_counter()
-            fn()
-            t.append(time.perf_counter() - start)
-    return [statistics.median(t) * 1e3 for t in times]
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux), or what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def leaves(*shapes, grad: bool):

@@ -31,7 +31,7 @@ def measure(args) -> None:
     import torch.nn.functional as F
 
     import relpos.torch as rt
-    from targets import interleaved_median_ms
+    from timing import interleaved_median_ms
 
     torch.set_num_threads(args.threads)
     rows = []

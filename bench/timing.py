@@ -1,0 +1,34 @@
+"""Timing helpers of the CPU benchmarks (standard library only, so that a benchmark that needs
+neither torch nor relpos.torch, bench/scaling.py, runs where only relpos's NumPy API is installed)."""
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from pathlib import Path
+
+
+def interleaved_median_ms(fns, reps: int) -> list[float]:
+    """The median time in ms of each fn over reps calls after one warm-up call, the calls of all fns
+    alternating so that each sees the same spells of a noisy machine (a whole series of one side, then
+    of the other, put a drift of the machine into the ratio)."""
+    for fn in fns:
+        fn()  # warm-up
+    times = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, t in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            t.append(time.perf_counter() - start)
+    return [statistics.median(t) * 1e3 for t in times]
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux), or what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
