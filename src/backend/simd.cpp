@@ -1,11 +1,12 @@
 // Target selection for the SIMD loops of simd.hpp, which live one family per
 // file (simd_softmax.cpp, simd_rows.cpp, simd_convert.cpp, simd_staircase.cpp,
 // simd_trainer.cpp): the names RELPOS_SIMD and limit_targets take, and the
-// target dispatch chooses now. Highway keeps one chosen target for the
-// process, so limiting it here limits every file's dispatch. This file is
+// target dispatch chooses now: relpos's own chosen target (simd_dispatch.h),
+// one for the process, so limiting it here limits every file's dispatch. This file is
 // compiled once per target (foreach_target.h) for TargetName alone.
 #include "simd_dispatch.h"  // first: the targets to compile
 
+#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -54,25 +55,36 @@ std::vector<std::string> names(int64_t targets) {
   return out;
 }
 
+// The targets limit_targets last allowed (dispatch picks the best of them).
+std::atomic<int64_t> allowed_targets{0};
+
 }  // namespace
 
 std::string active_target() { return RELPOS_SIMD_DISPATCH(TargetName)(); }
 std::vector<std::string> compiled_targets() { return names(HWY_TARGETS); }
-std::vector<std::string> supported_targets() { return names(hwy::SupportedTargets() & HWY_TARGETS); }
-
-// Highway 1.0.3 offers DisableTargets for this, but its SupportedTargets()
-// sets the chosen target from every target the CPU has before applying the
-// disabled mask, so the first SupportedTargets() call after a dispatch
-// (relpos.info() makes one at import) brought the best target back and
-// RELPOS_SIMD was lost. SetSupportedTargetsForTest's targets replace the
-// detection itself, and hold: the limit uses it.
-void limit_targets(const std::string& name) {
-  hwy::SetSupportedTargetsForTest(0);  // back to what the CPU supports
-  if (name.empty()) return;
-  const int64_t allowed = targets_up_to(name) & hwy::SupportedTargets() & HWY_TARGETS;
-  if (allowed == 0) throw std::invalid_argument("relpos: RELPOS_SIMD: no target up to '" + name + "' runs here");
-  hwy::SetSupportedTargetsForTest(allowed);
+std::vector<std::string> supported_targets() {
+  detail::apply_environment();
+  return names(allowed_targets.load());
 }
+
+void limit_targets(const std::string& name) {
+  int64_t allowed = hwy::SupportedTargets() & HWY_TARGETS;
+  if (!name.empty()) {
+    allowed &= targets_up_to(name);
+    if (allowed == 0) throw std::invalid_argument("relpos: RELPOS_SIMD: no target up to '" + name + "' runs here");
+  }
+  allowed_targets.store(allowed);
+  detail::chosen_target().Update(allowed);
+}
+
+namespace detail {
+
+hwy::ChosenTarget& chosen_target() {
+  static hwy::ChosenTarget target;  // GetIndex() 0 (Highway's first-call trampoline) until limit_targets
+  return target;
+}
+
+}  // namespace detail
 
 }  // namespace relpos::simd
 #endif  // HWY_ONCE

@@ -20,9 +20,9 @@
 // simd_common-inl.h; target selection in simd.cpp. Each family file ends with
 // its HWY_EXPORT lines and one thin wrapper per function below, written out
 // so that each can be read and found by name. The wrappers call
-// RELPOS_SIMD_DISPATCH(Name) (simd_dispatch.h), HWY_DYNAMIC_DISPATCH after
-// RELPOS_SIMD is applied: a macro, because HWY_DYNAMIC_DISPATCH names the
-// table that HWY_EXPORT defines in that file, which a function cannot take;
+// RELPOS_SIMD_DISPATCH(Name) (simd_dispatch.h), the entry of Name's dispatch
+// table for relpos's chosen target: a macro, because it names the table that
+// HWY_EXPORT defines in that file, which a function cannot take;
 // and only that, not one that also declares the export and the wrapper,
 // which would hide the signatures.
 #pragma once

@@ -2,7 +2,7 @@
 // and back, rounded to nearest even as relpos/half.hpp's scalar conversions
 // round, NaN kept NaN; and the split of float32 into three bfloat16 parts.
 // Highway compiles this file once per target (foreach_target.h includes it
-// again for each) and HWY_DYNAMIC_DISPATCH calls the best one the CPU supports.
+// again for each) and RELPOS_SIMD_DISPATCH calls the best one the CPU runs within RELPOS_SIMD.
 #include "simd_dispatch.h"  // first: the targets to compile
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // What the files of SIMD loops (simd_*.cpp) and simd.cpp share outside
-// Highway's per-target code: which targets they compile, and a dispatch that
-// applies RELPOS_SIMD first. Include it before any Highway header.
+// Highway's per-target code: which targets they compile, and a dispatch to
+// relpos's chosen target that applies RELPOS_SIMD first. Include it before any
+// Highway header.
 #pragma once
 
 #include <cstdlib>
@@ -15,15 +16,30 @@
 #define HWY_COMPILE_ALL_ATTAINABLE
 #endif
 
+namespace hwy {
+struct ChosenTarget;
+}
+
 namespace relpos::simd::detail {
 
-// Applies RELPOS_SIMD once, before the first dispatch (a throw leaves it to
-// the next call). A static's initialiser, not std::call_once: every later
-// call is one inlined check, and the row loops call through here per row.
-// Inline, so that the files of loops share the one static.
+// The target every relpos SIMD loop dispatches to: relpos's own
+// hwy::ChosenTarget (simd.cpp), set from the targets this CPU supports and
+// RELPOS_SIMD before the first dispatch, and by limit_targets. Highway's
+// process-wide one is not used: Highway 1.0.3's SupportedTargets() resets it
+// to every target the CPU has (relpos.info() asks after a dispatch), which
+// dropped a limit, and holding one through Highway meant its test hook
+// SetSupportedTargetsForTest.
+hwy::ChosenTarget& chosen_target();
+
+// Applies RELPOS_SIMD (or the CPU's best) once, before the first dispatch (a
+// throw leaves it to the next call). A static's initialiser, not
+// std::call_once: every later call is one inlined check, and the row loops
+// call through here per row. Inline, so that the files of loops share the one
+// static.
 inline void apply_environment() {
   static const bool applied = [] {
-    if (const char* limit = std::getenv("RELPOS_SIMD"); limit && *limit) limit_targets(limit);
+    const char* limit = std::getenv("RELPOS_SIMD");
+    limit_targets(limit ? limit : "");
     return true;
   }();
   (void)applied;
@@ -31,6 +47,10 @@ inline void apply_environment() {
 
 }  // namespace relpos::simd::detail
 
-// HWY_DYNAMIC_DISPATCH(Name) once RELPOS_SIMD is applied: the comma reads the
-// chosen target only after apply_environment may have limited it.
-#define RELPOS_SIMD_DISPATCH(Name) (::relpos::simd::detail::apply_environment(), HWY_DYNAMIC_DISPATCH(Name))
+// Name's dispatch table (HWY_EXPORT) entry for relpos's chosen target, once
+// RELPOS_SIMD is applied: the comma reads the target only after
+// apply_environment may have set it. GetIndex reads the mask of the targets
+// compiled in the calling file, as HWY_DYNAMIC_DISPATCH does.
+#define RELPOS_SIMD_DISPATCH(Name)                 \
+  (::relpos::simd::detail::apply_environment(),    \
+   (*(HWY_DISPATCH_TABLE(Name)[::relpos::simd::detail::chosen_target().GetIndex()])))

@@ -1,8 +1,8 @@
 // The element-wise row operations (simd.hpp): the attention tiles'
 // epilogues, RoPE's rotation, column sums, the gradient norm's sum of squares
 // and the transpose. Highway compiles this file once per target
-// (foreach_target.h includes it again for each) and HWY_DYNAMIC_DISPATCH calls
-// the best one the CPU supports.
+// (foreach_target.h includes it again for each) and RELPOS_SIMD_DISPATCH calls
+// the best one the CPU runs within RELPOS_SIMD.
 #include "simd_dispatch.h"  // first: the targets to compile
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // The softmax's loops (simd.hpp): the shifted exponentials and their sum, a
 // row's maximum, the finiteness check and the softmax gradient. Highway
 // compiles this file once per target (foreach_target.h includes it again for
-// each) and HWY_DYNAMIC_DISPATCH calls the best one the CPU supports.
+// each) and RELPOS_SIMD_DISPATCH calls the best one the CPU runs within RELPOS_SIMD.
 #include "simd_dispatch.h"  // first: the targets to compile
 
 #include <cmath>

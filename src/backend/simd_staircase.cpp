@@ -1,7 +1,7 @@
 // The staircase micro-GEMM (simd.hpp's staircase_product): the small products
 // of causal attention tiles. Highway compiles this file once per target
-// (foreach_target.h includes it again for each) and HWY_DYNAMIC_DISPATCH calls
-// the best one the CPU supports.
+// (foreach_target.h includes it again for each) and RELPOS_SIMD_DISPATCH calls
+// the best one the CPU runs within RELPOS_SIMD.
 #include "simd_dispatch.h"  // first: the targets to compile
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // The trainer's loops (simd.hpp): GELU, LayerNorm's rows and AdamW. Highway
 // compiles this file once per target (foreach_target.h includes it again for
-// each) and HWY_DYNAMIC_DISPATCH calls the best one the CPU supports.
+// each) and RELPOS_SIMD_DISPATCH calls the best one the CPU runs within RELPOS_SIMD.
 #include "simd_dispatch.h"  // first: the targets to compile
 
 #include <cmath>
