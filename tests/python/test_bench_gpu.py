@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,3 +101,13 @@ def test_tile_sweep_checks_a_table_scheme_against_the_shipped_configuration(tmp_
     other = rows[-1].strip("|").split("|")
     assert other[2].strip() == "32x32 w4 s1" and 0 < float(other[-1]) < 2e-2, rows  # other tiles: other rounding
     assert not any(line.startswith("| none |") for line in text.splitlines())
+
+
+def test_host_time_bench_refuses_without_a_gpu(tmp_path):
+    """bench/gpu_host.py times the host against the GPU's kernels: without a CUDA device it says so."""
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the bench would run, not refuse")
+    run = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_host.py"), "--out", str(tmp_path / "h.txt")],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "no CUDA device" in run.stderr, run.stderr
+    assert not (tmp_path / "h.txt").exists()

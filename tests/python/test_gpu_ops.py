@@ -169,16 +169,41 @@ def test_eager_calls_run_the_bodies_and_traces_the_registered_ops(monkeypatch):
     def refused(*_):
         raise AssertionError("an eager call reached a registered op")
 
+    from relpos.gpu import launch
+    from torch._library.triton import is_wrap_triton_enabled
+
+    wrapped = []  # per launch: whether it would go through torch's tracing wrapper (on a GPU)
+
+    def wrap_triton(kernel):
+        wrapped.append(is_wrap_triton_enabled())
+        return launch_wrap_triton(kernel)
+
+    launch_wrap_triton = launch.wrap_triton
     with monkeypatch.context() as m:
         m.setattr(ops, "_forward_op", refused)
         m.setattr(ops, "_backward_op", refused)
+        m.setattr(launch, "wrap_triton", wrap_triton)
         model = _T5Attention(table)
         got = _run(model, q, k, v, dout) + [model.table.grad]
         with torch.no_grad():
             assert torch.equal(relpos.gpu.attention(q, k, v, relpos.T5(table, max_distance=20), causal=True), want[0])
+    assert wrapped and not any(wrapped), wrapped  # every eager launch straight to its kernel
     for a, b in zip(got, want):
         assert torch.equal(a, b)
     with FakeTensorMode() as mode:
         fake = [mode.from_tensor(x) for x in (q, k, v)]
         assert ops._traced(fake) and ops._traced([q])  # the mode is on: every call is a trace's
     assert not ops._traced([q, torch.nn.Parameter(table)])
+
+
+def test_jit_trace_records_the_registered_op():
+    """torch.jit.trace sees the registered op (an eager body's launches would be invisible to it)
+    and the traced module computes what the eager call does."""
+    import relpos.gpu
+
+    q, k, v, table, _ = _inputs(seed=9, Lq=19, Lk=19)
+    model = _T5Attention(table)
+    with torch.no_grad():
+        traced = torch.jit.trace(model, (q, k, v))
+        assert "relpos::gpu_attention_forward" in str(traced.graph)
+        assert torch.equal(traced(q, k, v), model(q, k, v))

@@ -1,9 +1,10 @@
 """``relpos.gpu.attention``: relative-position attention on the Triton kernels.
 
 The scheme becomes kernel terms (terms.py) through differentiable torch operations;
-the registered operator ``relpos::gpu_attention_forward`` (ops.py) then runs the
-kernels on q, k, v, the query / key features and the bias parameters, and its
-gradient, ``relpos::gpu_attention_backward``, returns the gradients of all of them,
+``relpos::gpu_attention_forward`` (ops.py: the registered operator where a trace sees the
+call, its body through an autograd.Function where none does) then runs the kernels on q,
+k, v, the query / key features and the bias parameters, and its gradient,
+``relpos::gpu_attention_backward``, returns the gradients of all of them,
 the positional parameters' as fixed-order sums of per-program partials (no atomics:
 the same bits on every run).
 """

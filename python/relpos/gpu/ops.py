@@ -14,15 +14,15 @@ as tensors (``None`` where absent) and the rest as six integers and the scale.
 
 Eager calls that no trace sees run the ops' bodies themselves, through one
 ``torch.autograd.Function``: the registered ops' Python dispatch (argument defaults filled
-from the schema, outputs checked for aliasing) took 0.4 to 0.6 ms of host time per forward
-on an H200's host, more than the forward kernel at B = 4, H = 16, L = 2048, d = 64, so
-that such calls ran at the host's pace, not the GPU's.
+from the schema, outputs checked for aliasing) took 0.4-0.7 ms of host time per forward
+under cProfile on an H200's host (bench/gpu_host.py), more than the forward kernel at
+B = 4, H = 16, L = 2048, d = 64, so that such calls ran at the host's pace, not the GPU's.
 """
 from typing import Optional
 
 import torch
 from torch import Tensor
-
+from torch._library.triton import set_wrap_triton_enabled
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from relpos._autograd import no_double_backward, setup_nothing
@@ -91,10 +91,12 @@ _EAGER_TYPES = (Tensor, torch.nn.Parameter)
 
 
 def _traced(inputs) -> bool:
-    """Whether anything but plain eager execution sees this call: torch.compile, a dispatch
-    mode (torch.export, make_fx, fake tensors), a functorch transform, or an input that is not
-    a plain tensor. Those get the registered ops, which they know how to trace."""
-    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+    """Whether anything but plain eager execution sees this call: torch.compile, torch.jit.trace,
+    a dispatch mode (torch.export, make_fx, fake tensors), a functorch transform, or an input
+    that is not a plain tensor. Those get the registered ops, which they know how to trace."""
+    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
+        return True
+    if _get_current_dispatch_mode() is not None:
         return True
     if torch._C._functorch.peek_interpreter_stack() is not None:
         return True
@@ -109,7 +111,7 @@ def forward(*inputs) -> tuple[Tensor, Tensor]:
         return _forward_op(*inputs)
     if torch.is_grad_enabled() and any(isinstance(x, Tensor) and x.requires_grad for x in inputs):
         return _Attention.apply(*inputs)
-    return _forward(*inputs)
+    return _eager(_forward, inputs)
 
 
 def backward(*inputs) -> tuple:
@@ -118,7 +120,15 @@ def backward(*inputs) -> tuple:
     backward by name), else its body directly."""
     if torch.is_grad_enabled() or _traced(inputs):
         return _backward_op(*inputs)
-    return _backward(*inputs)
+    return _eager(_backward, inputs)
+
+
+def _eager(body, inputs):
+    """An op's body run eagerly, its launches straight to the Triton kernels (as the registered
+    op runs it): with wrap_triton left on, each launch would go through torch's tracing
+    wrapper, whose side table keeps every launch's arguments."""
+    with set_wrap_triton_enabled(False):
+        return body(*inputs)
 
 
 def _setup_context(ctx, inputs, output):
@@ -165,7 +175,7 @@ class _Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, *inputs):
-        output = _forward(*inputs)
+        output = _eager(_forward, inputs)
         _setup_context(ctx, inputs, output)
         return output
 
