@@ -68,16 +68,21 @@ std::vector<std::string> supported_targets() {
 }
 
 void limit_targets(const std::string& name) {
+  detail::apply_environment();  // first, so that RELPOS_SIMD's first application cannot undo this limit
+  detail::set_targets(name);
+}
+
+namespace detail {
+
+void set_targets(const std::string& name) {
   int64_t allowed = hwy::SupportedTargets() & HWY_TARGETS;
   if (!name.empty()) {
     allowed &= targets_up_to(name);
     if (allowed == 0) throw std::invalid_argument("relpos: RELPOS_SIMD: no target up to '" + name + "' runs here");
   }
   allowed_targets.store(allowed);
-  detail::chosen_target().Update(allowed);
+  chosen_target().Update(allowed);
 }
-
-namespace detail {
 
 hwy::ChosenTarget& chosen_target() {
   static hwy::ChosenTarget target;  // GetIndex() 0 (Highway's first-call trampoline) until limit_targets

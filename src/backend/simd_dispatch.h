@@ -5,13 +5,14 @@
 #pragma once
 
 #include <cstdlib>
+#include <string>
 
 #include "simd.hpp"
 
 // Every target this compiler can build, also those below the build's -march
 // (so that RELPOS_SIMD=sse4 runs an SSE4 variant on any machine). Here, so
-// that every file compiles the same targets: the one chosen target Highway
-// keeps for the process then means the same in each file's tables.
+// that every file compiles the same targets: relpos's one chosen target then
+// means the same in each file's tables.
 #ifndef HWY_COMPILE_ALL_ATTAINABLE
 #define HWY_COMPILE_ALL_ATTAINABLE
 #endif
@@ -31,15 +32,19 @@ namespace relpos::simd::detail {
 // SetSupportedTargetsForTest.
 hwy::ChosenTarget& chosen_target();
 
-// Applies RELPOS_SIMD (or the CPU's best) once, before the first dispatch (a
-// throw leaves it to the next call). A static's initialiser, not
-// std::call_once: every later call is one inlined check, and the row loops
+// Sets chosen_target to the best target up to `name` ("" for the CPU's
+// best); limit_targets without RELPOS_SIMD's first application.
+void set_targets(const std::string& name);
+
+// Applies RELPOS_SIMD (or the CPU's best) once, before the first dispatch or
+// limit_targets (a throw leaves it to the next call). A static's initialiser,
+// not std::call_once: every later call is one inlined check, and the row loops
 // call through here per row. Inline, so that the files of loops share the one
 // static.
 inline void apply_environment() {
   static const bool applied = [] {
     const char* limit = std::getenv("RELPOS_SIMD");
-    limit_targets(limit ? limit : "");
+    set_targets(limit ? limit : "");
     return true;
   }();
   (void)applied;
@@ -50,7 +55,10 @@ inline void apply_environment() {
 // Name's dispatch table (HWY_EXPORT) entry for relpos's chosen target, once
 // RELPOS_SIMD is applied: the comma reads the target only after
 // apply_environment may have set it. GetIndex reads the mask of the targets
-// compiled in the calling file, as HWY_DYNAMIC_DISPATCH does.
-#define RELPOS_SIMD_DISPATCH(Name)                 \
-  (::relpos::simd::detail::apply_environment(),    \
-   (*(HWY_DISPATCH_TABLE(Name)[::relpos::simd::detail::chosen_target().GetIndex()])))
+// compiled in the calling file, as HWY_DYNAMIC_DISPATCH does; a build of one
+// target has a table of one entry, the function itself.
+#define RELPOS_SIMD_DISPATCH(Name)                                                                  \
+  (::relpos::simd::detail::apply_environment(),                                                     \
+   (*(HWY_DISPATCH_TABLE(Name)[sizeof(HWY_DISPATCH_TABLE(Name)) == sizeof(HWY_DISPATCH_TABLE(Name)[0]) \
+                                   ? 0                                                              \
+                                   : ::relpos::simd::detail::chosen_target().GetIndex()])))
