@@ -146,7 +146,8 @@ def main(argv=None) -> int:
         args.reps = 1
     info = relpos.info()
     meta = {"command": " ".join(["python", "bench/scaling.py", *(argv if argv is not None else sys.argv[1:])]),
-            "machine": f"{cpu_model()}, {cores} logical CPUs", "simd": info["simd_target"],
+            "machine": f"{cpu_model()}, {cores} logical CPUs, L2 {info['l2_bytes'] >> 10} KiB per core, "
+                       f"L3 {info['l3_bytes'] >> 20} MiB", "simd": info["simd_target"],
             "gemm_isa": info["gemm_isa"], "reps": args.reps}
     rows = measure(threads, args.reps, args.quick)
     slug = re.sub(r"[^a-z0-9]+", "_", cpu_model().lower()).strip("_")

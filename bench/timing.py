@@ -1,5 +1,5 @@
 """Timing helpers of the CPU benchmarks (standard library only, so that a benchmark that needs
-neither torch nor relpos.torch, bench/scaling.py, runs where only relpos's NumPy API is installed)."""
+no relpos.torch, bench/scaling.py, runs where relpos's NumPy API and torch alone are installed)."""
 from __future__ import annotations
 
 import platform
