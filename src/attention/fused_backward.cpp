@@ -52,10 +52,15 @@ struct QueryGrads {
     dbias.assign(c.x.bias.empty() || !bias_grads ? 0 : hd.distances(), T(0));
   }
 
-  void add(const QueryGrads& o) {
+  // Adds o's part `part` of `parts` (of each sum's elements) to this one's: the
+  // parts of one pair of groups are disjoint, so threads can add them at once,
+  // and each element's sum keeps its order.
+  void add_part(const QueryGrads& o, int64_t part, int64_t parts) {
     for (auto [mine, theirs] : {std::pair{&dqc, &o.dqc}, {&dqp, &o.dqp}, {&dR, &o.dR}, {&Pb, &o.Pb}, {&dE, &o.dE},
-                                {&dbias, &o.dbias}, {&dRk, &o.dRk}})
-      for (std::size_t n = 0; n < mine->size(); ++n) (*mine)[n] += (*theirs)[n];
+                                {&dbias, &o.dbias}, {&dRk, &o.dRk}}) {
+      const int64_t size = int64_t(mine->size());
+      for (int64_t n = size * part / parts, end = size * (part + 1) / parts; n < end; ++n) (*mine)[n] += (*theirs)[n];
+    }
   }
 };
 
@@ -295,8 +300,8 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
 }
 
 // Heads that are one group each run whole on one thread; otherwise the
-// (batch, head, group) items run first, then per head the groups' sums are
-// added in group order and the head finished. Positional-parameter gradients
+// (batch, head, group) items run first, then the groups' sums are added in
+// group order (each head's in parts over the threads) and each head finished. Positional-parameter gradients
 // go to per-thread partials added in thread order.
 template <class F, class T, class Stored>
 void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e) {
@@ -324,11 +329,18 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
       backward_key_group<F>(p, data, e, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh],
                             dvs[bh], scratch[t]);
     });
+    // Each head's groups added in group order into its first, in parts over the threads
+    // (one head on 16 threads has 32 groups, whose sums one thread took a large part of
+    // the backward's time to add).
+    const int64_t parts = (threads + count - 1) / count;
+    parallel_for(count * parts, threads, [](int) {}, [&](int, int64_t item) {
+      const int64_t bh = item / parts;
+      for (int64_t g = 1; g < groups; ++g) query[bh * groups].add_part(query[bh * groups + g], item % parts, parts);
+    });
     parallel_for(count, thread_count(p.num_threads, count), make_partials, [&](int t, int64_t item) {
       const auto [b, h] = head_major(item, batch);
       const int64_t bh = b * heads + h;
       QueryGrads<T>& sum = query[bh * groups];
-      for (int64_t g = 1; g < groups; ++g) sum.add(query[bh * groups + g]);
       BackwardScratch<T>& w = scratch[t];
       prepare(p, data, e, b, h, w.head);
       load_dout(data, w);

@@ -141,25 +141,28 @@ TEST(FusedMultiTile, DeBERTaInFloat32) {
 // thread, whatever the count); the backward adds dq and the positional sums
 // over the groups, so it equals one thread's within rounding, and a second
 // run with the same thread count repeats its bits.
-TEST(FusedMultiTile, OneHeadSplitOverThreads) {
-  for (const Spec& variant : scheme_variants()) {
-    Spec spec = with_mask_and_geometry(multi_tile(variant), masks()[3], multi_tile_geometries()[1]);
-    spec.H = 1;
-    spec.algorithm = relpos::Algorithm::fused;
-    SCOPED_TRACE(spec.label);
-    spec.num_threads = 1;
-    Problem<double> one(spec);
-    const Outcome expected = run_forward_backward(one);
-    for (int threads : {2, 3}) {
-      spec.num_threads = threads;
-      Problem<double> first(spec), second(spec);
-      const Outcome many = run_forward_backward(first);
-      const Outcome forward(many.begin(), many.begin() + 2), forward_one(expected.begin(), expected.begin() + 2);
-      EXPECT_TRUE(same_outcome(forward, forward_one, 0.0)) << threads << " threads, forward";
-      EXPECT_TRUE(equal_per_head(many, expected, 1)) << threads << " threads";
-      EXPECT_TRUE(same_outcome(run_forward_backward(second), many, 0.0)) << threads << " threads, run twice";
+// Fewer heads than threads: each head's key tiles in groups, the groups' sums added in
+// parts over the threads (7 threads: more parts than some sums have elements).
+TEST(FusedMultiTile, FewHeadsSplitOverThreads) {
+  for (const Spec& variant : scheme_variants())
+    for (int64_t heads : {1, 2}) {
+      Spec spec = with_mask_and_geometry(multi_tile(variant), masks()[3], multi_tile_geometries()[1]);
+      spec.H = heads;
+      spec.algorithm = relpos::Algorithm::fused;
+      SCOPED_TRACE(spec.label + ", " + std::to_string(heads) + " heads");
+      spec.num_threads = 1;
+      Problem<double> one(spec);
+      const Outcome expected = run_forward_backward(one);
+      for (int threads : {2, 3, 7}) {
+        spec.num_threads = threads;
+        Problem<double> first(spec), second(spec);
+        const Outcome many = run_forward_backward(first);
+        const Outcome forward(many.begin(), many.begin() + 2), forward_one(expected.begin(), expected.begin() + 2);
+        EXPECT_TRUE(same_outcome(forward, forward_one, 0.0)) << threads << " threads, forward";
+        EXPECT_TRUE(equal_per_head(many, expected, 1)) << threads << " threads";
+        EXPECT_TRUE(same_outcome(run_forward_backward(second), many, 0.0)) << threads << " threads, run twice";
+      }
     }
-  }
 }
 
 }  // namespace
