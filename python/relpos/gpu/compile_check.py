@@ -23,7 +23,7 @@ size, the tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32
 (torch's TF32 switch on), ieee otherwise, and X_PRECISION tf32 (the float32
 features' product). The full product is 14,400 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
-specialisation), ``--full`` for the product. Beside them RoPE's rotate_kernel (run before
+specialisation) and CORNERS (among them float32 with TF32 off), ``--full`` for the product. Beside them RoPE's rotate_kernel (run before
 the attention kernels, and on the gradients after them) per dtype x head x direction,
 with config.ROTATE.
 
@@ -112,6 +112,7 @@ class Spec:
     tables: str = ""  # one of TABLES
     clamp: bool = False  # Transformer-XL's clamp_len > 0 (with has_x)
     rope: bool = False  # RoPE: the backward writes dq and dk as float32 (launch.py rotates them back)
+    tf32: bool = True  # float32 products in TF32 (torch's allow_tf32 on); False: exact float32, torch's default
     transpose: bool = False  # rotate_kernel: the rotation's transpose (a gradient's; X float32)
     launch: Optional[Launch] = None  # None: config.launch_for as the launcher calls it
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
@@ -122,7 +123,8 @@ class Spec:
             return ROTATE
         if self.launch is not None:
             return self.launch
-        return launch_for(self.head, True, 4 if self.dtype == "float32" else 2, bool(self.tables), self.has_x)
+        return launch_for(self.head, True, 4 if self.dtype == "float32" else 2, bool(self.tables), self.has_x,
+                          exact_float32=self.dtype == "float32" and not self.tf32)
 
     @property
     def table_flags(self) -> dict:
@@ -141,20 +143,22 @@ class Spec:
         flags = "".join(f for f, on in (("+x", self.has_x), ("+causal", self.causal), ("+pad", self.has_pad),
                                         (f"+{self.tables}", bool(self.tables)),
                                         ("+clamp", self.has_x and self.clamp), ("+rope", self.rope),
-                                        ("+transpose", self.transpose)) if on)
+                                        ("+transpose", self.transpose),
+                                        ("+ieee", self.dtype == "float32" and not self.tf32)) if on)
         tail = "" if self.aligned else "/generic"
         return (f"{self.kernel}/{self.dtype}/{BIAS_NAMES[self.bias]}{flags}/d{self.head}/"
                 f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{tail}")
 
     def constexprs(self, names: Iterable[str]) -> dict:
         """The values of the kernel's ``tl.constexpr`` switches ``names``, as attention.py's
-        _switches sets them on a GPU with torch's TF32 switch on for float32 (PRECISION
-        tf32 there, ieee for half types; the float32 features' X_PRECISION tf32). A switch
+        _switches sets them on a GPU, for float32 with torch's TF32 switch on (PRECISION
+        tf32) unless the spec says off (ieee, torch's default), ieee for half types; the float32
+        features' X_PRECISION tf32. A switch
         this module does not know raises, so a new one cannot be compiled with a default."""
         c = self.cfg
         known = dict(D=padded(self.head), DV=padded(self.head), DX=padded(self.head if self.has_x else 1),
                      BM=c.block_m, BN=c.block_n, NB=self.nb, BIAS=self.bias, HAS_X=self.has_x, CAUSAL=self.causal,
-                     HAS_PAD=self.has_pad, PRECISION="tf32" if self.dtype == "float32" else "ieee",
+                     HAS_PAD=self.has_pad, PRECISION="tf32" if self.dtype == "float32" and self.tf32 else "ieee",
                      X_PRECISION="tf32", **self.table_flags, ZERO_BEYOND=False,
                      X_CLAMP=self.has_x and self.clamp, QUERY_BIAS=self.has_x,
                      BR=c.block_m, TRANSPOSE=self.transpose)
@@ -276,9 +280,13 @@ def pairwise(factors: dict) -> list[dict]:
 # The largest tiles of each kernel, added to the pairs: the widest dtype with every input
 # present (shared memory grows with dtype, head and the features' tiles), and bfloat16 with
 # every input but the tables (half types run larger tiles than float32: config.launch_for).
-# Pairs alone need not meet them, and an overflow hides in exactly such a corner.
+# Pairs alone need not meet them, and an overflow hides in exactly such a corner. And float32
+# with torch's default, TF32 off, where the tables' run merges take exact float32 products
+# (kernels._merge_runs), a path of its own.
 CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128,
             "tables": "shaw_kv", "clamp": True, "rope": True},
+           {"dtype": "float32", "bias": 0, "has_x": False, "causal": True, "has_pad": False, "head": 64,
+            "tables": "deberta", "clamp": False, "rope": False, "tf32": False},
            *({"dtype": "bfloat16", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": head,
               "tables": "", "clamp": True, "rope": True} for head in HEADS))
 

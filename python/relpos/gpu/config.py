@@ -34,7 +34,7 @@ def padded(n: int) -> int:
 
 
 def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, tables: bool = False,
-               features: bool = False) -> Launch:
+               features: bool = False, exact_float32: bool = False) -> Launch:
     """The configuration for a call with head size ``head_dim`` (the larger of d and dv),
     inputs of ``element_bytes`` each and, with ``tables``, tables per distance (Shaw's,
     DeBERTa's: a per-tile band of BM + BN table rows adds to the tile's shared memory), with
@@ -49,11 +49,24 @@ def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, tables: bool
     Transformer-XL's features, over an A100's 166,912; at head 64 three stages gained 1%
     forward and 5% forward+backward on plain attention, within the run-to-run spread of the
     other schemes, so two stay. With the features (more registers per thread at 4 warps) the
-    8 warps they were measured with stay until 4 are measured there."""
+    8 warps they were measured with stay until 4 are measured there.
+
+    ``exact_float32``: float32 products without TF32 (torch's default,
+    ``torch.backends.cuda.matmul.allow_tf32`` off), which Triton runs on the CUDA cores, need
+    smaller tiles (spills per thread on sm_90 by the compile check, causal; not yet timed on a
+    GPU): at head 64, 64 x 64 tiles left every kernel at 32 registers with 15-29 KB (66-105 KB
+    with DeBERTa's tables), 32 x 32 tiles at most 1.1 KB in two stages (3.3 KB with the tables
+    in one); at head 128 the dq kernel spilled 15 KB with 32 x 32 tiles and 0.4 KB with 16 x 16,
+    and with the tables 22 KB with 16 x 16 tiles and at most 8.3 KB (the forward) with 32 x 32
+    in 8 warps. (sm_80's ptxas leaves the head-64 dq kernel with the tables at 21.6 KB.)"""
     if not on_gpu:
         return INTERPRETER
     if padded(head_dim) <= 64:
+        if exact_float32:
+            return Launch(32, 32, 4, 1 if tables else 2)
         return Launch(64, 64, 4, 2)
+    if exact_float32:
+        return Launch(32, 32, 8, 1) if tables else Launch(16, 16, 4, 1)
     if tables:
         return Launch(16, 16, 4, 1) if element_bytes > 2 else Launch(32, 32, 4, 1)
     if element_bytes > 2:

@@ -80,7 +80,8 @@ class Call:
 
     def launch(self) -> Launch:
         return launch_for(max(self.q.shape[3], self.v.shape[3]), self.q.device.type == "cuda",
-                          self.q.element_size(), bool(self.tables()), features=self.terms.qx is not None)
+                          self.q.element_size(), bool(self.tables()), features=self.terms.qx is not None,
+                          exact_float32=self.q.dtype == torch.float32 and _precision(self.q) == "ieee")
 
     def pointers(self, bias_rows: Optional[torch.Tensor]) -> list[torch.Tensor]:
         """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF; q's where an input is absent
