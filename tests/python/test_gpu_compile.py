@@ -64,16 +64,16 @@ def test_specs_match_the_launcher():
         itertools.product(cc.DTYPES, cc.HEADS, (False, True)))
     assert all(s.cfg == ROTATE for s in rotations)
     specs = [s for s in specs if s.kernel != "rotate"]
-    assert any(s.dtype == "float32" and not s.tf32 and s.tables for s in specs)  # exact float32 merges
+    assert any(s.dtype == "float32" and not s.tf32 and s.tables for s in specs)  # TF32 x 3, torch's default
     for s in specs:
-        exact = s.dtype == "float32" and not s.tf32  # float32 products without TF32, torch's default
         assert s.cfg == launch_for(s.head, True, 4 if s.dtype == "float32" else 2, bool(s.tables), s.has_x,
-                                   exact_float32=exact)
+                                   split_float32=s.dtype == "float32" and not s.tf32)
         consts = s.constexprs(["D", "DV", "DX", "NB", "PRECISION", "X_PRECISION"])
         assert consts["D"] == consts["DV"] == s.head
         assert consts["DX"] == (s.head if s.has_x else 16)
         assert consts["NB"] == (32 if s.bias == 1 else 16)
-        assert consts["PRECISION"] == ("tf32" if s.dtype == "float32" and not exact else "ieee")
+        want = {"float32": "tf32" if s.tf32 else "tf32x3"}.get(s.dtype, "ieee")
+        assert consts["PRECISION"] == want
     with pytest.raises(KeyError, match="NEW_SWITCH"):
         specs[0].constexprs(["D", "NEW_SWITCH"])
 

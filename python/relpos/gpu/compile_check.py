@@ -20,7 +20,7 @@ DeBERTa's c2p + p2c through a row map) x Transformer-XL's
 clamp (with HAS_X) x RoPE (the backward writes the gradients of the rotated q and k as
 float32), each with config.launch_for(head, on_gpu=True, the dtype's
 size, the tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
-(torch's TF32 switch on), ieee otherwise, and X_PRECISION tf32 (the float32
+(torch's TF32 switch on; tf32x3 with it off), ieee otherwise, and X_PRECISION tf32 (the float32
 features' product). The full product is 14,400 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
 specialisation) and CORNERS (among them float32 with TF32 off), ``--full`` for the product. Beside them RoPE's rotate_kernel (run before
@@ -112,7 +112,7 @@ class Spec:
     tables: str = ""  # one of TABLES
     clamp: bool = False  # Transformer-XL's clamp_len > 0 (with has_x)
     rope: bool = False  # RoPE: the backward writes dq and dk as float32 (launch.py rotates them back)
-    tf32: bool = True  # float32 products in TF32 (torch's allow_tf32 on); False: exact float32, torch's default
+    tf32: bool = True  # float32 products in TF32 (torch's allow_tf32 on); False: TF32 x 3, torch's default
     transpose: bool = False  # rotate_kernel: the rotation's transpose (a gradient's; X float32)
     launch: Optional[Launch] = None  # None: config.launch_for as the launcher calls it
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
@@ -124,7 +124,14 @@ class Spec:
         if self.launch is not None:
             return self.launch
         return launch_for(self.head, True, 4 if self.dtype == "float32" else 2, bool(self.tables), self.has_x,
-                          exact_float32=self.dtype == "float32" and not self.tf32)
+                          split_float32=self.precision == "tf32x3")
+
+    @property
+    def precision(self) -> str:
+        """PRECISION as launch._precision sets it on a GPU."""
+        if self.dtype != "float32":
+            return "ieee"
+        return "tf32" if self.tf32 else "tf32x3"
 
     @property
     def table_flags(self) -> dict:
@@ -144,7 +151,7 @@ class Spec:
                                         (f"+{self.tables}", bool(self.tables)),
                                         ("+clamp", self.has_x and self.clamp), ("+rope", self.rope),
                                         ("+transpose", self.transpose),
-                                        ("+ieee", self.dtype == "float32" and not self.tf32)) if on)
+                                        ("+tf32x3", self.dtype == "float32" and not self.tf32)) if on)
         tail = "" if self.aligned else "/generic"
         return (f"{self.kernel}/{self.dtype}/{BIAS_NAMES[self.bias]}{flags}/d{self.head}/"
                 f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{tail}")
@@ -152,13 +159,13 @@ class Spec:
     def constexprs(self, names: Iterable[str]) -> dict:
         """The values of the kernel's ``tl.constexpr`` switches ``names``, as attention.py's
         _switches sets them on a GPU, for float32 with torch's TF32 switch on (PRECISION
-        tf32) unless the spec says off (ieee, torch's default), ieee for half types; the float32
+        tf32) unless the spec says off (tf32x3, torch's default), ieee for half types; the float32
         features' X_PRECISION tf32. A switch
         this module does not know raises, so a new one cannot be compiled with a default."""
         c = self.cfg
         known = dict(D=padded(self.head), DV=padded(self.head), DX=padded(self.head if self.has_x else 1),
                      BM=c.block_m, BN=c.block_n, NB=self.nb, BIAS=self.bias, HAS_X=self.has_x, CAUSAL=self.causal,
-                     HAS_PAD=self.has_pad, PRECISION="tf32" if self.dtype == "float32" and self.tf32 else "ieee",
+                     HAS_PAD=self.has_pad, PRECISION=self.precision,
                      X_PRECISION="tf32", **self.table_flags, ZERO_BEYOND=False,
                      X_CLAMP=self.has_x and self.clamp, QUERY_BIAS=self.has_x,
                      BR=c.block_m, TRANSPOSE=self.transpose)
@@ -281,8 +288,8 @@ def pairwise(factors: dict) -> list[dict]:
 # present (shared memory grows with dtype, head and the features' tiles), and bfloat16 with
 # every input but the tables (half types run larger tiles than float32: config.launch_for).
 # Pairs alone need not meet them, and an overflow hides in exactly such a corner. And float32
-# with torch's default, TF32 off, where the tables' run merges take exact float32 products
-# (kernels._merge_runs), a path of its own.
+# with torch's default, TF32 off, where every product runs in TF32 three times (twice the
+# operand registers of TF32) with DeBERTa's tables, the most registers of that path.
 CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128,
             "tables": "shaw_kv", "clamp": True, "rope": True},
            {"dtype": "float32", "bias": 0, "has_x": False, "causal": True, "has_pad": False, "head": 64,

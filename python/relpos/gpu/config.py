@@ -34,7 +34,7 @@ def padded(n: int) -> int:
 
 
 def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, tables: bool = False,
-               features: bool = False, exact_float32: bool = False) -> Launch:
+               features: bool = False, split_float32: bool = False) -> Launch:
     """The configuration for a call with head size ``head_dim`` (the larger of d and dv),
     inputs of ``element_bytes`` each and, with ``tables``, tables per distance (Shaw's,
     DeBERTa's: a per-tile band of BM + BN table rows adds to the tile's shared memory), with
@@ -51,23 +51,23 @@ def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, tables: bool
     other schemes, so two stay. With the features (more registers per thread at 4 warps) the
     8 warps they were measured with stay until 4 are measured there.
 
-    ``exact_float32``: float32 products without TF32 (torch's default,
-    ``torch.backends.cuda.matmul.allow_tf32`` off), which Triton runs on the CUDA cores, need
-    smaller tiles (spills per thread on sm_90 by the compile check, causal; not yet timed on a
-    GPU): at head 64, 64 x 64 tiles left every kernel at 32 registers with 15-29 KB (66-105 KB
-    with DeBERTa's tables), 32 x 32 tiles at most 1.1 KB in two stages (3.3 KB with the tables
-    in one); at head 128 the dq kernel spilled 15 KB with 32 x 32 tiles and 0.4 KB with 16 x 16,
-    and with the tables 22 KB with 16 x 16 tiles and at most 8.3 KB (the forward) with 32 x 32
-    in 8 warps. (sm_80's ptxas leaves the head-64 dq kernel with the tables at 21.6 KB.)"""
+    ``split_float32``: float32 products in TF32 three times (torch's TF32 switch off; twice the
+    operand registers of one TF32 product). bench/gpu_tiles.py --dtype float32 on an H200
+    (causal L = 4096, B = 4, H = 16; forward / forward+backward ms): head 64 plain attention
+    3.20 / 17.9 with 64 x 64 tiles in one stage against 3.18 / 20.4 in two; DeBERTa's tables
+    9.4 / 55.1 with 32 x 32 tiles against 11.5 / 78.2 with 64 x 64 in two stages; head 128 with
+    the tables 31.4 / 155.3 with 32 x 32 tiles in 8 warps against 41.9 / 214.6 with 16 x 16 (4
+    warps: 21.7 / 147.6, but Shaw's dk, dv kernel there sits at 32 registers with 21 KB of
+    spills per thread on sm_90, against 1.3 KB in 8 warps: compile_check)."""
     if not on_gpu:
         return INTERPRETER
     if padded(head_dim) <= 64:
-        if exact_float32:
-            return Launch(32, 32, 4, 1 if tables else 2)
+        if split_float32:
+            return Launch(32, 32, 4, 1) if tables else Launch(64, 64, 4, 1)
         return Launch(64, 64, 4, 2)
-    if exact_float32:
-        return Launch(32, 32, 8, 1) if tables else Launch(16, 16, 4, 1)
     if tables:
+        if split_float32:
+            return Launch(32, 32, 8, 1)
         return Launch(16, 16, 4, 1) if element_bytes > 2 else Launch(32, 32, 4, 1)
     if element_bytes > 2:
         return Launch(32, 32, 4, 1)

@@ -231,7 +231,7 @@ def _rows_grad(slab, first_row, last_row, first_sum, last_sum, weights, x, t0, s
             c = _distance_rows(t, shaw_k, row_of, r_min, R, ZERO_BEYOND, ROW_MAP)
             starts = (c != _distance_rows(t - 1, shaw_k, row_of, r_min, R, ZERO_BEYOND, ROW_MAP)) | (t == t0 + first)
             starts = starts & (c >= 0)
-            runs = _merge_runs(((c[:, None] == c[None, :]) & starts[:, None]).to(tl.float32), band, x, PRECISION)
+            runs = _merge_runs(((c[:, None] == c[None, :]) & starts[:, None]).to(tl.float32), band, PRECISION)
             at = slab + c[:, None] * C + offs_c[None, :]
             tl.store(at, tl.load(at, mask=starts[:, None], other=0.0) + runs, mask=starts[:, None])
             tl.debug_barrier()  # the next part's or tile's reads of these rows may be other threads'
@@ -239,7 +239,7 @@ def _rows_grad(slab, first_row, last_row, first_sum, last_sum, weights, x, t0, s
 
 
 @triton.jit
-def _merge_runs(runs, band, x, PRECISION: tl.constexpr):
+def _merge_runs(runs, band, PRECISION: tl.constexpr):
     """``runs @ band`` for a 0/1 matrix ``runs`` (which distances each row sums) and float32
     per-distance sums ``band``: on a GPU in TF32 three times (``band`` split into a TF32 part and
     its remainder; the 0/1 factor is exact in TF32, so each sum is good to about 2^-22) on the
@@ -247,9 +247,9 @@ def _merge_runs(runs, band, x, PRECISION: tl.constexpr):
     DeBERTa's forward+backward (causal, L = 4096, B = 4, H = 16) took 25.8 ms at head 64 and 66.0
     at head 128, Shaw's 16.6 and 82.1, against 20.4, 43.2, 14.6 and 25.3 with TF32 three times
     (bench/gpu_tiles.py), every error against float64 unchanged (bench/gpu.py); at head 128 the
-    dq kernel's spills fell from 14 to 1 KB per thread (compile_check). Exact products stay where
-    the call's float32 products are (TF32 switched off) and in the interpreter."""
-    if PRECISION == "upcast" or (PRECISION == "ieee" and x.dtype == tl.float32):
+    dq kernel's spills fell from 14 to 1 KB per thread (compile_check). The interpreter's products
+    are exact."""
+    if PRECISION == "upcast":
         merged = tl.dot(runs, band, input_precision="ieee")
     else:
         merged = tl.dot(runs, band, input_precision="tf32x3")

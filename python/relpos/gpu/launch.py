@@ -29,12 +29,16 @@ def interpreting() -> bool:
 
 
 def _precision(q: torch.Tensor) -> str:
-    """float32 follows torch's TF32 switch for matrix products, as torch's own kernels do;
-    the interpreter multiplies half inputs as float32 (kernels._dot)."""
+    """float32 follows torch's TF32 switch for matrix products: TF32 when it is on; when it is
+    off (torch's default), TF32 three times (each factor split into a TF32 part and its
+    remainder, about float32's precision) on the tensor cores, the products SDPA's
+    memory-efficient kernel takes for float32 on these cards. Exact float32 products run on the
+    CUDA cores, 4-19x slower forward+backward there (bench/results/gpu_tiles_float32_*.md).
+    The interpreter multiplies half inputs as float32 (kernels._dot)."""
     if interpreting():
         return "upcast"
-    if q.dtype == torch.float32 and q.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
-        return "tf32"
+    if q.dtype == torch.float32 and q.device.type == "cuda":
+        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
     return "ieee"
 
 
@@ -81,7 +85,7 @@ class Call:
     def launch(self) -> Launch:
         return launch_for(max(self.q.shape[3], self.v.shape[3]), self.q.device.type == "cuda",
                           self.q.element_size(), bool(self.tables()), features=self.terms.qx is not None,
-                          exact_float32=self.q.dtype == torch.float32 and _precision(self.q) == "ieee")
+                          split_float32=_precision(self.q) == "tf32x3")
 
     def pointers(self, bias_rows: Optional[torch.Tensor]) -> list[torch.Tensor]:
         """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF; q's where an input is absent
