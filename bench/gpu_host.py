@@ -54,11 +54,10 @@ def profile_text(statement: str, names: dict, rows: int = 18) -> str:
     return out.getvalue()
 
 
-def measure(report) -> None:
+def measure(report, S, gpu) -> None:
     import triton.testing
     from torch.profiler import ProfilerActivity, profile
 
-    S, gpu = bench_gpu.import_relpos()
     for L, d, causal in SHAPES:
         q, k, v = (torch.randn(4, 16, L, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
@@ -106,6 +105,7 @@ def main(argv=None) -> int:
         parser.error("no CUDA device: bench/gpu_host.py times the host against the GPU's kernels")
     device = torch.device("cuda")
     out = args.out or bench_gpu.results_path(device, "gpu_host").with_suffix(".txt")
+    S, gpu = bench_gpu.import_relpos()  # before environment(), which names the relpos.gpu it ran
     lines = [f"# relpos.gpu host time per call on {bench_gpu.card_name(device)}", "",
              *bench_gpu.environment(device, "bench/gpu_host.py"), ""]
 
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         print(text, flush=True)
         lines.append(text)
 
-    measure(report)
+    measure(report, S, gpu)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
     return 0
