@@ -162,7 +162,7 @@ def test_eager_calls_run_the_bodies_and_traces_the_registered_ops(monkeypatch):
 
     q, k, v, table, dout = _inputs(seed=7, Lq=21, Lk=21)
     with monkeypatch.context() as m:
-        m.setattr(ops, "_traced", lambda inputs: True)  # every call through the registered ops
+        m.setattr(ops, "traced", lambda inputs: True)  # every call through the registered ops
         model = _T5Attention(table)
         want = _run(model, q, k, v, dout) + [model.table.grad]
 
@@ -192,8 +192,8 @@ def test_eager_calls_run_the_bodies_and_traces_the_registered_ops(monkeypatch):
         assert torch.equal(a, b)
     with FakeTensorMode() as mode:
         fake = [mode.from_tensor(x) for x in (q, k, v)]
-        assert ops._traced(fake) and ops._traced([q])  # the mode is on: every call is a trace's
-    assert not ops._traced([q, torch.nn.Parameter(table)])
+        assert ops.traced(fake) and ops.traced([q])  # the mode is on: every call is a trace's
+    assert not ops.traced([q, torch.nn.Parameter(table)])
 
 
 def test_jit_trace_records_the_registered_op():

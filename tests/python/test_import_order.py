@@ -15,7 +15,7 @@ SOURCES = Path(__file__).resolve().parents[2] / "python" / "relpos"
 # Every module of the package, each allowed to import only those before it.
 ORDER = (
     "relpos.schemes",
-    "relpos._autograd",  # what the two operator families share in their autograd registration
+    "relpos._autograd",  # what the two operator families share: autograd registration, the eager path
     "relpos.gpu.config",  # the GPU path: Triton kernels, needing relpos.schemes alone
     "relpos.gpu.kernels",
     "relpos.gpu.terms",

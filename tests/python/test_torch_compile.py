@@ -1,6 +1,7 @@
 """relpos attention as a registered torch op: torch.compile(fullgraph=True),
 torch.export, torch.jit.trace and torch.vmap see one op and give the eager
-results; double backward is refused with a clear error."""
+results (eager calls run the op's body without its dispatch, the same bits); double
+backward is refused with a clear error."""
 import pytest
 import torch
 
@@ -86,6 +87,38 @@ def test_jit_trace_keeps_working():
     x, pad = inputs()
     traced = torch.jit.trace(m, (x, pad))
     torch.testing.assert_close(traced(x, pad), m(x, pad), rtol=0, atol=0)
+
+
+def test_eager_calls_run_the_op_bodies_with_the_ops_results(monkeypatch):
+    """An eager call runs the ops' bodies through one autograd.Function (the registered ops'
+    Python dispatch cost more host time than a decode step's kernels); sent through the
+    registered ops instead (every call seen as traced), it gives the same bits: the output and
+    the gradients of the input and of every parameter, Shaw's tables and DeBERTa's included."""
+    from relpos.torch import ops
+
+    x, pad = inputs()
+
+    def run(scheme, kw):
+        m = Causal(model(scheme, **kw))
+        xx = x.clone().requires_grad_()
+        out = m(xx, pad)
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out))
+        return [out.detach(), xx.grad, *(p.grad for p in m.parameters())]
+
+    def refused(*_):
+        raise AssertionError("an eager call reached a registered op")
+
+    for scheme, kw in (CONFIGS[0], CONFIGS[-1]):
+        with monkeypatch.context() as m:
+            m.setattr(ops, "traced", lambda tensors: True)
+            want = run(scheme, kw)
+        with monkeypatch.context() as m:
+            m.setattr(ops, "attention_forward", refused)
+            m.setattr(ops, "attention_backward", refused)
+            got = run(scheme, kw)
+        assert len(got) == len(want) > 3 and all(g is not None for g in got)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
 
 
 def test_vmap_folds_the_mapped_dimension_into_the_batch():

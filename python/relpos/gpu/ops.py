@@ -23,9 +23,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 from torch._library.triton import set_wrap_triton_enabled
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from relpos._autograd import no_double_backward, setup_nothing
+from relpos._autograd import no_double_backward, setup_nothing, traced
 
 from . import kernels, launch
 from .terms import Terms
@@ -84,30 +83,11 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: T
 _forward_op = _register("relpos::gpu_attention_forward", _forward)
 _backward_op = _register("relpos::gpu_attention_backward", _backward)
 
-# Tensor types an eager call passes: plain tensors and parameters (a table given as a
-# parameter reaches the kernels as itself). Any other (fake, functional, a user's subclass)
-# is a trace's or a framework's, which needs the registered ops.
-_EAGER_TYPES = (Tensor, torch.nn.Parameter)
-
-
-def _traced(inputs) -> bool:
-    """Whether anything but plain eager execution sees this call: torch.compile, torch.jit.trace,
-    a dispatch mode (torch.export, make_fx, fake tensors), a functorch transform, or an input
-    that is not a plain tensor. Those get the registered ops, which they know how to trace."""
-    if torch.compiler.is_compiling() or torch._C._get_tracing_state() is not None:
-        return True
-    if _get_current_dispatch_mode() is not None:
-        return True
-    if torch._C._functorch.peek_interpreter_stack() is not None:
-        return True
-    return any(isinstance(x, Tensor) and type(x) not in _EAGER_TYPES for x in inputs)
-
-
 def forward(*inputs) -> tuple[Tensor, Tensor]:
     """relpos::gpu_attention_forward on its arguments (attention.py's _op_inputs), differentiable
     through relpos::gpu_attention_backward: the registered op where a trace sees the call, else
     its body directly (through _Attention when a gradient is wanted)."""
-    if _traced(inputs):
+    if traced(inputs):
         return _forward_op(*inputs)
     if torch.is_grad_enabled() and any(isinstance(x, Tensor) and x.requires_grad for x in inputs):
         return _Attention.apply(*inputs)
@@ -118,7 +98,7 @@ def backward(*inputs) -> tuple:
     """relpos::gpu_attention_backward on its arguments: the registered op where a trace sees
     the call or a graph of the gradients is being built (its autograd refuses a second
     backward by name), else its body directly."""
-    if torch.is_grad_enabled() or _traced(inputs):
+    if torch.is_grad_enabled() or traced(inputs):
         return _backward_op(*inputs)
     return _eager(_backward, inputs)
 

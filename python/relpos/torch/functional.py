@@ -1,5 +1,6 @@
 """``attention``: differentiable relpos attention on torch tensors, as one call of the
-registered operator ``torch.ops.relpos.attention_forward`` (``relpos.torch.ops``).
+registered operator ``torch.ops.relpos.attention_forward`` (``relpos.torch.ops``; an eager
+call that nothing traces runs its body without the operator's dispatch: ``ops.forward``).
 
 The operator runs the library's forward (fused where available) and saves ``out``
 and the row logsumexp; its autograd formula, the operator
@@ -19,7 +20,7 @@ import torch
 from relpos import gpu
 from relpos._calls import heads_first, resolve_q_offset
 from relpos.schemes import NoPosition
-from relpos.torch.ops import encode
+from relpos.torch.ops import encode, forward
 
 __all__ = ["attention"]
 
@@ -74,6 +75,6 @@ def attention(
         return (out, lse.detach()) if return_lse else out
     q_offset = resolve_q_offset(q_offset, q.shape[2], k.shape[2], k_offset)
     name, params, ints, floats = encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads)
-    out, lse = torch.ops.relpos.attention_forward(q, k, v, key_padding, params, name, ints, floats)
+    out, lse = forward(q, k, v, key_padding, params, name, ints, floats)
     out = heads_first(out, layout)
     return (out, lse.detach()) if return_lse else out

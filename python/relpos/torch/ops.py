@@ -11,6 +11,11 @@ them, so a scheme travels as its name, its learnable tensors in a fixed order
 per scheme (``None`` where absent) and its options packed into an int list and
 a float list; ``encode`` and ``decode`` are the two ends of that packing
 (``relpos.torch.functional`` and ``relpos.torch.context_parallel`` call them).
+
+``forward`` is how relpos.torch calls the forward operator: where nothing traces the call
+(``relpos._autograd.traced``) and CPU autocast is off, it runs the operators' bodies through
+one ``torch.autograd.Function`` instead, the same computation without the registered ops'
+Python dispatch (85 us of host time per call, more than a decode step's kernels).
 """
 from __future__ import annotations
 
@@ -20,11 +25,11 @@ from typing import Optional, Sequence
 import torch
 
 import relpos
-from relpos._autograd import no_double_backward, setup_nothing
+from relpos._autograd import no_double_backward, setup_nothing, traced
 from relpos._calls import ALGORITHMS, check_dtypes, check_threads
 from relpos.schemes import SCHEMES, choice, integer, number
 
-__all__ = ["attention_forward", "attention_backward", "encode", "decode"]
+__all__ = ["attention_forward", "attention_backward", "forward", "encode", "decode"]
 
 
 def encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
@@ -80,14 +85,16 @@ def _check_tensors(tensors: dict, record) -> None:
     check_dtypes({name: x for name, x in named.items() if x is not None})
 
 
-@torch.library.custom_op("relpos::attention_forward", mutates_args=())
-def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding: Optional[torch.Tensor],
-                      params: list[torch.Tensor], scheme: str, ints: list[int], floats: list[float]
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding: Optional[torch.Tensor],
+                  params: list[torch.Tensor], scheme: str, ints: list[int], floats: list[float]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """out (B, H, Lq, dv) and the row logsumexp (B, H, Lq)."""
     record, options = decode(scheme, params, ints, floats)
     _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), record)
     return relpos.forward(q, k, v, record, key_padding=key_padding, **options)
+
+
+attention_forward = torch.library.custom_op("relpos::attention_forward", _forward_body, mutates_args=())
 
 
 @attention_forward.register_fake
@@ -98,11 +105,10 @@ def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats):
     return q.new_empty(B, H, Lq, v.shape[-1]), q.new_empty(B, H, Lq, dtype=torch.float32 if half else q.dtype)
 
 
-@torch.library.custom_op("relpos::attention_backward", mutates_args=())
-def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                       dout: torch.Tensor, key_padding: Optional[torch.Tensor], params: list[torch.Tensor],
-                       scheme: str, ints: list[int], floats: list[float]
-                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+def _backward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                   dout: torch.Tensor, key_padding: Optional[torch.Tensor], params: list[torch.Tensor],
+                   scheme: str, ints: list[int], floats: list[float]
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """dq, dk, dv and the gradient of each tensor of ``params`` (same order)."""
     record, options = decode(scheme, params, ints, floats)
     _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding), record)
@@ -111,6 +117,9 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     # A tensor given twice (one Shaw table tied for keys and values) is one
     # entry of _params per role; params holds it once per role too.
     return grads["q"], grads["k"], grads["v"], [grads[n] for n in names]
+
+
+attention_backward = torch.library.custom_op("relpos::attention_backward", _backward_body, mutates_args=())
 
 
 @attention_backward.register_fake
@@ -132,12 +141,51 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, *rest = ctx.saved_tensors
     key_padding = rest.pop(0) if ctx.has_padding else None
-    dq, dk, dv, dparams = attention_backward(q, k, v, out, lse, dout, key_padding, rest,
-                                             ctx.scheme, ctx.ints, ctx.floats)
+    inputs = (q, k, v, out, lse, dout, key_padding, rest, ctx.scheme, ctx.ints, ctx.floats)
+    # The registered op where a graph of the gradients is being built (its autograd refuses a
+    # second backward by name) or the call is not plainly eager, else its body.
+    op = _backward_body if not torch.is_grad_enabled() and _eager((q, k, v, dout, *rest)) else attention_backward
+    dq, dk, dv, dparams = op(*inputs)
     return dq, dk, dv, None, list(dparams), None, None, None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _eager(tensors) -> bool:
+    """Whether a call may run the ops' bodies: nothing traces it, CPU autocast is off (the op's
+    autocast registration casts the inputs) and q is on the CPU (meta tensors take the op's
+    fake implementation)."""
+    return not traced(tensors) and not torch.is_autocast_enabled("cpu") and tensors[0].device.type == "cpu"
+
+
+def forward(q, k, v, key_padding, params, scheme, ints, floats):
+    """relpos::attention_forward on its arguments, differentiable through
+    relpos::attention_backward: its body where the call is plainly eager (_eager), through
+    _Attention when a gradient is wanted, else the registered op."""
+    tensors = (q, k, v, key_padding, *params)
+    if not _eager(tensors):
+        return attention_forward(q, k, v, key_padding, params, scheme, ints, floats)
+    if torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in tensors):
+        return _Attention.apply(scheme, ints, floats, q, k, v, key_padding, *params)
+    return _forward_body(q, k, v, key_padding, params, scheme, ints, floats)
+
+
+class _Attention(torch.autograd.Function):
+    """The forward op's body and its registered autograd formula, for eager calls (forward)."""
+
+    @staticmethod
+    def forward(ctx, scheme, ints, floats, q, k, v, key_padding, *params):
+        inputs = (q, k, v, key_padding, list(params), scheme, ints, floats)
+        output = _forward_body(*inputs)
+        _setup_context(ctx, inputs, output)
+        ctx.mark_non_differentiable(output[1])
+        return output
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        dq, dk, dv, _, dparams, *_ = _backward(ctx, dout, dlse)
+        return (None, None, None, dq, dk, dv, None, *dparams)
 
 # Under torch.autocast on the CPU the op runs with bfloat16 storage (CPU
 # autocast's default dtype; float32 accumulation inside): q, k, v and the
