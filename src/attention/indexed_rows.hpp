@@ -14,7 +14,9 @@
 // table, along the keys of a tile row. By the key (p2c) it is the key's, along
 // the queries: a tile row of p2c reads a diagonal of the keys' scores, a cache
 // line per pair, so its picks are made key by key, where its rows run as
-// c2p's do, and added to the tile transposed.
+// c2p's do, and added to the tile transposed; a tile whose pairs all read one
+// row (past the last bucket, most tiles of a long call) adds each key's score
+// down its column instead, and sums its column backward, with no transpose.
 #pragma once
 
 #include <algorithm>
@@ -55,6 +57,10 @@ class RowRuns {
   }
 
   bool empty() const { return row_.empty(); }
+  // The one row of the distance indices [m, m + count), or -1 where they read more.
+  int32_t single_row(int64_t m, int64_t count) const {
+    return step_[m] == 0 && next_[m] >= m + count ? row_[m] : -1;
+  }
   const int32_t* rows_from(int64_t m) const { return &row_[m]; }
 
   // For the distance indices [m, m + count), positions t = 0, 1, ...: the
@@ -132,6 +138,12 @@ inline constexpr int64_t kKeyChunk = 128;
 template <class T>
 void add_key_picks(const RowRuns& runs, int64_t m0, const T* Rk, int64_t nb, int64_t bq, int64_t bk, T alpha, T* S,
                    Scratch<T>& by_key) {
+  if (const int32_t row = runs.single_row(m0, bq + bk - 1); row >= 0) {  // key jj's score in its column
+    by_key.resize(bk);
+    for (int64_t jj = 0; jj < bk; ++jj) by_key[jj] = alpha * Rk[jj * nb + row];
+    for (int64_t ii = 0; ii < bq; ++ii) rows::add_scaled(S + ii * bk, by_key.data(), T(1), bk);
+    return;
+  }
   for (int64_t j = 0; j < bk; j += kKeyChunk) {
     const int64_t keys = std::min(kKeyChunk, bk - j);
     by_key.assign(keys * bq, T(0));
@@ -147,6 +159,12 @@ void add_key_picks(const RowRuns& runs, int64_t m0, const T* Rk, int64_t nb, int
 template <class T>
 void sum_key_picks(const RowRuns& runs, int64_t m0, const T* dS, int64_t bq, int64_t bk, T alpha, T* dRk, int64_t nb,
                    Scratch<T>& by_key) {
+  if (const int32_t row = runs.single_row(m0, bq + bk - 1); row >= 0) {  // the column sums, rows in order
+    by_key.assign(bk, T(0));
+    for (int64_t ii = 0; ii < bq; ++ii) rows::add_scaled(by_key.data(), dS + ii * bk, T(1), bk);
+    for (int64_t jj = 0; jj < bk; ++jj) dRk[jj * nb + row] += alpha * by_key[jj];
+    return;
+  }
   by_key.resize(bk * bq);
   rows::transpose(dS + (bq - 1) * bk, bq, bk, -bk, by_key.data());  // tile row bq - 1 - ii' to query ii'
   for (int64_t jj = 0; jj < bk; ++jj) sum_picks(runs, m0 + jj, bq, &by_key[jj * bq], alpha, dRk + jj * nb);
