@@ -1,9 +1,9 @@
 """The user documents speak of relpos and its measurements only.
 
 README.md stays short enough to read (at most 250 lines), and no user document
-(README.md, CONTRIBUTING.md, docs/*.md but docs/gpu.md, which has an owner of its
-own) names a commit, a working session or a "stop", or speaks of earlier releases:
-a measurement names its machine by its CPU, and a build by what it contains.
+(README.md, CONTRIBUTING.md, docs/*.md) names a commit, a working session, a "stop"
+or a machine's lending, or speaks of earlier releases or of "this change": a
+measurement names its machine by its CPU, and a build by what it contains.
 """
 import re
 from pathlib import Path
@@ -12,10 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README_MAX_LINES = 250
-USER_DOCS = sorted(
-    [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
-    + [p for p in (ROOT / "docs").glob("*.md") if p.name != "gpu.md"]
-)
+USER_DOCS = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").glob("*.md")])
 
 FORBIDDEN = {
     # 7 to 40 hex digits with a letter and a digit among them: a commit hash.
@@ -23,6 +20,8 @@ FORBIDDEN = {
     "session": re.compile(r"\bsessions?\b", re.I),
     "a stop (of work)": re.compile(r"\b(this|a later|an earlier|the previous|the next|earlier|later) stop\b", re.I),
     "earlier releases": re.compile(r"\bearlier releases?\b", re.I),
+    "a change in time": re.compile(r"\b(before|after|since) (this|that|the) change\b", re.I),
+    "a machine's lending": re.compile(r"\blendings?\b|\blent\b", re.I),
 }
 
 
@@ -48,6 +47,8 @@ def test_forbidden_patterns_catch_what_they_are_for():
     assert FORBIDDEN["session"].search("on this session's machine")
     assert FORBIDDEN["a stop (of work)"].search("measured at a later stop")
     assert not FORBIDDEN["a stop (of work)"].search("Ctrl-C stops the run; --stop-after N")
+    assert FORBIDDEN["a change in time"].search("measured before this change")
+    assert FORBIDDEN["a machine's lending"].search("on different lendings of the machine")
 
 
 def test_headline_plot_matches_the_readme_table():
