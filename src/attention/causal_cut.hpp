@@ -29,12 +29,10 @@ struct TileCut {
 
   int64_t shown(int64_t ii) const { return causal ? std::clamp<int64_t>(ii + delta + 1, 0, keys) : keys; }
 
-  // Rounded up to 16 so that the vector loops run whole vectors (a tail runs
-  // lane by lane, and a third of the plain forward at L = 64 went to it); the
-  // masked keys among them are -inf logits and come out 0.
+  // Rounded up to whole vectors (tiles::kCausalKeyRounding).
   int64_t computed(int64_t ii) const {
-    constexpr int64_t kVector = 16;
-    return causal ? std::min(keys, (shown(ii) + kVector - 1) / kVector * kVector) : keys;
+    constexpr int64_t r = tiles::kCausalKeyRounding;
+    return causal ? std::min(keys, (shown(ii) + r - 1) / r * r) : keys;
   }
 };
 

@@ -26,6 +26,7 @@
 
 #include "../backend/row_ops.hpp"
 #include "../backend/scratch.hpp"
+#include "tiles.hpp"
 
 namespace relpos::fused {
 
@@ -131,9 +132,8 @@ void sum_picks(const RowRuns& runs, int64_t m, int64_t count, const T* in, T alp
 // Rk + jj * nb. Along the queries in falling order (ii' = bq - 1 - ii) the
 // distance rises, as add_picks reads it.
 //
-// S (bq, bk) += alpha * the picks, made kKeyChunk keys at a time into
-// by_key (keys, bq) and added transposed.
-inline constexpr int64_t kKeyChunk = 128;
+// S (bq, bk) += alpha * the picks, made tiles::kKeyPickChunk keys at a time
+// into by_key (keys, bq) and added transposed.
 
 template <class T>
 void add_key_picks(const RowRuns& runs, int64_t m0, const T* Rk, int64_t nb, int64_t bq, int64_t bk, T alpha, T* S,
@@ -144,8 +144,8 @@ void add_key_picks(const RowRuns& runs, int64_t m0, const T* Rk, int64_t nb, int
     for (int64_t ii = 0; ii < bq; ++ii) rows::add_scaled(S + ii * bk, by_key.data(), T(1), bk);
     return;
   }
-  for (int64_t j = 0; j < bk; j += kKeyChunk) {
-    const int64_t keys = std::min(kKeyChunk, bk - j);
+  for (int64_t j = 0; j < bk; j += tiles::kKeyPickChunk) {
+    const int64_t keys = std::min(tiles::kKeyPickChunk, bk - j);
     by_key.assign(keys * bq, T(0));
     for (int64_t jj = 0; jj < keys; ++jj)
       add_picks(runs, m0 + j + jj, bq, Rk + (j + jj) * nb, nb, alpha, &by_key[jj * bq]);

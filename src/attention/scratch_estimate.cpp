@@ -79,7 +79,7 @@ double fused_elements(const AttentionForward<T>& p, const EmbeddingSizes& sizes,
   // table's scores and value bucket sums, the running max and sum, a
   // transposed tile, picks by key; P split where half storage splits it.
   const double forward_worker = head + forward_logits * (1.0 + 1.5 * half) + forward_rows * (dv + query_side + 2.0) +
-                                rows * widest + picks_by_key(forward_rows, double(fused::kKeyChunk)) +
+                                rows * widest + picks_by_key(forward_rows, double(tiles::kKeyPickChunk)) +
                                 band_scores(forward_rows);
   // BackwardScratch: dout, D, the tile's P and dS, key-table scores and
   // dout wv^T, a transposed tile, picks by key; where a head is one group (else below) its

@@ -56,6 +56,17 @@ constexpr int64_t kRows = 128;
 constexpr int64_t kBackwardRows = 128, kBackwardKeys = 128;
 constexpr int64_t kAssumedL2 = 1 << 20;  // where the CPU reports no L2: the size the tiles were tuned on
 
+// A causal tile row's computed keys are its shown keys rounded up to this, so
+// that the vector loops run whole vectors (a tail runs lane by lane, and a
+// third of the plain forward at L = 64 went to it); the masked keys among them
+// are -inf logits and come out 0 (causal_cut.hpp).
+constexpr int64_t kCausalKeyRounding = 16;
+
+// Keys per chunk of a table read by the key (DeBERTa's p2c): a tile's picks by
+// key are made this many keys at a time into a (keys, rows) scratch, then added
+// transposed (indexed_rows.hpp; the scratch estimate counts that buffer).
+constexpr int64_t kKeyPickChunk = 128;
+
 // Keys per step of a forward query tile of bq rows: a full query tile takes
 // the keys of its tiles, a query tile of few rows (a decode step)
 // proportionally more, up to kDecodeBlockK keys per GEMM call (Lq = 1,

@@ -120,7 +120,7 @@ void check_every_map() {
     check_row_picks<T>(deberta_rows(2001, 256, 512, by_key), 512, side + "256/512");
     check_row_picks<T>(deberta_rows(301, 8, 20, by_key), 16, side + "8/20");
     check_row_picks<T>(deberta_rows(301, -1, 64, by_key), 128, side + "none/64");
-    // Tiles of 1 to 300 keys (several chunks of kKeyChunk) at the diagonal and far from it.
+    // Tiles of 1 to 300 keys (several chunks of tiles::kKeyPickChunk) at the diagonal and far from it.
     const std::vector<int32_t> rows = deberta_rows(2001, 256, 512, by_key);
     for (const auto& [bq, bk, m0] : {std::tuple<int64_t, int64_t, int64_t>{128, 128, 873}, {16, 300, 100},
                                      {7, 1, 0}, {128, 257, 1500}, {33, 130, 600}})
