@@ -14,8 +14,8 @@ config.launch_for's choices rest on.
     python bench/gpu_tiles.py --smoke --out /tmp/tiles.md   # tiny sizes, Triton's interpreter
 
 --dtype float32 runs float32 inputs with TF32 off (torch's default), where the kernels multiply
-in TF32 three times on the tensor cores (launch._precision); rows marked ieee force exact float32
-products (the CUDA cores) to show what that choice saves and how far its results are from them.
+in TF32 three times on the tensor cores (launch.precisions); rows marked ieee force exact float32
+products (the CUDA cores; the tables' run merges excepted, kernels._merge_runs) to show what that choice saves and how far its results are from them.
 Every configuration there, plain attention's too, is checked against the shipped one (relative
 error under 1e-4), plain attention's shipped row and SDPA's against float64 too (f64 in the
 error column); the baseline is SDPA's memory-efficient kernel (flash takes no float32).
@@ -108,7 +108,7 @@ def sweep(args, device, written=lambda rows: None) -> list[dict]:
     if float32_default:  # torch's default, set here in case the environment changed it
         torch.backends.cuda.matmul.allow_tf32 = False
     tolerance = FLOAT32_TOLERANCE if float32_default else TOLERANCE
-    shipped_precision = launch_module._precision
+    shipped_precisions = launch_module.precisions
     rows = []
     for name in args.schemes:
         if args.smoke:
@@ -160,7 +160,8 @@ def sweep(args, device, written=lambda rows: None) -> list[dict]:
                 want = [flash().detach(), *grads(flash, (q, k, v))()]
             else:  # the shipped configuration, timed, is the reference of the others
                 launch_module.launch_for = shipped
-                cfg = shipped(d, device.type == "cuda", dtype.itemsize, name != "none")
+                split = shipped_precisions(dtype, device.type)[0] == "tf32x3"
+                cfg = shipped(d, device.type == "cuda", dtype.itemsize, name != "none", split_float32=split)
                 row = {"scheme": name, "d": d, "config": _label(cfg) + " (launch_for)"}
                 rows.append(row)
                 want = [ours().detach(), *grads(ours, inputs)()]
@@ -176,7 +177,7 @@ def sweep(args, device, written=lambda rows: None) -> list[dict]:
                     row["note"] = "skipped: time budget"
                     continue
                 launch_module.launch_for = lambda *_, _c=Launch(*config[:4]), **__: _c
-                launch_module._precision = (lambda _q, _p=precision: _p) if precision else shipped_precision
+                launch_module.precisions = (lambda *_, _p=precision: (_p, _p)) if precision else shipped_precisions
                 try:
                     got = [ours().detach(), *grads(ours, inputs)()]
                     row["error"] = max(relative_error(g, w) for g, w in zip(got, want))
@@ -189,7 +190,7 @@ def sweep(args, device, written=lambda rows: None) -> list[dict]:
                     bench_gpu.log(f"{name} d={d} {row['config']}: {row['note']}")
                 bench_gpu.free_memory(device)
                 written(rows)
-            launch_module.launch_for, launch_module._precision = shipped, shipped_precision
+            launch_module.launch_for, launch_module.precisions = shipped, shipped_precisions
             del q, k, v, dout, tables, scheme, exact
             bench_gpu.free_memory(device)
     return rows

@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 
@@ -72,10 +73,31 @@ def test_specs_match_the_launcher():
         assert consts["D"] == consts["DV"] == s.head
         assert consts["DX"] == (s.head if s.has_x else 16)
         assert consts["NB"] == (32 if s.bias == 1 else 16)
-        want = {"float32": "tf32" if s.tf32 else "tf32x3"}.get(s.dtype, "ieee")
-        assert consts["PRECISION"] == want
     with pytest.raises(KeyError, match="NEW_SWITCH"):
         specs[0].constexprs(["D", "NEW_SWITCH"])
+
+
+def test_spec_precisions_are_the_launchers(monkeypatch):
+    """Each specialisation's PRECISION and X_PRECISION are what launch.precisions gives a CUDA
+    call of its dtype with torch's TF32 switch as the spec says (the launcher's own rule, run
+    here as on a GPU: the interpreter's check left out)."""
+    from relpos.gpu import launch
+
+    monkeypatch.setattr(launch, "interpreting", lambda: False)
+    seen = set()
+    tf32 = torch.backends.cuda.matmul.allow_tf32  # a property of torch's cuBLAS module: set back by hand
+    try:
+        for s in cc.covering_specs():
+            if s.kernel == "rotate":
+                continue
+            torch.backends.cuda.matmul.allow_tf32 = s.tf32
+            consts = s.constexprs(["PRECISION", "X_PRECISION"])
+            got = launch.precisions(getattr(torch, s.dtype), "cuda")
+            assert (consts["PRECISION"], consts["X_PRECISION"]) == got, s.name
+            seen.add(got)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert seen == {("ieee", "tf32"), ("tf32", "tf32"), ("tf32x3", "tf32x3")}
 
 
 def test_ptxas_log_parsing():

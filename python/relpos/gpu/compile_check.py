@@ -20,7 +20,8 @@ DeBERTa's c2p + p2c through a row map) x Transformer-XL's
 clamp (with HAS_X) x RoPE (the backward writes the gradients of the rotated q and k as
 float32), each with config.launch_for(head, on_gpu=True, the dtype's
 size, the tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
-(torch's TF32 switch on; tf32x3 with it off), ieee otherwise, and X_PRECISION tf32 (the float32
+(torch's TF32 switch on; tf32x3 with it off), ieee otherwise, and X_PRECISION tf32 (tf32x3 for float32
+with the switch off; the float32
 features' product). The full product is 14,400 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
 specialisation) and CORNERS (among them float32 with TF32 off), ``--full`` for the product. Beside them RoPE's rotate_kernel (run before
@@ -128,7 +129,7 @@ class Spec:
 
     @property
     def precision(self) -> str:
-        """PRECISION as launch._precision sets it on a GPU."""
+        """PRECISION as launch.precisions sets it on a GPU."""
         if self.dtype != "float32":
             return "ieee"
         return "tf32" if self.tf32 else "tf32x3"
@@ -157,22 +158,23 @@ class Spec:
                 f"{c.block_m}x{c.block_n}w{c.num_warps}s{c.num_stages}{tail}")
 
     def constexprs(self, names: Iterable[str]) -> dict:
-        """The values of the kernel's ``tl.constexpr`` switches ``names``, as attention.py's
-        _switches sets them on a GPU, for float32 with torch's TF32 switch on (PRECISION
+        """The values of the kernel's ``tl.constexpr`` switches ``names``, as launch.py's
+        Call.switches sets them on a GPU, for float32 with torch's TF32 switch on (PRECISION
         tf32) unless the spec says off (tf32x3, torch's default), ieee for half types; the float32
-        features' X_PRECISION tf32. A switch
+        features' X_PRECISION tf32, tf32x3 where the spec's float32 has TF32 off. A switch
         this module does not know raises, so a new one cannot be compiled with a default."""
         c = self.cfg
         known = dict(D=padded(self.head), DV=padded(self.head), DX=padded(self.head if self.has_x else 1),
                      BM=c.block_m, BN=c.block_n, NB=self.nb, BIAS=self.bias, HAS_X=self.has_x, CAUSAL=self.causal,
                      HAS_PAD=self.has_pad, PRECISION=self.precision,
-                     X_PRECISION="tf32", **self.table_flags, ZERO_BEYOND=False,
+                     X_PRECISION="tf32x3" if self.precision == "tf32x3" else "tf32", **self.table_flags,
+                     ZERO_BEYOND=False,
                      X_CLAMP=self.has_x and self.clamp, QUERY_BIAS=self.has_x,
                      BR=c.block_m, TRANSPOSE=self.transpose)
         unknown = [n for n in names if n not in known]
         if unknown:
             raise KeyError(f"{self.kernel}: switches {unknown} unknown to compile_check.Spec.constexprs: "
-                           "add them there as attention.py sets them")
+                           "add them there as launch.py sets them")
         return {n: known[n] for n in names}
 
     def arguments(self, arg_names: Sequence[str], constexpr_names: Iterable[str]):
@@ -289,11 +291,13 @@ def pairwise(factors: dict) -> list[dict]:
 # every input but the tables (half types run larger tiles than float32: config.launch_for).
 # Pairs alone need not meet them, and an overflow hides in exactly such a corner. And float32
 # with torch's default, TF32 off, where every product runs in TF32 three times (twice the
-# operand registers of TF32) with DeBERTa's tables, the most registers of that path.
+# operand registers of TF32): with DeBERTa's tables at head 64, and with every input at head 128.
 CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128,
             "tables": "shaw_kv", "clamp": True, "rope": True},
            {"dtype": "float32", "bias": 0, "has_x": False, "causal": True, "has_pad": False, "head": 64,
             "tables": "deberta", "clamp": False, "rope": False, "tf32": False},
+           {"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128,
+            "tables": "shaw_kv", "clamp": True, "rope": True, "tf32": False},
            *({"dtype": "bfloat16", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": head,
               "tables": "", "clamp": True, "rope": True} for head in HEADS))
 

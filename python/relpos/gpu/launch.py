@@ -28,26 +28,20 @@ def interpreting() -> bool:
     return not isinstance(kernels.attention_forward_kernel, triton.runtime.JITFunction)
 
 
-def _precision(q: torch.Tensor) -> str:
-    """float32 follows torch's TF32 switch for matrix products: TF32 when it is on; when it is
-    off (torch's default), TF32 three times (each factor split into a TF32 part and its
-    remainder, about float32's precision) on the tensor cores, the products SDPA's
+def precisions(dtype: torch.dtype, device_type: str) -> tuple[str, str]:
+    """PRECISION and X_PRECISION, the kernels' products and Transformer-XL's feature product
+    (float32 whatever the inputs' type, terms.py), for a call of ``dtype`` on ``device_type``.
+    float32 follows torch's TF32 switch for matrix products: TF32 when it is on; when it is off
+    (torch's default), TF32 three times (each factor split into a TF32 part and its remainder,
+    each product within about 2^-22 of float32's) on the tensor cores, the products SDPA's
     memory-efficient kernel takes for float32 on these cards. Exact float32 products run on the
-    CUDA cores, 4-19x slower forward+backward there (bench/results/gpu_tiles_float32_*.md).
-    The interpreter multiplies half inputs as float32 (kernels._dot)."""
+    CUDA cores, 3.2-6.5x slower forward+backward on an H200 (bench/results/gpu_tiles_float32_*.md).
+    Half types multiply exactly on the tensor cores (ieee); the interpreter multiplies half
+    inputs as float32 (kernels._dot) and the features exactly."""
     if interpreting():
-        return "upcast"
-    if q.dtype == torch.float32 and q.device.type == "cuda":
-        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
-    return "ieee"
-
-
-def _feature_precision(q: torch.Tensor) -> str:
-    """The query / key features stay float32 (terms.py); on a GPU their product runs in TF32
-    unless float32 calls have TF32 switched off."""
-    if interpreting() or (q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32):
-        return "ieee"
-    return "tf32"
+        return "upcast", "ieee"
+    features = "tf32x3" if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32 else "tf32"
+    return (features if dtype == torch.float32 and device_type == "cuda" else "ieee"), features
 
 
 def _strides(x: Optional[torch.Tensor], n: int) -> list[int]:
@@ -85,7 +79,10 @@ class Call:
     def launch(self) -> Launch:
         return launch_for(max(self.q.shape[3], self.v.shape[3]), self.q.device.type == "cuda",
                           self.q.element_size(), bool(self.tables()), features=self.terms.qx is not None,
-                          split_float32=_precision(self.q) == "tf32x3")
+                          split_float32=self.precisions()[0] == "tf32x3")
+
+    def precisions(self) -> tuple[str, str]:
+        return precisions(self.q.dtype, self.q.device.type)
 
     def pointers(self, bias_rows: Optional[torch.Tensor]) -> list[torch.Tensor]:
         """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF; q's where an input is absent
@@ -115,11 +112,12 @@ class Call:
 
     def switches(self, cfg: Launch) -> dict:
         t = self.terms
+        products, features = self.precisions()
         return dict(D=padded(self.q.shape[3]), DV=padded(self.v.shape[3]),
                     DX=padded(max(self.features(), 1)), BM=cfg.block_m, BN=cfg.block_n,
                     num_warps=cfg.num_warps, num_stages=cfg.num_stages, BIAS=t.bias, HAS_X=t.qx is not None,
-                    CAUSAL=self.causal, HAS_PAD=self.pad is not None, PRECISION=_precision(self.q),
-                    X_PRECISION=_feature_precision(self.q), KEMB=t.wk is not None, VEMB=t.wv is not None,
+                    CAUSAL=self.causal, HAS_PAD=self.pad is not None, PRECISION=products,
+                    X_PRECISION=features, KEMB=t.wk is not None, VEMB=t.wv is not None,
                     QEMB=t.wq is not None, ZERO_BEYOND=t.zero_beyond, ROW_MAP=t.row_of is not None,
                     X_CLAMP=t.xl_clamp > 0, QUERY_BIAS=t.qb is not None)
 
