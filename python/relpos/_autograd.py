@@ -1,9 +1,11 @@
 """What the registered attention operators of relpos.torch (C++ kernels) and relpos.gpu
 (Triton kernels) share in their autograd registration: the backward operator is not itself
 differentiable, and says so when a second backward reaches it; and which calls may skip the
-registered operators (``traced``): their Python dispatch costs more host time than a short
-call's kernels (85 us per CPU call, 0.4-0.7 ms per GPU call), so eager calls run the
-operators' bodies through a ``torch.autograd.Function`` instead."""
+registered operators (``traced``): their Python dispatch costs host time that a short call
+feels (on the CPU, 7-17 of a small decode step's 75 us and about 150 us of a small
+forward+backward, docs/torch.md; on a GPU 0.4-0.7 ms per forward, more than its kernel at
+L = 2048, docs/gpu.md), so eager calls run the operators' bodies through a
+``torch.autograd.Function`` instead."""
 from __future__ import annotations
 
 import torch

@@ -119,6 +119,31 @@ def test_eager_calls_run_the_op_bodies_with_the_ops_results(monkeypatch):
         assert len(got) == len(want) > 3 and all(g is not None for g in got)
         for a, b in zip(got, want):
             assert torch.equal(a, b)
+    # Without a gradient (the body alone) and with only some tensors learning.
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 9, 4, dtype=torch.float64) for _ in range(3))
+    table = torch.randn(2, 8, dtype=torch.float64)
+    scheme = relpos.T5(table, bidirectional=False)
+
+    def t5(q, k, v):
+        return rt.attention(q, k, v, scheme, causal=True)
+
+    with monkeypatch.context() as m:
+        m.setattr(ops, "traced", lambda tensors: True)
+        want_plain = t5(q, k, v)
+        qg = q.clone().requires_grad_()
+        want_grad = torch.autograd.grad(t5(qg, k, v).sum(), qg)[0]
+    with monkeypatch.context() as m:
+        m.setattr(ops, "attention_forward", refused)
+        m.setattr(ops, "attention_backward", refused)
+        with torch.no_grad():
+            assert torch.equal(t5(q, k, v), want_plain)
+        with torch.inference_mode():
+            assert torch.equal(t5(q, k, v), want_plain)
+        qg = q.clone().requires_grad_()
+        out = t5(qg, k, v)
+        assert torch.equal(out.detach(), want_plain)
+        assert torch.equal(torch.autograd.grad(out.sum(), qg)[0], want_grad)
 
 
 def test_vmap_folds_the_mapped_dimension_into_the_batch():

@@ -83,6 +83,7 @@ def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: T
 _forward_op = _register("relpos::gpu_attention_forward", _forward)
 _backward_op = _register("relpos::gpu_attention_backward", _backward)
 
+
 def forward(*inputs) -> tuple[Tensor, Tensor]:
     """relpos::gpu_attention_forward on its arguments (attention.py's _op_inputs), differentiable
     through relpos::gpu_attention_backward: the registered op where a trace sees the call, else
