@@ -122,9 +122,10 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
     if (split)
       w.split.start_query_tile(c.stored.q + i0 * c.stored.ldq, c.stored.ldq, c.stored.dout + i0 * c.stored.lddout,
                                c.stored.lddout, bq);
-    if (const T* table = c.query_side_table()) {  // the query tile's scores against the table's rows, (bq, nb)
+    if constexpr (F::key_table || F::c2p) {  // the query tile's scores against the table's rows, (bq, nb)
       w.Rq.resize(bq * nb);
-      gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, table, d, T(0), w.Rq.data(), nb);
+      gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, c.query_side_table(), d, T(0), w.Rq.data(),
+              nb);
     }
     if constexpr (F::value_table) {  // dout wv^T of the query tile, (bq, nb)
       w.G.resize(bq * nb);
@@ -189,7 +190,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
           rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, j0, shown), srow, scale, shown);
         }
       }
-      if constexpr (F::indexed) add_indexed_grads(c, t, m0, dS, scale, q, w.by_key);
+      if constexpr (F::indexed) add_indexed_grads<F>(c, t, m0, dS, scale, q, w.by_key);
       if (split_tile) {
         split_products(w.split, j0 - begin, bk, scale, q.dqc.data() + i0 * d);
         continue;
@@ -213,14 +214,14 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
 // The indexed tables' share of a tile's scale * dS (bq, bk), add_indexed_scores
 // backwards: into each query's c2p score gradients dR and each key's p2c
 // score gradients dRk by each pair's row. by_key: scratch.
-template <class T>
+template <class F, class T>
 void add_indexed_grads(const HeadContext<T>& c, const Tile& t, int64_t m0, const T* dS, T scale, QueryGrads<T>& q,
                        Scratch<T>& by_key) {
   const int64_t bq = t.bq, bk = t.bk, nb = c.nb;
-  if (c.c2p_rows)
+  if constexpr (F::c2p)
     for (int64_t ii = 0; ii < bq; ++ii)
       sum_picks(*c.c2p_rows, m0 + (bq - 1 - ii), bk, dS + ii * bk, scale, &q.dR[(t.i0 + ii) * nb]);
-  if (c.p2c_rows) sum_key_picks(*c.p2c_rows, m0, dS, bq, bk, scale, &q.dRk[t.j0 * nb], nb, by_key);
+  if constexpr (F::p2c) sum_key_picks(*c.p2c_rows, m0, dS, bq, bk, scale, &q.dRk[t.j0 * nb], nb, by_key);
 }
 
 // A key band's row gradients, summed over the batch entries of one head that

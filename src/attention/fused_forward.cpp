@@ -33,9 +33,10 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
   const T scale = T(effective_scale(p));
   w.O.assign(bq * dv, T(0));
   w.softmax.reset(bq);
-  if (const T* table = c.query_side_table()) {  // the query tile's scores against the table's rows
+  if constexpr (F::key_table || F::c2p) {  // the query tile's scores against the table's rows
     w.Rq.resize(bq * c.nb);
-    gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, table, d, T(0), w.Rq.data(), c.nb);
+    gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, c.query_side_table(), d, T(0), w.Rq.data(),
+            c.nb);
   }
   if constexpr (F::value_table) w.Pb.assign(bq * c.nb, T(0));
   const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(f, bq), keys);

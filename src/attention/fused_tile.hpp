@@ -89,14 +89,17 @@ struct HeadContext {
 // over a tile's rows test none of it, as FlashAttention's static switches do:
 // the causal mask, a key-padding mask, and the kind of relative term a tile
 // adds (rotations and query biases happen before the tiles: plain), clipped
-// tables of keys, of values or both apart.
-enum class TileTerm { plain, bias, key_table, value_table, key_and_value_tables, band, indexed };
+// tables of keys, of values or both apart, indexed tables read by the query
+// (c2p), by the key (p2c) or both.
+enum class TileTerm { plain, bias, key_table, value_table, key_and_value_tables, band, c2p, p2c, c2p_and_p2c };
 
 template <bool Causal, bool Padding, TileTerm Term>
 struct TileFeatures {
   static constexpr bool causal = Causal, padding = Padding;
   static constexpr bool bias = Term == TileTerm::bias, band = Term == TileTerm::band;
-  static constexpr bool indexed = Term == TileTerm::indexed;
+  static constexpr bool c2p = Term == TileTerm::c2p || Term == TileTerm::c2p_and_p2c;
+  static constexpr bool p2c = Term == TileTerm::p2c || Term == TileTerm::c2p_and_p2c;
+  static constexpr bool indexed = c2p || p2c;
   static constexpr bool key_table = Term == TileTerm::key_table || Term == TileTerm::key_and_value_tables;
   static constexpr bool value_table = Term == TileTerm::value_table || Term == TileTerm::key_and_value_tables;
   static constexpr bool table = key_table || value_table;
@@ -170,8 +173,11 @@ template <class T, class F>
 void with_tile_features(const AttentionForward<T>& p, const CallEmbeddings<T>& embeddings, F&& f) {
   const bool bias = scheme_has<BiasOf, T>(p.pos.scheme);
   const bool keys = embeddings.key_table() != nullptr, values = embeddings.value_table() != nullptr;
-  const TileTerm term = embeddings.indexed() ? TileTerm::indexed
-                        : embeddings.band()  ? TileTerm::band
+  const bool c2p = embeddings.indexed_keys() != nullptr, p2c = embeddings.indexed_queries() != nullptr;
+  const TileTerm term = c2p && p2c          ? TileTerm::c2p_and_p2c
+                        : c2p               ? TileTerm::c2p
+                        : p2c               ? TileTerm::p2c
+                        : embeddings.band() ? TileTerm::band
                         : keys && values   ? TileTerm::key_and_value_tables
                         : keys             ? TileTerm::key_table
                         : values           ? TileTerm::value_table
@@ -187,7 +193,9 @@ void with_tile_features(const AttentionForward<T>& p, const CallEmbeddings<T>& e
         case TileTerm::value_table: return f(TileFeatures<c, k, TileTerm::value_table>{});
         case TileTerm::key_and_value_tables: return f(TileFeatures<c, k, TileTerm::key_and_value_tables>{});
         case TileTerm::band: return f(TileFeatures<c, k, TileTerm::band>{});
-        case TileTerm::indexed: return f(TileFeatures<c, k, TileTerm::indexed>{});
+        case TileTerm::c2p: return f(TileFeatures<c, k, TileTerm::c2p>{});
+        case TileTerm::p2c: return f(TileFeatures<c, k, TileTerm::p2c>{});
+        case TileTerm::c2p_and_p2c: return f(TileFeatures<c, k, TileTerm::c2p_and_p2c>{});
       }
     });
   });
@@ -259,14 +267,14 @@ BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t compute
 // times Rq[ii, c2p row] (Rq the query tile's scores against the c2p rows,
 // (bq, nb)) and Rk[j, p2c row], each pair's row that of its distance
 // (distance index of (ii, jj): m0 + (bq - 1 - ii) + jj). by_key: scratch.
-template <class T>
+template <class F, class T>
 void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t m0, const T* Rq, T* S,
                         Scratch<T>& by_key) {
   const int64_t bq = t.bq, bk = t.bk;
-  if (c.c2p_rows)
+  if constexpr (F::c2p)
     for (int64_t ii = 0; ii < bq; ++ii)
       add_picks(*c.c2p_rows, m0 + (bq - 1 - ii), bk, Rq + ii * c.nb, c.nb, scale, S + ii * bk);
-  if (c.p2c_rows) add_key_picks(*c.p2c_rows, m0, c.Rk.data() + t.j0 * c.nb, c.nb, bq, bk, scale, S, by_key);
+  if constexpr (F::p2c) add_key_picks(*c.p2c_rows, m0, c.Rk.data() + t.j0 * c.nb, c.nb, bq, bk, scale, S, by_key);
 }
 
 // S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
@@ -282,7 +290,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
   product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
                   bq, bk, d, scale, S, cut, transposed);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
-  if constexpr (F::indexed) add_indexed_scores(c, scale, t, m0, Rq, S, by_key);
+  if constexpr (F::indexed) add_indexed_scores<F>(c, scale, t, m0, Rq, S, by_key);
   const Scratch<T>& bias = c.x.bias;
   for (int64_t ii = 0; ii < bq; ++ii) {
     T* row = S + ii * bk;

@@ -155,7 +155,8 @@ void add_key_picks(const RowRuns& runs, int64_t m0, const T* Rk, int64_t nb, int
 }
 
 // dRk (key jj's row at dRk + jj * nb) += alpha * dS (bq, bk) by each pair's
-// row: add_key_picks backwards, dS transposed into by_key first.
+// row: add_key_picks backwards, dS transposed into by_key first (a one-row
+// tile: its column sums instead).
 template <class T>
 void sum_key_picks(const RowRuns& runs, int64_t m0, const T* dS, int64_t bq, int64_t bk, T alpha, T* dRk, int64_t nb,
                    Scratch<T>& by_key) {

@@ -123,8 +123,11 @@ void check_every_map() {
     // Tiles of 1 to 300 keys (several chunks of tiles::kKeyPickChunk) at the diagonal and far from it.
     const std::vector<int32_t> rows = deberta_rows(2001, 256, 512, by_key);
     for (const auto& [bq, bk, m0] : {std::tuple<int64_t, int64_t, int64_t>{128, 128, 873}, {16, 300, 100},
-                                     {7, 1, 0}, {128, 257, 1500}, {33, 130, 600}})
+                                     {7, 1, 0}, {128, 257, 1500}, {33, 130, 600}, {16, 300, 1680}})
       check_key_picks<T>(rows, 512, bq, bk, m0, side + "256/512");
+    // Tiles of one row (past the last bucket) and tiles ending at, or one past, the edge run's end.
+    for (int64_t m0 = 470; m0 <= 500; ++m0) check_key_picks<T>(rows, 512, 8, 9, m0, side + "edge run");
+    for (int64_t m0 = 1490; m0 <= 1520; ++m0) check_key_picks<T>(rows, 512, 9, 8, m0, side + "edge run");
   }
   // Maps shorter than a long run, and of one distance.
   check_row_picks<T>(deberta_rows(7, 8, 20, false), 16, "7 distances");
