@@ -115,6 +115,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   w.P.resize(kBackwardRows * kBackwardKeys), w.dP.resize(kBackwardRows * kBackwardKeys);
   const bool split = std::is_same_v<T, float> && c.stored.splits_backward();
   if (split) w.split.start_group(end - begin, kBackwardKeys, c.stored.k + begin * c.stored.ldk, c.stored.ldk, d, dvd);
+  const bool bias_grad = F::bias && !q.dbias.empty();  // a bias per distance whose gradient is asked for
 
   for (int64_t i0 = 0; i0 < lq; i0 += kBackwardRows) {
     const int64_t bq = std::min(kBackwardRows, lq - i0), keys = std::min(end, visited_keys(p, hd, i0, bq));
@@ -182,8 +183,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         rows::softmax_grad(prow, srow, w.D[i], computed);
         std::fill(srow + computed, srow + bk, T(0));
         if (split_tile) split_row(w.split.dS, ii, srow);
-        if (F::bias && !q.dbias.empty())
-          rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
+        if (bias_grad) rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
         if constexpr (F::key_table) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
         if constexpr (F::band) {  // un-skew scale * dS onto the band: each shown (ii, j) owns one column of row ii
           const int64_t shown = cut.shown(ii);
