@@ -1,7 +1,11 @@
 // The one place where a call is validated and routed to an algorithm.
 #include <array>
+#include <cmath>
+#include <limits>
 #include <optional>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../backend/scratch.hpp"
@@ -129,6 +133,46 @@ void run(const P& p, Reference run_reference, Fused run_fused, Unfused run_unfus
 }
 }  // namespace
 
+namespace {
+// Whether every element of v is finite (an absent view is).
+template <class T, std::size_t N>
+bool all_finite(const View<const T, N>& v) {
+  if (v.empty()) return true;
+  std::array<int64_t, N> at{};
+  for (int64_t left = v.numel(); left > 0; --left) {
+    int64_t offset = 0;
+    for (std::size_t a = 0; a < N; ++a) offset += at[a] * v.stride[a];
+    if (!std::isfinite(static_cast<compute_t<T>>(v.data[offset]))) return false;
+    for (std::size_t a = N; a-- > 0 && ++at[a] == v.shape[a];) at[a] = 0;
+  }
+  return true;
+}
+
+// A row's lse NaN or +inf (-inf is a row with no key) from finite inputs: its
+// scores overflowed the compute type, and the output is NaN. Refused by name,
+// as a scheme's parameters whose bias overflows are before the call. A NaN or
+// infinite input propagates to the rows it reaches instead, as in PyTorch.
+template <class T>
+void check_scores_stayed_finite(const AttentionForward<T>& p) {
+  using C = compute_t<T>;
+  const View3<C>& lse = p.lse;
+  bool overflowed = false;
+  for (int64_t b = 0; b < lse.shape[0] && !overflowed; ++b)
+    for (int64_t h = 0; h < lse.shape[1] && !overflowed; ++h)
+      for (int64_t i = 0; i < lse.shape[2] && !overflowed; ++i)
+        overflowed = std::isnan(lse(b, h, i)) || lse(b, h, i) == std::numeric_limits<C>::infinity();
+  if (!overflowed) return;
+  bool finite = all_finite(p.q) && all_finite(p.k) && all_finite(p.v);
+  for_each_scheme_param(p.pos, [&](const char*, const auto& x) { finite = finite && all_finite(x); });
+  if (!finite) return;
+  throw std::invalid_argument(std::string("relpos: the attention scores overflow ") +
+                              (std::is_same_v<C, double> ? "float64" : "float32") +
+                              " (q.k times the scale, with the scheme's terms, past its largest value " +
+                              (std::is_same_v<C, double> ? "1.8e308" : "3.4e38") +
+                              ") for finite inputs: scale q and k down, or compute in float64");
+}
+}  // namespace
+
 template <class T>
 void attention_forward(const AttentionForward<T>& p) {
   const AsyncSignalsHeld signals;
@@ -137,6 +181,7 @@ void attention_forward(const AttentionForward<T>& p) {
     half_storage::forward(p);
   else
     run(p, reference::forward<T>, fused::forward<T>, unfused::forward<T>);
+  check_scores_stayed_finite(p);
 }
 
 namespace {
