@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from relpos.schemes import NoPosition, choice, integer, number
+from relpos.schemes import choice, flag, integer, number, record_of
 
 ALGORITHMS = ("auto", "reference", "split", "gather", "skew", "generalized_skew", "relshift", "fused")
 LAYOUTS = ("bhld", "blhd")
@@ -218,15 +219,13 @@ def call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, a
               layout="bhld") -> dict:
     """The inputs and options every entry shares, checked and named as the core reads
     them: q, k, v seen heads-first, the scheme's options and tables."""
-    scheme = NoPosition() if scheme is None else scheme
-    if not hasattr(scheme, "_args"):
-        raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
+    scheme = record_of(scheme)
     args: dict[str, Any] = {"q": core_array(q, "q"), "k": core_array(k, "k"), "v": core_array(v, "v")}
     for name in ("q", "k", "v"):
         if args[name].ndim != 4:
             raise ValueError(f"relpos: {name}: expected 4 dimensions, got shape {tuple(args[name].shape)}")
         args[name] = heads_first(args[name], layout)
-    args.update(scheme=scheme.name, causal=bool(causal), algorithm=choice(algorithm, "algorithm", ALGORITHMS))
+    args.update(scheme=scheme.name, causal=flag(causal, "causal"), algorithm=choice(algorithm, "algorithm", ALGORITHMS))
     q_offset = resolve_q_offset(q_offset, args["q"].shape[2], args["k"].shape[2], k_offset)
     args.update(q_offset=q_offset, k_offset=integer(k_offset, "k_offset"))
     if scale is not None:
@@ -269,21 +268,33 @@ def backward_arrays(args: dict, out, lse, dout, scheme, add_into: dict, layout: 
     args["dout"] = heads_first(core_array(dout, "dout"), layout)
     torch_call = is_torch(args["q"])
 
+    if not isinstance(add_into, Mapping):
+        raise ValueError(f"relpos: add_into: expected a dict of gradient names to arrays, got {type(add_into).__name__}")
+    kind = "a tensor" if torch_call else "an array"
+
     def gradient(name, shape):
         if name not in add_into:
             return _new(args["q"], shape, zero=True)
         g = add_into[name]
-        if is_torch(g) != torch_call or tuple(g.shape) != tuple(shape):
-            raise ValueError(f"relpos: add_into[{name!r}]: expected {'a tensor' if torch_call else 'an array'} "
-                             f"of shape {tuple(shape)}, got {type(g).__name__} of shape {tuple(g.shape)}")
+        if is_torch(g) != torch_call or not (torch_call or isinstance(g, np.ndarray)):
+            raise ValueError(f"relpos: add_into[{name!r}]: expected {kind} of shape {tuple(shape)}, "
+                             f"got {type(g).__name__}")
+        if tuple(g.shape) != tuple(shape):
+            raise ValueError(f"relpos: add_into[{name!r}]: expected {kind} of shape {tuple(shape)}, "
+                             f"got {type(g).__name__} of shape {tuple(g.shape)}")
+        if not torch_call and not g.flags.writeable:
+            raise ValueError(f"relpos: add_into[{name!r}]: the array is read-only (gradients are added into it)")
         return g if is_torch(g) else _whole_items(g, f"add_into[{name!r}]")
 
     grads: dict[str, Any] = {}
     for name in ("q", "k", "v"):
         grads[name] = gradient(name, heads_first(args[name], layout).shape)  # the caller's layout
         args["d" + name] = heads_first(core_array(grads[name], "d" + name), layout)
-    scheme = NoPosition() if scheme is None else scheme
+    scheme = record_of(scheme)
     for name, p in scheme._params().items():
         grads[name] = gradient(name, tuple(p.shape) if is_torch(p) else np.shape(p))
         args["d_" + name] = _as_core_param(name, core_array(grads[name], "d_" + name))
+    if unknown := [name for name in add_into if name not in grads]:  # else silently never added into
+        raise ValueError(f"relpos: add_into: no gradient named {unknown[0]!r} in this call; "
+                         f"its gradients are {', '.join(grads)}")
     return grads

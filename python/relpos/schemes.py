@@ -50,6 +50,18 @@ def number(x: Any, name: str) -> float:
         raise ValueError(f"relpos: {name}: expected a number, got {x!r}") from None
 
 
+def flag(x: Any, name: str) -> bool:
+    """``x`` as a Python bool: True, False (NumPy's too), 1 or 0; else a ValueError naming
+    ``name`` (``"no"`` would otherwise read as true)."""
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    if isinstance(x, (int, np.integer)) and x in (0, 1):
+        return bool(x)
+    if getattr(x, "ndim", None) == 0 and str(getattr(x, "dtype", "")) in ("bool", "torch.bool"):
+        return bool(x)  # a 0-dimensional bool array or tensor
+    raise ValueError(f"relpos: {name}: expected True or False, got {x!r}")
+
+
 def choice(x: Any, name: str, allowed: tuple[str, ...]) -> str:
     if x not in allowed:
         raise ValueError(f"relpos: {name}: must be one of {', '.join(allowed)}; got {x!r}")
@@ -83,7 +95,7 @@ class Option:
         """``value`` as a Python bool, int, float or str (None for an absent optional
         int), or a ValueError naming ``label``."""
         if self.kind == "bool":
-            return bool(value)
+            return flag(value, label)
         if self.kind == "choice":
             return choice(value, label, self.choices)
         if value is None and self.core_none is not None:
@@ -215,6 +227,19 @@ class _Scheme:
     def _for_heads(self, part: Callable[[Any, bool], Any]) -> "_Scheme":
         """The record with each learnable tensor t replaced by ``part(t, per_head)``."""
         return replace(self, **{f: part(getattr(self, f), self._per_head(f)) for f in self._tensors})
+
+
+def record_of(scheme: Any) -> "_Scheme":
+    """The scheme record a call computes with: ``NoPosition()`` for None, the record
+    itself, or a ValueError naming what was given instead (a record's class included)."""
+    if scheme is None:
+        return NoPosition()
+    if isinstance(scheme, type) and issubclass(scheme, _Scheme):
+        raise ValueError(f"relpos: scheme: expected a scheme record, got the class {scheme.__name__}; "
+                         f"make one: {scheme.__name__}(...)")
+    if not isinstance(scheme, _Scheme):
+        raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
+    return scheme
 
 
 def record(cls: type) -> type:

@@ -49,8 +49,8 @@ struct RopeScheme : NoLearnableTensors {
     const RopeParams& r = p.pos.rope;
     const int64_t d = p.q.shape[3], rd = r.rotary_dims ? r.rotary_dims : d;
     if (r.rotary_dims < 0 || rd < 2 || rd % 2 != 0 || rd > d)
-      fail("rope.rotary_dims: must be even, >= 2 and <= d=" + std::to_string(d) + ", got " + std::to_string(rd) +
-           (r.rotary_dims ? "" : " (0 means d)"));
+      fail("rope.rotary_dims: the rotated dimensions (RoPE's dims in Python) must be even, >= 2 and <= d=" +
+           std::to_string(d) + ", got " + std::to_string(rd) + (r.rotary_dims ? "" : " (none given: the whole head)"));
     if (!(std::isfinite(r.base) && r.base > 1.0)) fail("rope.base: must be finite and > 1");
   }
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from relpos.schemes import DeBERTa, NoPosition, T5
+from relpos.schemes import DeBERTa, T5, flag, record_of
 
 from . import ops
 from .launch import interpreting
@@ -85,7 +85,7 @@ def gradients(q, k, v, out, lse, dout, scheme=None, *, causal: bool = False, key
     each learnable tensor the scheme holds (``"t5_table"``, ``"shaw_wk"``, ...). With out and
     lse merged over every key chunk, the sum over the chunks' calls is the whole call's gradient
     (ring attention's backward, relpos.torch.context_parallel)."""
-    scheme = NoPosition() if scheme is None else scheme
+    scheme = record_of(scheme)
     with torch.enable_grad():
         leaves = {"q": q.detach().requires_grad_(), "k": k.detach().requires_grad_(),
                   "v": v.detach().requires_grad_()}
@@ -106,10 +106,8 @@ def gradients(q, k, v, out, lse, dout, scheme=None, *, causal: bool = False, key
 def _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale) -> tuple:
     """The arguments of relpos::gpu_attention_forward for a call, its inputs checked: the
     scheme's terms made from q, k and its tensors by differentiable torch operations."""
-    scheme = NoPosition() if scheme is None else scheme
+    scheme = record_of(scheme)
     _check(q, k, v, key_padding)
-    if not hasattr(scheme, "_args"):
-        raise ValueError(f"relpos: scheme: expected a relpos scheme (Shaw, T5, ...), got {type(scheme).__name__}")
     scheme._args()  # each option checked by its record, with errors naming it
     if q.device.type != "cuda" and not interpreting():
         raise ValueError(f"relpos: q: relpos.gpu runs CUDA tensors (CPU tensors under TRITON_INTERPRET=1), "
@@ -127,7 +125,7 @@ def _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale) 
                     **{n: _contiguous(getattr(terms, n), q.dtype) for n in ("wk", "wv", "wq")})
     return (q_, k_, v_, pad, terms.table, terms.bucket, terms.p1, terms.p2, terms.qx, terms.kx, terms.wk, terms.wv,
             terms.wq, terms.row_of, terms.rot_q, terms.rot_k, terms.partner, terms.qb,
-            ops.call_options(terms, causal, delta), float(scale))
+            ops.call_options(terms, flag(causal, "causal"), delta), float(scale))
 
 
 def _default_scale(scheme, d: int) -> float:

@@ -31,7 +31,7 @@ import torch.distributed.nn.functional as dnn
 
 import relpos
 from relpos import gpu
-from relpos.schemes import integer
+from relpos.schemes import integer, record_of
 from relpos.torch.functional import attention
 from relpos.torch.ops import decode, encode
 
@@ -320,7 +320,7 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
     16): a rank holds one visiting piece and the next, so more pieces need less
     memory (the ring's own buffers shrink from 8 to 8 / pieces rows of H x d per
     local row) and make more, smaller calls."""
-    scheme = relpos.NoPosition() if scheme is None else scheme
+    scheme = record_of(scheme)
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("relpos: ring_attention: torch.distributed is not initialised (init_process_group first)")
     for name, x in (("q", q), ("k", k), ("v", v)):
@@ -423,7 +423,7 @@ def ulysses_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGrou
     segments for queries and keys; together they must cover one run of positions).
     H and Hkv must divide by the group size. Differentiable; the scheme's tensors
     get the sum of their gradients over the group."""
-    scheme = relpos.NoPosition() if scheme is None else scheme
+    scheme = record_of(scheme)
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("relpos: ulysses_attention: torch.distributed is not initialised (init_process_group first)")
     size, rank = dist.get_world_size(group), dist.get_rank(group)

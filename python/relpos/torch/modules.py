@@ -136,6 +136,20 @@ class RelativeMultiheadAttention(nn.Module):
             if embed_dim % num_heads:
                 raise ValueError(f"relpos: embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
             head_dim = embed_dim // num_heads
+        # The options that size the module's tensors, checked before any is made (the
+        # record's own checks see a call; a module that could never run is refused here).
+        if scheme == "t5":  # the core's check of the bucket count against the distance, named as here
+            try:
+                relpos.t5_bucket(0, t5_bidirectional, integer(t5_num_buckets, "t5_num_buckets"), t5_max_distance)
+            except ValueError as e:
+                raise ValueError(str(e).replace("t5.num_buckets", "t5_num_buckets")
+                                 .replace("t5.max_distance", "t5_max_distance")) from None
+        if scheme == "rope" and ((rope_dims or head_dim) % 2 or (rope_dims or head_dim) > head_dim):
+            raise ValueError(f"relpos: rope_dims: the rotated dimensions must be even and <= head_dim {head_dim}, "
+                             f"got {rope_dims or head_dim}" + ("" if rope_dims else " (none given: the whole head)"))
+        if scheme == "xl" and (xl_pos_dim or embed_dim) % 2:
+            raise ValueError(f"relpos: xl_pos_dim: must be even (sin and cos halves); it defaults to embed_dim "
+                             f"{embed_dim}, got {xl_pos_dim or embed_dim}")
         if shaw_tables not in ("k", "v", "kv"):
             raise ValueError(f"relpos: shaw_tables: must be 'k', 'v' or 'kv', got {shaw_tables!r}")
         if deberta_pos_att_type not in ("c2p", "p2c", "c2p|p2c", "p2c|c2p"):
@@ -205,10 +219,17 @@ class RelativeMultiheadAttention(nn.Module):
         if key.shape[:2] != value.shape[:2] or key.shape[0] != query.shape[0]:
             raise ValueError(f"relpos: query, key, value: batch and key lengths disagree: {tuple(query.shape)}, "
                              f"{tuple(key.shape)}, {tuple(value.shape)}")
-        if mems is not None and (mems.dim() != 3 or mems.shape[0] != key.shape[0] or mems.shape[2] != key.shape[2]
-                                 or key is not value and mems.shape[2] != value.shape[2]):
+        if mems is not None and key is not value and key.shape[2] != value.shape[2]:
+            raise ValueError(f"relpos: mems: one memory serves as keys and values, so key and value need one "
+                             f"width; got {key.shape[2]} and {value.shape[2]}")
+        if mems is not None and (mems.dim() != 3 or mems.shape[0] != key.shape[0] or mems.shape[2] != key.shape[2]):
             raise ValueError(f"relpos: mems: expected (B={key.shape[0]}, M, {key.shape[2]}) like the keys, "
                              f"got {tuple(mems.shape)}")
+        if mems is not None and isinstance(key_padding, torch.Tensor) and key_padding.shape != key.shape[:2]:
+            raise ValueError(f"relpos: key_padding: expected (B={key.shape[0]}, L={key.shape[1]}), the new keys "
+                             f"only (the memory's {mems.shape[1]} are never padded), got {tuple(key_padding.shape)}")
+        if isinstance(q_offset, str) and q_offset != "end":
+            raise ValueError(f"relpos: q_offset: expected an integer or 'end', got {q_offset!r}")
         if mems is not None:
             # Memory is context only: no gradient flows into the cached states.
             mems = mems.detach()

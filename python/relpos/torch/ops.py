@@ -28,7 +28,7 @@ import torch
 import relpos
 from relpos._autograd import no_double_backward, setup_nothing, traced
 from relpos._calls import ALGORITHMS, check_dtypes, check_threads
-from relpos.schemes import SCHEMES, choice, integer, number
+from relpos.schemes import SCHEMES, choice, flag, integer, number
 
 __all__ = ["attention_forward", "attention_backward", "forward", "encode", "decode"]
 
@@ -48,7 +48,7 @@ def encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
     params = [getattr(scheme, field) for field in scheme._tensors]
     present = sum(1 << i for i, p in enumerate(params) if p is not None)
     threads = None if threads is None else check_threads(threads)
-    ints = [int(bool(causal)), integer(q_offset, "q_offset"), integer(k_offset, "k_offset"),
+    ints = [int(flag(causal, "causal")), integer(q_offset, "q_offset"), integer(k_offset, "k_offset"),
             -1 if threads is None else threads, ALGORITHMS.index(choice(algorithm, "algorithm", ALGORITHMS)),
             present]
     floats = [math.nan if scale is None else number(scale, "scale")]
