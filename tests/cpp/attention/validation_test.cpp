@@ -376,17 +376,24 @@ TEST(Names, UnknownNamesThrowNamingTheKindAndTheName) {
 // Finite inputs whose scores overflow float32 (q.k = +-4e38 here) leave the
 // row's lse NaN: every algorithm serving the call refuses it by name, where a
 // NaN input propagates as in PyTorch and float64 computes the true result.
+// One query against three keys of width 4, over the callers' buffers.
+template <class T>
+relpos::AttentionForward<T> one_query_three_keys(const T* q, const T* k, const T* v, T* out, T* lse) {
+  relpos::AttentionForward<T> a;
+  a.q = relpos::View4<const T>::contiguous(q, {1, 1, 1, 4});
+  a.k = relpos::View4<const T>::contiguous(k, {1, 1, 3, 4});
+  a.v = relpos::View4<const T>::contiguous(v, {1, 1, 3, 4});
+  a.out = relpos::View4<T>::contiguous(out, {1, 1, 1, 4});
+  a.lse = relpos::View3<T>::contiguous(lse, {1, 1, 1});
+  return a;
+}
+
 TEST(ScoresOverflow, FiniteInputsPastFloat32AreRefusedNaNInputsPropagate) {
   float q[4] = {1e19f, 1e19f, 1e19f, 1e19f}, v[12];
   float k[12] = {1e19f, 1e19f, 1e19f, 1e19f, 1e19f, 1e19f, 1e19f, -1e19f, -1e19f, -1e19f, -1e19f, -1e19f};
   for (int i = 0; i < 12; ++i) v[i] = float(i);
   float out[4], lse[1];
-  relpos::AttentionForward<float> a;
-  a.q = relpos::View4<const float>::contiguous(q, {1, 1, 1, 4});
-  a.k = relpos::View4<const float>::contiguous(k, {1, 1, 3, 4});
-  a.v = relpos::View4<const float>::contiguous(v, {1, 1, 3, 4});
-  a.out = relpos::View4<float>::contiguous(out, {1, 1, 1, 4});
-  a.lse = relpos::View3<float>::contiguous(lse, {1, 1, 1});
+  relpos::AttentionForward<float> a = one_query_three_keys(q, k, v, out, lse);
   for (const relpos::Algorithm algorithm : relpos::available_algorithms(a)) {
     a.algorithm = algorithm;
     try {
@@ -402,13 +409,7 @@ TEST(ScoresOverflow, FiniteInputsPastFloat32AreRefusedNaNInputsPropagate) {
   EXPECT_TRUE(std::isnan(lse[0]) && std::isnan(out[0]));
   double q64[4] = {1e19, 1e19, 1e19, 1e19}, k64[12], v64[12], out64[4], lse64[1];
   for (int i = 0; i < 12; ++i) k64[i] = double(k[i]), v64[i] = double(v[i]);
-  relpos::AttentionForward<double> b;
-  b.q = relpos::View4<const double>::contiguous(q64, {1, 1, 1, 4});
-  b.k = relpos::View4<const double>::contiguous(k64, {1, 1, 3, 4});
-  b.v = relpos::View4<const double>::contiguous(v64, {1, 1, 3, 4});
-  b.out = relpos::View4<double>::contiguous(out64, {1, 1, 1, 4});
-  b.lse = relpos::View3<double>::contiguous(lse64, {1, 1, 1});
-  relpos::attention_forward(b);
+  relpos::attention_forward(one_query_three_keys(q64, k64, v64, out64, lse64));
   for (int c = 0; c < 4; ++c) EXPECT_EQ(out64[c], v64[c]) << c;  // the first key's score leads by 8e38
 }
 
