@@ -27,7 +27,7 @@ namespace relpos::cli {
 
 namespace {
 
-// The default run fits in 10 minutes on 2 cores (docs/trainer.md has the
+// The default run fits in 10 minutes on 2 cores (docs/benchmarks.md has the
 // measurement); --full trains larger models for longer.
 void set_preset(bool full, ModelOptions& m, TrainOptions& t, EvalSettings& e) {
   m.layers = 2, m.width = 128, m.heads = 4, m.ffn = 512, m.length = 32;

@@ -187,7 +187,7 @@ def backward(
     """
     args = _calls.call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads,
                             layout)
-    grads = _calls.backward_arrays(args, out, lse, dout, scheme, add_into or {}, layout)
+    grads = _calls.backward_arrays(args, out, lse, dout, scheme, {} if add_into is None else add_into, layout)
     if _calls.zero_length(args):  # no term of sum(dout * out) depends on anything: every gradient is zero
         _calls.check_zero_length(args, _relpos.backward)
     else:

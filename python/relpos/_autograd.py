@@ -4,7 +4,7 @@ differentiable, and says so when a second backward reaches it; and which calls m
 registered operators (``traced``): their Python dispatch costs host time that a short call
 feels (on the CPU, 7-17 of a small decode step's 75 us and about 150 us of a small
 forward+backward, docs/torch.md; on a GPU 0.4-0.7 ms per forward, more than its kernel at
-L = 2048, docs/gpu.md), so eager calls run the operators' bodies through a
+L = 2048, docs/benchmarks.md), so eager calls run the operators' bodies through a
 ``torch.autograd.Function`` instead."""
 from __future__ import annotations
 

@@ -148,28 +148,45 @@ bool all_finite(const View<const T, N>& v) {
   return true;
 }
 
-// A row's lse NaN or +inf (-inf is a row with no key) from finite inputs: its
-// scores overflowed the compute type, and the output is NaN. Refused by name,
-// as a scheme's parameters whose bias overflows are before the call. A NaN or
-// infinite input propagates to the rows it reaches instead, as in PyTorch.
+// A row's lse NaN or infinite from finite inputs: its scores overflowed the
+// compute type (+inf: NaN rows; all -inf: zero rows, as if masked), so the
+// forward refuses the call by name, as a scheme's parameters whose bias
+// overflows are refused before it. -inf is right for a row with no visible key
+// (every key padded, or all in its future). A NaN or infinite input propagates
+// to the rows it reaches instead, as in PyTorch. Which logit overflows first
+// depends on where an algorithm applies the scale: near the limit one may
+// refuse what another computes.
 template <class T>
 void check_scores_stayed_finite(const AttentionForward<T>& p) {
   using C = compute_t<T>;
   const View3<C>& lse = p.lse;
+  const int64_t B = lse.shape[0], H = lse.shape[1], Lq = lse.shape[2], Lk = p.k.shape[2];
+  // Per batch entry the first key not padded (Lk: none): row i sees a key iff it
+  // is there and, under a causal mask, at r <= 0.
+  std::vector<int64_t> first_seen(B, 0);
+  if (!p.key_padding.empty())
+    for (int64_t b = 0; b < B; ++b)
+      while (first_seen[b] < Lk && p.key_padding(b, first_seen[b]) != 0) ++first_seen[b];
+  const auto sees_a_key = [&](int64_t b, int64_t i) {
+    return first_seen[b] < Lk && (!p.causal || p.k_offset + first_seen[b] <= p.q_offset + i);
+  };
   bool overflowed = false;
-  for (int64_t b = 0; b < lse.shape[0] && !overflowed; ++b)
-    for (int64_t h = 0; h < lse.shape[1] && !overflowed; ++h)
-      for (int64_t i = 0; i < lse.shape[2] && !overflowed; ++i)
-        overflowed = std::isnan(lse(b, h, i)) || lse(b, h, i) == std::numeric_limits<C>::infinity();
+  for (int64_t b = 0; b < B && !overflowed; ++b)
+    for (int64_t h = 0; h < H && !overflowed; ++h)
+      for (int64_t i = 0; i < Lq && !overflowed; ++i) {
+        const C x = lse(b, h, i);
+        overflowed = std::isnan(x) || x == std::numeric_limits<C>::infinity() ||
+                     (x == -std::numeric_limits<C>::infinity() && sees_a_key(b, i));
+      }
   if (!overflowed) return;
   bool finite = all_finite(p.q) && all_finite(p.k) && all_finite(p.v);
   for_each_scheme_param(p.pos, [&](const char*, const auto& x) { finite = finite && all_finite(x); });
   if (!finite) return;
-  throw std::invalid_argument(std::string("relpos: the attention scores overflow ") +
-                              (std::is_same_v<C, double> ? "float64" : "float32") +
-                              " (q.k times the scale, with the scheme's terms, past its largest value " +
-                              (std::is_same_v<C, double> ? "1.8e308" : "3.4e38") +
-                              ") for finite inputs: scale q and k down, or compute in float64");
+  const bool wider = !std::is_same_v<C, double>;
+  throw std::invalid_argument(std::string("relpos: q, k: the attention scores overflow ") + checks::precision_name<C>() +
+                              " (a logit q.k, scaled or not, with the scheme's terms, past " +
+                              (wider ? "3.4e38" : "1.8e308") + ") for finite inputs: scale q and k down" +
+                              (wider ? ", or compute in float64" : ""));
 }
 }  // namespace
 

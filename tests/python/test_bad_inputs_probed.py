@@ -1,9 +1,9 @@
 """Inputs a probe of the Python API found ending wrongly, each now a clear error naming
 the argument, or the right result:
 
-- finite inputs whose scores overflow float32 (q.k times the scale past 3.4e38): every
-  algorithm returned NaN silently; now a ValueError, while NaN inputs still propagate
-  and float64 computes the true result;
+- finite inputs whose scores overflow float32 (a logit past 3.4e38): every algorithm
+  returned NaN rows, or zero rows as if masked, silently; now a ValueError, while NaN
+  inputs still propagate, masked rows stay -inf and float64 computes the true result;
 - ``backward(add_into=...)`` with a name the call has no gradient of (silently never
   added into), a value that is not an array, or a read-only array;
 - a scheme's class given instead of a record (a TypeError about ``self``);
@@ -40,6 +40,14 @@ def test_overflowing_scores_are_refused_by_every_algorithm(algorithm):
     q, k, v = overflowing_call()
     with pytest.raises(ValueError, match=OVERFLOW):
         relpos.forward(q, k, v, algorithm=algorithm)
+    # Every score -4e38: the row would come out zero, as if its keys were masked.
+    with pytest.raises(ValueError, match=OVERFLOW):
+        relpos.forward(-q, np.abs(k), v, algorithm=algorithm)
+    # A row whose keys are all padded, or all in its future, is -inf by right.
+    out, lse = relpos.forward(-q, np.abs(k), v, algorithm=algorithm, key_padding=np.ones((1, 3), bool))
+    assert lse[0, 0, 0] == -np.inf and (out == 0).all()
+    out, lse = relpos.forward(-q, np.abs(k), v, algorithm=algorithm, causal=True, k_offset=1)
+    assert lse[0, 0, 0] == -np.inf and (out == 0).all()
 
 
 def test_overflow_through_the_scale_torch_and_bfloat16_is_refused():
@@ -115,6 +123,23 @@ def test_flags_take_true_or_false_only(causal, torch_call):
     for flag in (1, np.bool_(True), np.array(True), torch.tensor(True)):
         got = call(*args, causal=flag)  # rt.attention returns the output alone
         np.testing.assert_array_equal(got.numpy() if torch_call else got[0], want)
+
+
+@pytest.mark.parametrize("arg", ["bias", "shaw_per_head", "shaw_tied", "alibi_learnable", "deberta_per_head"])
+def test_the_module_flags_take_true_or_false_only(arg):
+    with pytest.raises(ValueError, match=f"{arg}: expected True or False, got 'no'"):
+        rt.RelativeMultiheadAttention(8, 2, arg.split("_")[0] if arg != "bias" else "none", **{arg: "no"})
+
+
+def test_return_lse_and_add_into_take_what_they_say():
+    q = torch.ones(1, 1, 2, 4)
+    with pytest.raises(ValueError, match=r"return_lse: expected True or False, got 'yes'"):
+        rt.attention(q, q, q, return_lse="yes")
+    args = backward_problem()
+    with pytest.raises(ValueError, match=r"add_into: expected a dict of gradient names to arrays, got ndarray"):
+        relpos.backward(*args, add_into=np.zeros(3))
+    with pytest.raises(ValueError, match=r"add_into: expected a dict of gradient names to arrays, got list"):
+        relpos.backward(*args, add_into=[])
 
 
 def test_a_scheme_option_flag_takes_true_or_false_only():

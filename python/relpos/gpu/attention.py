@@ -75,7 +75,7 @@ def attention(q, k, v, scheme=None, *, causal: bool = False, key_padding=None, q
     tests check the kernels without a GPU."""
     inputs = _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale)
     out, lse = ops.forward(*inputs)
-    return (out, lse) if return_lse else out
+    return (out, lse) if flag(return_lse, "return_lse") else out
 
 
 def gradients(q, k, v, out, lse, dout, scheme=None, *, causal: bool = False, key_padding=None, q_offset=0,
@@ -107,6 +107,7 @@ def _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale) 
     """The arguments of relpos::gpu_attention_forward for a call, its inputs checked: the
     scheme's terms made from q, k and its tensors by differentiable torch operations."""
     scheme = record_of(scheme)
+    causal = flag(causal, "causal")
     _check(q, k, v, key_padding)
     scheme._args()  # each option checked by its record, with errors naming it
     if q.device.type != "cuda" and not interpreting():
@@ -125,7 +126,7 @@ def _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale) 
                     **{n: _contiguous(getattr(terms, n), q.dtype) for n in ("wk", "wv", "wq")})
     return (q_, k_, v_, pad, terms.table, terms.bucket, terms.p1, terms.p2, terms.qx, terms.kx, terms.wk, terms.wv,
             terms.wq, terms.row_of, terms.rot_q, terms.rot_k, terms.partner, terms.qb,
-            ops.call_options(terms, flag(causal, "causal"), delta), float(scale))
+            ops.call_options(terms, causal, delta), float(scale))
 
 
 def _default_scale(scheme, d: int) -> float:

@@ -31,7 +31,7 @@ import torch.distributed.nn.functional as dnn
 
 import relpos
 from relpos import gpu
-from relpos.schemes import integer, record_of
+from relpos.schemes import flag, integer, record_of
 from relpos.torch.functional import attention
 from relpos.torch.ops import decode, encode
 
@@ -340,7 +340,7 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
                 raise ValueError(f"relpos: {what}: dtype must match q ({stored}), got {x.dtype}")
         q, k, v = q.float(), k.float(), v.float()
         params = [p.float() for p in params]
-    out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, kv_pieces, bool(reduce_param_grads), name,
+    out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, kv_pieces, flag(reduce_param_grads, "reduce_param_grads"), name,
                                     ints, floats, *params)
     out = out.to(stored)
     return (out, lse) if return_lse else out

@@ -19,7 +19,7 @@ import torch
 
 from relpos import gpu
 from relpos._calls import heads_first, resolve_q_offset
-from relpos.schemes import record_of
+from relpos.schemes import flag, record_of
 from relpos.torch.ops import encode, forward
 
 __all__ = ["attention"]
@@ -61,7 +61,7 @@ def attention(
     as a constant (no gradient flows through it), e.g. to merge attention over
     key chunks. CUDA tensors run the Triton kernels of ``relpos.gpu`` (``algorithm``
     "auto" or "fused"); CPU tensors the C++ kernels."""
-    scheme = record_of(scheme)
+    scheme, return_lse = record_of(scheme), flag(return_lse, "return_lse")
     for arg, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             raise ValueError(f"relpos: {arg}: expected a 4-dimensional torch tensor, got "

@@ -24,7 +24,7 @@ from torch import nn
 
 import relpos
 from relpos._calls import check_threads
-from relpos.schemes import KERPLE_MIN, integer  # noqa: F401  (rt.KERPLE_MIN: the floor the records clamp at)
+from relpos.schemes import KERPLE_MIN, flag, integer  # noqa: F401  (rt.KERPLE_MIN: the floor the records clamp at)
 from relpos.torch.context_parallel import ring_attention
 from relpos.torch.functional import attention
 
@@ -121,6 +121,8 @@ class RelativeMultiheadAttention(nn.Module):
                            ("num_kv_heads", num_kv_heads), ("kdim", kdim), ("vdim", vdim), ("xl_pos_dim", xl_pos_dim)):
             if value is not None and integer(value, arg) < 1:
                 raise ValueError(f"relpos: {arg}: must be >= 1, got {value}")
+        for arg in ("bias", "shaw_per_head", "shaw_tied", "alibi_learnable", "deberta_per_head"):
+            flag(arguments[arg], arg)  # "no" would otherwise read as true
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"relpos: num_kv_heads: must divide num_heads {num_heads}, got {num_kv_heads}")

@@ -373,9 +373,10 @@ TEST(Names, UnknownNamesThrowNamingTheKindAndTheName) {
     EXPECT_TRUE(throws_naming([&] { relpos::parse_algorithm(bad); }, "unknown algorithm '" + bad + "' (known")) << bad;
 }
 
-// Finite inputs whose scores overflow float32 (q.k = +-4e38 here) leave the
-// row's lse NaN: every algorithm serving the call refuses it by name, where a
-// NaN input propagates as in PyTorch and float64 computes the true result.
+// Finite inputs whose scores overflow float32 (q.k = +-4e38 here: a NaN row;
+// -4e38 for every key: a zero row, as if masked) are refused by name by every
+// algorithm serving the call; a row whose keys are all padded keeps its -inf,
+// a NaN input propagates as in PyTorch, and float64 computes the true result.
 // One query against three keys of width 4, over the callers' buffers.
 template <class T>
 relpos::AttentionForward<T> one_query_three_keys(const T* q, const T* k, const T* v, T* out, T* lse) {
@@ -394,15 +395,32 @@ TEST(ScoresOverflow, FiniteInputsPastFloat32AreRefusedNaNInputsPropagate) {
   for (int i = 0; i < 12; ++i) v[i] = float(i);
   float out[4], lse[1];
   relpos::AttentionForward<float> a = one_query_three_keys(q, k, v, out, lse);
-  for (const relpos::Algorithm algorithm : relpos::available_algorithms(a)) {
-    a.algorithm = algorithm;
-    try {
-      relpos::attention_forward(a);
-      ADD_FAILURE() << relpos::to_string(algorithm) << " returned lse " << lse[0];
-    } catch (const std::invalid_argument& e) {
-      EXPECT_EQ(std::string(e.what()).rfind("relpos: the attention scores overflow float32", 0), 0u) << e.what();
+  // Scores of +-4e38 (NaN rows), then every score -4e38 (zero rows, as if masked).
+  for (const float sign : {1.0f, -1.0f}) {
+    for (float& x : q) x = sign * 1e19f;
+    if (sign < 0)
+      for (int i = 0; i < 12; ++i) k[i] = 1e19f;
+    const std::vector<relpos::Algorithm> serving = relpos::available_algorithms(a);
+    EXPECT_GE(serving.size(), 3u);
+    for (const relpos::Algorithm algorithm : serving) {
+      a.algorithm = algorithm;
+      try {
+        relpos::attention_forward(a);
+        ADD_FAILURE() << relpos::to_string(algorithm) << " returned lse " << lse[0] << " for sign " << sign;
+      } catch (const std::invalid_argument& e) {
+        EXPECT_EQ(std::string(e.what()).rfind("relpos: q, k: the attention scores overflow float32", 0), 0u)
+            << e.what();
+      }
     }
   }
+  // A row with no visible key (its key padded) is -inf by right, whatever its scores.
+  const uint8_t padded[3] = {1, 1, 1};
+  a.key_padding = relpos::View2<const uint8_t>::contiguous(padded, {1, 3});
+  a.algorithm = relpos::Algorithm::automatic;
+  EXPECT_NO_THROW(relpos::attention_forward(a));
+  EXPECT_EQ(lse[0], -std::numeric_limits<float>::infinity());
+  a.key_padding = {};
+  for (int i = 0; i < 12; ++i) k[i] = i < 7 ? 1e19f : -1e19f;
   q[0] = std::numeric_limits<float>::quiet_NaN();
   a.algorithm = relpos::Algorithm::automatic;
   EXPECT_NO_THROW(relpos::attention_forward(a));
