@@ -24,10 +24,13 @@ void ModelOptions::add_to(Options& o, bool with_position) {
   for_each_model_option([&](const ModelOption& option) {  // "shaw_k" -> --shaw-k
     std::string flag = std::string("--") + option.key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    if (option.integer)
-      o.add_int(flag, &(scheme_options.*option.integer), option.help, int(option.low), int(option.high));
-    else
-      o.add_double(flag, &(scheme_options.*option.real), option.help, option.low, option.high);
+    if (option.integer) {
+      int64_t& value = integer_options.try_emplace(option.key, int64_t(option.fallback)).first->second;
+      o.add_int(flag, &value, option.help, int64_t(option.low), int64_t(option.high));
+    } else {
+      double& value = real_options.try_emplace(option.key, option.fallback).first->second;
+      o.add_double(flag, &value, option.help, option.low, option.high);
+    }
   });
 }
 
@@ -43,7 +46,9 @@ nn::PositionKind ModelOptions::parsed_position() const {
 }
 
 nn::ModelConfig ModelOptions::config(nn::PositionKind kind, uint64_t seed) const {
-  nn::ModelConfig c = scheme_options;
+  nn::ModelConfig c;
+  for (const auto& [key, value] : integer_options) c.scheme_options[key] = double(value);
+  for (const auto& [key, value] : real_options) c.scheme_options[key] = value;
   c.layers = layers;
   c.width = width;
   c.heads = heads;
@@ -63,7 +68,12 @@ ModelOptions ModelOptions::from_config(const nn::ModelConfig& c) {
   ModelOptions o;
   o.layers = c.layers, o.width = c.width, o.heads = c.heads, o.ffn = c.ffn, o.length = c.context;
   o.position = c.position;
-  o.scheme_options = c;
+  for_each_model_option([&](const ModelOption& option) {
+    if (option.integer)
+      o.integer_options[option.key] = int64_t(option.value_in(c));
+    else
+      o.real_options[option.key] = option.value_in(c);
+  });
   return o;
 }
 

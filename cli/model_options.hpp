@@ -2,6 +2,7 @@
 // size and position scheme, and the training hyperparameters.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,10 @@ struct ModelOptions {
   // int, as ModelConfig holds them: a value beyond int is refused, not narrowed.
   int layers = 2, width = 128, heads = 4, ffn = 512, length = 64;
   std::string position = "alibi";
-  nn::ModelConfig scheme_options;  // the schemes' model options: their flags write here
+  // The schemes' model options by key (SchemeModelConfig::scheme_options),
+  // each at its default until its flag writes it.
+  std::map<std::string, int64_t> integer_options;
+  std::map<std::string, double> real_options;
 
   // with_position: also --positions, the one scheme to train (the demo
   // takes a list instead: add_positions_option).

@@ -81,7 +81,8 @@ int64_t memory_keys(const ProblemShape& s, const SchemeCase& c) { return c.mem_l
 template <class T>
 std::vector<ModelTensor> scheme_tables(const ProblemShape& s, const SchemeCase& c, PositionParams<T>& pos) {
   SchemeModelConfig model;
-  model.heads = int(s.heads), model.width = int(s.heads * s.dim), model.shaw_k = int(c.shaw_k);
+  model.heads = int(s.heads), model.width = int(s.heads * s.dim);
+  model.scheme_options[ShawScheme::kClip.key] = double(c.shaw_k);
   std::vector<ModelTensor> tensors;
   AllSchemes::visit(c.scheme, [&](auto scheme) { tensors = decltype(scheme)::model(pos, model); });
   pos.scheme = c.scheme;

@@ -231,6 +231,9 @@ NB_MODULE(_relpos, m) {
       },
       nb::arg("r"), nb::arg("bidirectional"), nb::arg("num_buckets"), nb::arg("max_distance"),
       "HF T5 bucket of relative distance r = key_pos - query_pos.");
+  m.def("check_t5_config", &check_t5_config, nb::arg("bidirectional"), nb::arg("num_buckets"),
+        nb::arg("max_distance"), nb::arg("num_buckets_name"), nb::arg("max_distance_name"),
+        "Raise ValueError unless the configuration defines buckets, the messages starting with the names given.");
   m.def(
       "deberta_bucket",
       [](int64_t x, int64_t position_buckets, int64_t max_relative_positions) {

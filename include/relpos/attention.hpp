@@ -26,6 +26,7 @@
 namespace relpos {
 
 enum class Scheme { none, shaw, t5, alibi, rope, xl, kerple, kerple_power, deberta };
+inline constexpr int kSchemeCount = static_cast<int>(Scheme::deberta) + 1;  // the last value's, plus one
 
 // Largest thread count relpos accepts anywhere (0 = OpenMP's maximum); checked
 // before OpenMP or the GEMM library sees it (100000 crashed inside libgomp).

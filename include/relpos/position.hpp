@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -36,8 +37,11 @@ int64_t t5_bucket(int64_t r, bool bidirectional, int64_t num_buckets, int64_t ma
 
 // Throws std::invalid_argument naming t5.num_buckets or t5.max_distance unless
 // the configuration defines buckets (an exact range of at least one distance
-// and a max_distance beyond it).
-void check_t5_config(bool bidirectional, int64_t num_buckets, int64_t max_distance);
+// and a max_distance beyond it). A frontend whose arguments are named
+// otherwise gives the names that start its messages.
+void check_t5_config(bool bidirectional, int64_t num_buckets, int64_t max_distance,
+                     const std::string& num_buckets_name = "relpos: t5.num_buckets",
+                     const std::string& max_distance_name = "relpos: t5.max_distance");
 
 // ---- DeBERTa --------------------------------------------------------------
 
@@ -58,7 +62,10 @@ int64_t deberta_row(int64_t x, int64_t position_buckets, int64_t max_relative_po
 // [1, 2^40], and with buckets (position_buckets > 0) position_buckets >= 2 and
 // a log ratio log((max_relative_positions - 1) / (position_buckets / 2)) > 0
 // in float32, the arithmetic deberta_bucket divides by.
-void check_deberta_config(int64_t position_buckets, int64_t max_relative_positions);
+// Messages start with the names given, as check_t5_config's.
+void check_deberta_config(int64_t position_buckets, int64_t max_relative_positions,
+                          const std::string& position_buckets_name = "relpos: deberta.position_buckets",
+                          const std::string& max_relative_positions_name = "relpos: deberta.max_relative_positions");
 
 // ---- ALiBi ----------------------------------------------------------------
 

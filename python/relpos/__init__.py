@@ -219,5 +219,6 @@ def _gpu_info() -> str:
     except ImportError:
         return f"relpos.gpu: Triton {triton.__version__}; torch is not installed"
     if not torch.cuda.is_available():
-        return f"relpos.gpu: Triton {triton.__version__}, no CUDA device (torch {torch.__version__}); CPU tensors run the C++ kernels"
+        return (f"relpos.gpu: Triton {triton.__version__}, no CUDA device (torch {torch.__version__}); "
+                "CPU tensors run the C++ kernels")
     return f"relpos.gpu: Triton {triton.__version__} on {torch.cuda.get_device_name()} (torch {torch.__version__})"

@@ -269,19 +269,18 @@ def backward_arrays(args: dict, out, lse, dout, scheme, add_into: dict, layout: 
     torch_call = is_torch(args["q"])
 
     if not isinstance(add_into, Mapping):
-        raise ValueError(f"relpos: add_into: expected a dict of gradient names to arrays, got {type(add_into).__name__}")
+        raise ValueError("relpos: add_into: expected a dict of gradient names to arrays, "
+                         f"got {type(add_into).__name__}")
     kind = "a tensor" if torch_call else "an array"
 
     def gradient(name, shape):
         if name not in add_into:
             return _new(args["q"], shape, zero=True)
         g = add_into[name]
-        if is_torch(g) != torch_call or not (torch_call or isinstance(g, np.ndarray)):
-            raise ValueError(f"relpos: add_into[{name!r}]: expected {kind} of shape {tuple(shape)}, "
-                             f"got {type(g).__name__}")
-        if tuple(g.shape) != tuple(shape):
-            raise ValueError(f"relpos: add_into[{name!r}]: expected {kind} of shape {tuple(shape)}, "
-                             f"got {type(g).__name__} of shape {tuple(g.shape)}")
+        right_kind = is_torch(g) == torch_call and (torch_call or isinstance(g, np.ndarray))
+        if not right_kind or tuple(g.shape) != tuple(shape):
+            got = type(g).__name__ + (f" of shape {tuple(g.shape)}" if right_kind else "")
+            raise ValueError(f"relpos: add_into[{name!r}]: expected {kind} of shape {tuple(shape)}, got {got}")
         if not torch_call and not g.flags.writeable:
             raise ValueError(f"relpos: add_into[{name!r}]: the array is read-only (gradients are added into it)")
         return g if is_torch(g) else _whole_items(g, f"add_into[{name!r}]")

@@ -190,6 +190,12 @@ void check_scores_stayed_finite(const AttentionForward<T>& p) {
 }
 }  // namespace
 
+namespace half_storage {
+void forward_chunk(const AttentionForward<float>& p) {
+  run(p, reference::forward<float>, fused::forward<float>, unfused::forward<float>);
+}
+}  // namespace half_storage
+
 template <class T>
 void attention_forward(const AttentionForward<T>& p) {
   const AsyncSignalsHeld signals;

@@ -197,7 +197,7 @@ void forward(const AttentionForward<S>& p, double budget) {
   for (int64_t b0 = 0; b0 < B; b0 += n) {
     const int64_t count = std::min(n, B - b0);
     const AttentionForward<float> f = chunk_call(p, wide.pos, b0, count, buffers);
-    attention_forward(f);
+    forward_chunk(f);
     narrow(f.out, rows(p.out, b0, count));
   }
 }

@@ -18,6 +18,11 @@ void forward(const AttentionForward<S>& p, double budget = kChunkBytes);
 template <class S>
 void backward(const AttentionBackward<S>& p, double budget = kChunkBytes);
 
+// The float32 forward of one chunk, by the algorithm the call chose
+// (dispatch.cpp); the half call around it validated the arguments and checks
+// the scores once, for every chunk.
+void forward_chunk(const AttentionForward<float>& p);
+
 // Bytes of the float32 copies one chunk of batch rows holds (forward and
 // backward), for the scratch estimate.
 template <class S>

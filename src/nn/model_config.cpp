@@ -1,5 +1,6 @@
 // ModelConfig: validation with errors that name the field, and the key=value
 // text form stored next to checkpoints.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -48,10 +49,28 @@ double parse_real(const std::string& key, const std::string& text) {
   return value;
 }
 
+// The model option that `key` names, or nullptr.
+const ModelOption* model_option(const std::string& key) {
+  const ModelOption* found = nullptr;
+  for_each_model_option([&](const ModelOption& o) {
+    if (key == o.key) found = &o;
+  });
+  return found;
+}
+
+std::string model_option_keys() {
+  std::string keys;
+  for_each_model_option([&](const ModelOption& o) { keys += (keys.empty() ? "" : ", ") + std::string(o.key); });
+  return keys;
+}
+
 // A scheme's option of c in its range (ModelOption).
 void check_option(const ModelConfig& c, const ModelOption& o) {
-  if (o.integer) return check_range(o.key, c.*o.integer, int64_t(o.low), int64_t(o.high));
-  const double value = c.*o.real;
+  const double value = o.value_in(c);
+  if (o.integer) {
+    if (value != std::floor(value) || !std::isfinite(value)) fail(o.key, "must be a whole number, got " + shortest(value));
+    return check_range(o.key, int64_t(std::clamp(value, -9e18, 9e18)), int64_t(o.low), int64_t(o.high));
+  }
   if (std::isfinite(value) && value > o.low && value <= o.high) return;
   const bool bounded = o.high < std::numeric_limits<double>::max();
   fail(o.key, "must be a finite number > " + shortest(o.low) + (bounded ? " and <= " + shortest(o.high) : "") +
@@ -103,6 +122,8 @@ void ModelConfig::validate() const {
   }
   if (position == "sinusoidal" && width % 2 != 0)
     fail("width", "sinusoidal embeddings need an even width, got " + std::to_string(width));
+  for (const auto& [key, value] : scheme_options)
+    if (!model_option(key)) fail("scheme_options", "no scheme has the option '" + key + "' (" + model_option_keys() + ")");
   // A relative scheme checks its own options (src/schemes/).
   AllSchemes::for_each([&](auto scheme) {
     using S = decltype(scheme);
@@ -118,7 +139,8 @@ std::string ModelConfig::to_text() const {
   out << "layers=" << layers << "\nwidth=" << width << "\nheads=" << heads << "\nffn=" << ffn
       << "\ncontext=" << context << "\nposition=" << position << "\n";
   for_each_model_option([&](const ModelOption& o) {  // every scheme's, whichever position is chosen
-    out << o.key << "=" << (o.integer ? std::to_string(this->*o.integer) : shortest(this->*o.real)) << "\n";
+    const double value = o.value_in(*this);
+    out << o.key << "=" << (o.integer ? std::to_string(int64_t(value)) : shortest(value)) << "\n";
   });
   out << "seed=" << seed << "\n";
   return out.str();
@@ -149,17 +171,10 @@ ModelConfig ModelConfig::from_text(const std::string& text) {
       }
     } else if (key == "seed") {
       c.seed = parse_integer<uint64_t>(key, value);
+    } else if (const ModelOption* o = model_option(key)) {
+      c.scheme_options[key] = o->integer ? double(parse_integer<int>(key, value)) : parse_real(key, value);
     } else {
-      bool known = false;
-      for_each_model_option([&](const ModelOption& o) {
-        if (key != o.key) return;
-        known = true;
-        if (o.integer)
-          c.*o.integer = parse_integer<int>(key, value);
-        else
-          c.*o.real = parse_real(key, value);
-      });
-      if (!known) throw std::invalid_argument("ModelConfig: unknown key '" + key + "'");
+      throw std::invalid_argument("ModelConfig: unknown key '" + key + "'");
     }
   }
   c.validate();

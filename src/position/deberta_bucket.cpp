@@ -20,17 +20,18 @@ float log_ratio(int64_t position_buckets, int64_t max_relative_positions) {
 
 }  // namespace
 
-void check_deberta_config(int64_t position_buckets, int64_t max_relative_positions) {
+void check_deberta_config(int64_t position_buckets, int64_t max_relative_positions,
+                          const std::string& position_buckets_name, const std::string& max_relative_positions_name) {
   if (max_relative_positions < 1 || max_relative_positions > kMaxPosition)
-    throw std::invalid_argument("relpos: deberta.max_relative_positions: must be in [1, 2^40], got " +
+    throw std::invalid_argument(max_relative_positions_name + ": must be in [1, 2^40], got " +
                                 std::to_string(max_relative_positions));
   if (position_buckets <= 0) return;
   if (position_buckets < 2 || position_buckets > kMaxPosition)
-    throw std::invalid_argument("relpos: deberta.position_buckets: must be <= 0 (no buckets) or in [2, 2^40], got " +
+    throw std::invalid_argument(position_buckets_name + ": must be <= 0 (no buckets) or in [2, 2^40], got " +
                                 std::to_string(position_buckets));
   // (max - 1) / mid must exceed 1 in float32 too (2^26 buckets reaching 2^25 + 2 rounds to 1).
   if (max_relative_positions - 1 <= position_buckets / 2 || !(log_ratio(position_buckets, max_relative_positions) > 0))
-    throw std::invalid_argument("relpos: deberta.max_relative_positions: with position_buckets " +
+    throw std::invalid_argument(max_relative_positions_name + ": with position_buckets " +
                                 std::to_string(position_buckets) + " must exceed " +
                                 std::to_string(position_buckets / 2 + 1) + " (the log ratio would be <= 0), got " +
                                 std::to_string(max_relative_positions));

@@ -7,13 +7,14 @@
 
 namespace relpos {
 
-void check_t5_config(bool bidirectional, int64_t num_buckets, int64_t max_distance) {
+void check_t5_config(bool bidirectional, int64_t num_buckets, int64_t max_distance, const std::string& num_buckets_name,
+                     const std::string& max_distance_name) {
   const int64_t max_exact = (bidirectional ? num_buckets / 2 : num_buckets) / 2;
   if (num_buckets < 2 || max_exact < 1 || num_buckets > kMaxPosition)
-    throw std::invalid_argument("relpos: t5.num_buckets: need >= 2 (causal) or >= 4 (bidirectional), got " +
+    throw std::invalid_argument(num_buckets_name + ": need >= 2 (causal) or >= 4 (bidirectional), got " +
                                 std::to_string(num_buckets));
   if (max_distance <= max_exact || max_distance > kMaxPosition)
-    throw std::invalid_argument("relpos: t5.max_distance: must exceed the exact range " + std::to_string(max_exact) +
+    throw std::invalid_argument(max_distance_name + ": must exceed the exact range " + std::to_string(max_exact) +
                                 " (and be <= 2^40), got " + std::to_string(max_distance));
 }
 

@@ -70,4 +70,7 @@ struct AlibiScheme {
 
 };
 
+template <>
+struct SchemeOf<Scheme::alibi> : std::type_identity<AlibiScheme> {};
+
 }  // namespace relpos

@@ -27,28 +27,30 @@ struct DebertaScheme {
     f("deberta_p2c", pos.deberta.p2c, g.deberta_p2c...);
   }
 
-  static constexpr std::array<ModelOption, 2> model_options = {
-      {{"deberta_buckets", &SchemeModelConfig::deberta_buckets, nullptr, 2, 1 << 20, "DeBERTa log position buckets"},
-       {"deberta_max_distance", &SchemeModelConfig::deberta_max_distance, nullptr, 2, 1 << 30,
-        "DeBERTa max_relative_positions (the log buckets' reach)"}}};
+  // DeBERTa-v3's proportions (max_relative_positions its training length,
+  // twice its buckets) at the demo's training length 32: every distance the
+  // model sees past it reads the table's trained edge rows.
+  static constexpr ModelOption kBuckets = {
+      .key = "deberta_buckets", .fallback = 16, .low = 2, .high = 1 << 20, .help = "DeBERTa log position buckets"};
+  static constexpr ModelOption kMaxDistance = {.key = "deberta_max_distance",
+                                               .fallback = 32,
+                                               .low = 2,
+                                               .high = 1 << 30,
+                                               .help = "DeBERTa max_relative_positions (the log buckets' reach)"};
+  static constexpr std::array<ModelOption, 2> model_options = {kBuckets, kMaxDistance};
 
   static void check_model(const SchemeModelConfig& c) {
-    try {
-      check_deberta_config(c.deberta_buckets, c.deberta_max_distance);
-    } catch (const std::invalid_argument& e) {
-      model_config_error(
-          std::string(e.what()).find("max_relative") != std::string::npos ? "deberta_max_distance" : "deberta_buckets",
-          e.what());
-    }
+    check_deberta_config(int64_t(kBuckets.value_in(c)), int64_t(kMaxDistance.value_in(c)),
+                         "ModelConfig.deberta_buckets", "ModelConfig.deberta_max_distance");
   }
 
   // The model: per layer, c2p and p2c tables shared by heads (learned as
   // tables, where DeBERTa projects one embedding table by W_K and W_Q).
   template <class T>
   static std::vector<ModelTensor> model(PositionParams<T>& p, const SchemeModelConfig& c) {
-    p.deberta.position_buckets = c.deberta_buckets;
-    p.deberta.max_relative_positions = c.deberta_max_distance;
-    const std::vector<int64_t> shape = {1, 2 * int64_t(c.deberta_buckets), c.width / c.heads};
+    p.deberta.position_buckets = int64_t(kBuckets.value_in(c));
+    p.deberta.max_relative_positions = int64_t(kMaxDistance.value_in(c));
+    const std::vector<int64_t> shape = {1, 2 * p.deberta.position_buckets, c.width / c.heads};
     return {{"deberta_c2p", shape}, {"deberta_p2c", shape}};
   }
 
@@ -99,5 +101,8 @@ struct DebertaScheme {
     }
   }
 };
+
+template <>
+struct SchemeOf<Scheme::deberta> : std::type_identity<DebertaScheme> {};
 
 }  // namespace relpos

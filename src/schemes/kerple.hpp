@@ -116,4 +116,7 @@ struct KerpleScheme : KerpleKernelScheme<KerpleLogKernel> {
   }
 };
 
+template <>
+struct SchemeOf<Scheme::kerple> : std::type_identity<KerpleScheme> {};
+
 }  // namespace relpos

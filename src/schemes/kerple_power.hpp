@@ -53,4 +53,7 @@ struct KerplePowerScheme : KerpleKernelScheme<KerplePowerKernel> {
   }
 };
 
+template <>
+struct SchemeOf<Scheme::kerple_power> : std::type_identity<KerplePowerScheme> {};
+
 }  // namespace relpos

@@ -14,4 +14,7 @@ struct NoPositionScheme : NoLearnableTensors {
   static void check(const AttentionForward<T>&) {}
 };
 
+template <>
+struct SchemeOf<Scheme::none> : std::type_identity<NoPositionScheme> {};
+
 }  // namespace relpos

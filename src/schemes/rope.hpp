@@ -19,8 +19,13 @@ struct RopeScheme : NoLearnableTensors {
   static constexpr const char* name = "rope";
   static constexpr AlgorithmSet algorithms = {Algorithm::reference, Algorithm::gather, Algorithm::fused};
 
-  static constexpr std::array<ModelOption, 1> model_options = {
-      {{"rope_base", nullptr, &SchemeModelConfig::rope_base, 1, std::numeric_limits<double>::max(), "RoPE frequency base"}}};
+  static constexpr ModelOption kBase = {.key = "rope_base",
+                                        .integer = false,
+                                        .fallback = 10000.0,
+                                        .low = 1,
+                                        .high = std::numeric_limits<double>::max(),
+                                        .help = "RoPE frequency base"};
+  static constexpr std::array<ModelOption, 1> model_options = {kBase};
 
   static void check_model(const SchemeModelConfig& c) {
     if ((c.width / c.heads) % 2 != 0)
@@ -30,7 +35,7 @@ struct RopeScheme : NoLearnableTensors {
   // The model: base rope_base, half-split, over the whole head dimension.
   template <class T>
   static std::vector<ModelTensor> model(PositionParams<T>& p, const SchemeModelConfig& c) {
-    p.rope.base = c.rope_base;
+    p.rope.base = kBase.value_in(c);
     return {};
   }
 
@@ -122,5 +127,8 @@ struct RopeScheme : NoLearnableTensors {
     Angles<T> q_, k_;
   };
 };
+
+template <>
+struct SchemeOf<Scheme::rope> : std::type_identity<RopeScheme> {};
 
 }  // namespace relpos

@@ -50,6 +50,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "relpos/attention.hpp"
@@ -57,6 +58,14 @@
 #include "relpos/scheme_model.hpp"
 
 namespace relpos {
+
+// The scheme type of an enum value: each scheme's file names its type by
+// specialising this (`template <> struct SchemeOf<Scheme::alibi> :
+// std::type_identity<AlibiScheme> {};`), and registry.hpp lists them.
+template <Scheme id>
+struct SchemeOf {
+  static_assert(id != id, "no header in src/schemes/ specialises SchemeOf for this Scheme value");
+};
 
 // A set of algorithms, one bit per Algorithm value.
 class AlgorithmSet {
@@ -107,19 +116,27 @@ struct ModelTensor {
   }
 };
 
-// One of a scheme's options in relpos's byte-level model: a SchemeModelConfig
-// member (an int or a double), its key in the model configuration's text form
-// (its command-line flag is the key with '-' for '_': "--shaw-k"), what it
-// means, and the range nn::ModelConfig::validate holds it to: an int in [low, high], a
-// double finite and in (low, high]. A scheme lists its options as
-// `static constexpr std::array<ModelOption, N> model_options` and may add
-// checks across fields as `static void check_model(const SchemeModelConfig&)`.
+// One of a scheme's options in relpos's byte-level model, declared once in
+// its scheme's file: its key in SchemeModelConfig::scheme_options and in the
+// model configuration's text form (its command-line flag is the key with '-'
+// for '_': "--shaw-k"), its default, what it means, and the range
+// nn::ModelConfig::validate holds it to: a whole number in [low, high], or a
+// real number finite and in (low, high]. A scheme lists its options as
+// `static constexpr std::array<ModelOption, N> model_options`, reads them with
+// `value_in`, and may add checks across options as
+// `static void check_model(const SchemeModelConfig&)`.
 struct ModelOption {
   const char* key;
-  int SchemeModelConfig::*integer = nullptr;  // exactly one of the two
-  double SchemeModelConfig::*real = nullptr;
+  bool integer = true;
+  double fallback = 0;  // the default
   double low = 0, high = 0;
   const char* help = "";
+
+  // The option's value in c: its entry in c.scheme_options, else the default.
+  double value_in(const SchemeModelConfig& c) const {
+    const auto it = c.scheme_options.find(key);
+    return it == c.scheme_options.end() ? fallback : it->second;
+  }
 };
 
 // ModelConfig's error for a field: "ModelConfig.<field>: <why>".

@@ -21,14 +21,15 @@ struct ShawScheme {
     f("shaw_wv", pos.shaw.wv, g.shaw_wv...);
   }
 
-  static constexpr std::array<ModelOption, 1> model_options = {
-      {{"shaw_k", &SchemeModelConfig::shaw_k, nullptr, 0, 1 << 20, "Shaw clipping distance k"}}};
+  static constexpr ModelOption kClip = {
+      .key = "shaw_k", .fallback = 16, .low = 0, .high = 1 << 20, .help = "Shaw clipping distance k"};
+  static constexpr std::array<ModelOption, 1> model_options = {kClip};
 
   // The model: per layer, K and V tables shared by heads, clipped at shaw_k.
   template <class T>
   static std::vector<ModelTensor> model(PositionParams<T>& p, const SchemeModelConfig& c) {
-    p.shaw.k = c.shaw_k;
-    const std::vector<int64_t> shape = {1, 2 * int64_t(c.shaw_k) + 1, c.width / c.heads};
+    p.shaw.k = int64_t(kClip.value_in(c));
+    const std::vector<int64_t> shape = {1, 2 * p.shaw.k + 1, c.width / c.heads};
     return {{"shaw_wk", shape}, {"shaw_wv", shape}};
   }
 
@@ -84,5 +85,8 @@ struct ShawScheme {
     }
   }
 };
+
+template <>
+struct SchemeOf<Scheme::shaw> : std::type_identity<ShawScheme> {};
 
 }  // namespace relpos

@@ -19,26 +19,23 @@ struct T5Scheme {
     f("t5_table", pos.t5.table, g.t5_table...);
   }
 
-  static constexpr std::array<ModelOption, 2> model_options = {
-      {{"t5_buckets", &SchemeModelConfig::t5_buckets, nullptr, 1, 1 << 16, "T5 relative-position buckets"},
-       {"t5_max_distance", &SchemeModelConfig::t5_max_distance, nullptr, 1, 1 << 30, "T5 distance of the last bucket"}}};
+  static constexpr ModelOption kBuckets = {
+      .key = "t5_buckets", .fallback = 32, .low = 1, .high = 1 << 16, .help = "T5 relative-position buckets"};
+  static constexpr ModelOption kMaxDistance = {
+      .key = "t5_max_distance", .fallback = 128, .low = 1, .high = 1 << 30, .help = "T5 distance of the last bucket"};
+  static constexpr std::array<ModelOption, 2> model_options = {kBuckets, kMaxDistance};
 
   static void check_model(const SchemeModelConfig& c) {
-    try {
-      check_t5_config(false, c.t5_buckets, c.t5_max_distance);
-    } catch (const std::invalid_argument& e) {
-      model_config_error(std::string(e.what()).find("max_distance") != std::string::npos ? "t5_max_distance"
-                                                                                         : "t5_buckets",
-                         e.what());
-    }
+    check_t5_config(false, int64_t(kBuckets.value_in(c)), int64_t(kMaxDistance.value_in(c)),
+                    "ModelConfig.t5_buckets", "ModelConfig.t5_max_distance");
   }
 
   // The model: one table for all layers (as T5), causal buckets.
   template <class T>
   static std::vector<ModelTensor> model(PositionParams<T>& p, const SchemeModelConfig& c) {
     p.t5.bidirectional = false;
-    p.t5.max_distance = c.t5_max_distance;
-    return {{"t5_table", {c.heads, c.t5_buckets}, true}};
+    p.t5.max_distance = int64_t(kMaxDistance.value_in(c));
+    return {{"t5_table", {c.heads, int64_t(kBuckets.value_in(c))}, true}};
   }
 
   // Its options other than tensors, each once, by the name the Python
@@ -80,5 +77,8 @@ struct T5Scheme {
   };
 
 };
+
+template <>
+struct SchemeOf<Scheme::t5> : std::type_identity<T5Scheme> {};
 
 }  // namespace relpos

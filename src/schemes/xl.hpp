@@ -187,4 +187,7 @@ struct XLScheme {
   }
 };
 
+template <>
+struct SchemeOf<Scheme::xl> : std::type_identity<XLScheme> {};
+
 }  // namespace relpos

@@ -103,7 +103,8 @@ def test_a_scheme_class_is_refused_with_the_call_to_make(torch_call):
     q = np.ones((1, 1, 2, 4), np.float32)
     call = rt.attention if torch_call else relpos.forward
     args = (torch.tensor(q),) * 3 if torch_call else (q, q, q)
-    with pytest.raises(ValueError, match=r"scheme: expected a scheme record, got the class ALiBi; make one: ALiBi\(\.\.\.\)"):
+    expected = r"scheme: expected a scheme record, got the class ALiBi; make one: ALiBi\(\.\.\.\)"
+    with pytest.raises(ValueError, match=expected):
         call(*args, relpos.ALiBi)
     with pytest.raises(ValueError, match=r"scheme: expected a relpos scheme \(Shaw, T5, \.\.\.\), got int"):
         call(*args, 3)

@@ -24,7 +24,8 @@ size, the tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32
 with the switch off; the float32
 features' product). The full product is 14,400 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
-specialisation) and CORNERS (among them float32 with TF32 off), ``--full`` for the product. Beside them RoPE's rotate_kernel (run before
+specialisation) and CORNERS (among them float32 with TF32 off), ``--full`` for the product.
+Beside them RoPE's rotate_kernel (run before
 the attention kernels, and on the gradients after them) per dtype x head x direction,
 with config.ROTATE.
 

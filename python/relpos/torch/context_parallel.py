@@ -340,8 +340,8 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
                 raise ValueError(f"relpos: {what}: dtype must match q ({stored}), got {x.dtype}")
         q, k, v = q.float(), k.float(), v.float()
         params = [p.float() for p in params]
-    out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, kv_pieces, flag(reduce_param_grads, "reduce_param_grads"), name,
-                                    ints, floats, *params)
+    reduce = flag(reduce_param_grads, "reduce_param_grads")
+    out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, kv_pieces, reduce, name, ints, floats, *params)
     out = out.to(stored)
     return (out, lse) if return_lse else out
 

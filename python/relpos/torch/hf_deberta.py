@@ -126,5 +126,6 @@ def patch_hf_deberta(model: nn.Module) -> nn.Module:
             module.forward = types.MethodType(_forward, module)
             patched += 1
     if not patched:
-        raise ValueError("relpos: patch_hf_deberta: the model has no DeBERTa-v2/v3 attention (DisentangledSelfAttention)")
+        raise ValueError("relpos: patch_hf_deberta: the model has no DeBERTa-v2/v3 attention "
+                         "(DisentangledSelfAttention)")
     return model

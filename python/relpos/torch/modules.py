@@ -141,11 +141,10 @@ class RelativeMultiheadAttention(nn.Module):
         # The options that size the module's tensors, checked before any is made (the
         # record's own checks see a call; a module that could never run is refused here).
         if scheme == "t5":  # the core's check of the bucket count against the distance, named as here
-            try:
-                relpos.t5_bucket(0, t5_bidirectional, integer(t5_num_buckets, "t5_num_buckets"), t5_max_distance)
-            except ValueError as e:
-                raise ValueError(str(e).replace("t5.num_buckets", "t5_num_buckets")
-                                 .replace("t5.max_distance", "t5_max_distance")) from None
+            relpos._relpos.check_t5_config(flag(t5_bidirectional, "t5_bidirectional"),
+                                           integer(t5_num_buckets, "t5_num_buckets"),
+                                           integer(t5_max_distance, "t5_max_distance"),
+                                           "relpos: t5_num_buckets", "relpos: t5_max_distance")
         if scheme == "rope" and ((rope_dims or head_dim) % 2 or (rope_dims or head_dim) > head_dim):
             raise ValueError(f"relpos: rope_dims: the rotated dimensions must be even and <= head_dim {head_dim}, "
                              f"got {rope_dims or head_dim}" + ("" if rope_dims else " (none given: the whole head)"))

@@ -11,15 +11,22 @@ using namespace relpos::nn;
 
 namespace {
 
-// Expects validate() to throw std::invalid_argument whose message names `field`.
-::testing::AssertionResult refused_naming(const ModelConfig& c, const std::string& field) {
+// validate()'s message, or "accepted".
+std::string message_of(const ModelConfig& c) {
   try {
     c.validate();
   } catch (const std::invalid_argument& e) {
-    if (std::string(e.what()).find(field) != std::string::npos) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "message '" << e.what() << "' does not name " << field;
+    return e.what();
   }
-  return ::testing::AssertionFailure() << "accepted a bad " << field;
+  return "accepted";
+}
+
+// Expects validate() to throw std::invalid_argument whose message names `field`.
+::testing::AssertionResult refused_naming(const ModelConfig& c, const std::string& field) {
+  const std::string message = message_of(c);
+  if (message == "accepted") return ::testing::AssertionFailure() << "accepted a bad " << field;
+  if (message.find(field) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "message '" << message << "' does not name " << field;
 }
 
 ModelConfig with(std::function<void(ModelConfig&)> change) {
@@ -30,7 +37,10 @@ ModelConfig with(std::function<void(ModelConfig&)> change) {
 
 }  // namespace
 
-TEST(NnConfig, DefaultsAreValid) { EXPECT_NO_THROW(ModelConfig{}.validate()); }
+TEST(NnConfig, DefaultsAreValid) {
+  const ModelConfig defaults;
+  EXPECT_NO_THROW(defaults.validate());
+}
 
 TEST(NnConfig, ErrorsNameTheField) {
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.layers = 0; }), "layers"));
@@ -39,11 +49,11 @@ TEST(NnConfig, ErrorsNameTheField) {
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.width = 130; }), "heads"));  // 130 % 4 != 0
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.ffn = -1; }), "ffn"));
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.context = 0; }), "context"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "shaw", c.shaw_k = -1; }), "shaw_k"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "t5", c.t5_buckets = 0; }), "t5_buckets"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "t5", c.t5_max_distance = 2; }),
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "shaw", c.scheme_options["shaw_k"] = -1; }), "shaw_k"));
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "t5", c.scheme_options["t5_buckets"] = 0; }), "t5_buckets"));
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "t5", c.scheme_options["t5_max_distance"] = 2; }),
                              "t5_max_distance"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "rope", c.rope_base = 0.5; }),
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "rope", c.scheme_options["rope_base"] = 0.5; }),
                              "rope_base"));
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "rope", c.width = 12, c.heads = 4; }),
                              "heads"));  // head dimension 3 cannot be rotated in pairs
@@ -52,10 +62,30 @@ TEST(NnConfig, ErrorsNameTheField) {
   EXPECT_THROW(Model(with([](ModelConfig& c) { c.ffn = 0; })), std::invalid_argument);
 }
 
+// The schemes' options: a key no scheme declares is refused by name whichever
+// scheme is trained, an integer option must be whole, and a key not given
+// takes the default its scheme declares (written out by to_text).
+TEST(NnConfig, SchemeOptionsByKey) {
+  const std::string unknown = message_of(with([](ModelConfig& c) { c.scheme_options["shaw_kk"] = 3; }));
+  EXPECT_NE(unknown.find("scheme_options"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("'shaw_kk'"), std::string::npos) << unknown;
+  EXPECT_NE(unknown.find("shaw_k,"), std::string::npos) << unknown;  // the known keys listed
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "shaw", c.scheme_options["shaw_k"] = 2.5; }),
+                             "shaw_k"));
+  const ModelConfig defaults;
+  const std::string text = defaults.to_text();
+  for (const char* line : {"shaw_k=16\n", "t5_buckets=32\n", "t5_max_distance=128\n", "rope_base=10000\n",
+                           "deberta_buckets=16\n", "deberta_max_distance=32\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
+  const ModelConfig back = ModelConfig::from_text(text);
+  EXPECT_EQ(back.scheme_options.at("shaw_k"), 16);
+  EXPECT_EQ(back.to_text(), text);
+}
+
 TEST(NnConfig, TextRoundTrips) {
   ModelConfig c;
   c.layers = 3, c.width = 96, c.heads = 6, c.ffn = 200, c.context = 48, c.position = "t5";
-  c.shaw_k = 5, c.t5_buckets = 16, c.t5_max_distance = 64, c.rope_base = 12345.678;
+  c.scheme_options = {{"shaw_k", 5}, {"t5_buckets", 16}, {"t5_max_distance", 64}, {"rope_base", 12345.678}};
   c.seed = 18446744073709551615ull;
   const ModelConfig back = ModelConfig::from_text(c.to_text());
   EXPECT_EQ(back.to_text(), c.to_text());
@@ -65,10 +95,10 @@ TEST(NnConfig, TextRoundTrips) {
   EXPECT_EQ(back.ffn, 200);
   EXPECT_EQ(back.context, 48);
   EXPECT_EQ(back.position, "t5");
-  EXPECT_EQ(back.shaw_k, 5);
-  EXPECT_EQ(back.t5_buckets, 16);
-  EXPECT_EQ(back.t5_max_distance, 64);
-  EXPECT_EQ(back.rope_base, 12345.678);
+  EXPECT_EQ(back.scheme_options.at("shaw_k"), 5);
+  EXPECT_EQ(back.scheme_options.at("t5_buckets"), 16);
+  EXPECT_EQ(back.scheme_options.at("t5_max_distance"), 64);
+  EXPECT_EQ(back.scheme_options.at("rope_base"), 12345.678);
   EXPECT_EQ(back.seed, 18446744073709551615ull);
 }
 

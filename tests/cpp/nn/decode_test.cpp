@@ -29,9 +29,9 @@ Model sharp_model(PositionKind kind, int layers) {
   c.ffn = 32;
   c.context = 8;  // shorter than the sequences: learned positions clamp to the last row
   c.position = kind;
-  c.shaw_k = 3;
-  c.t5_buckets = 8;
-  c.t5_max_distance = 16;
+  c.scheme_options["shaw_k"] = 3;
+  c.scheme_options["t5_buckets"] = 8;
+  c.scheme_options["t5_max_distance"] = 16;
   c.seed = 11;
   Model m(c);
   m.num_threads = 1;

@@ -26,9 +26,9 @@ ModelConfig config_of(PositionKind kind) {
   c.ffn = 24;
   c.context = 6;
   c.position = kind;
-  c.shaw_k = 3;
-  c.t5_buckets = 6;
-  c.t5_max_distance = 12;
+  c.scheme_options["shaw_k"] = 3;
+  c.scheme_options["t5_buckets"] = 6;
+  c.scheme_options["t5_max_distance"] = 12;
   c.seed = 11;
   return c;
 }

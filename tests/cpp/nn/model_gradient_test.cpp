@@ -22,11 +22,11 @@ ModelConfig tiny_config(PositionKind kind) {
   c.ffn = 12;
   c.context = 4;  // shorter than the sequence: learned positions beyond it use the last row
   c.position = kind;
-  c.shaw_k = 2;
-  c.t5_buckets = 6;
-  c.t5_max_distance = 8;
-  c.deberta_buckets = 4;  // log buckets past distance 2, a table of 8 rows most of which the sequence reaches
-  c.deberta_max_distance = 8;
+  c.scheme_options["shaw_k"] = 2;
+  c.scheme_options["t5_buckets"] = 6;
+  c.scheme_options["t5_max_distance"] = 8;
+  c.scheme_options["deberta_buckets"] = 4;  // log buckets past distance 2, a table of 8 rows most of which the sequence reaches
+  c.scheme_options["deberta_max_distance"] = 8;
   c.seed = 7;
   return c;
 }
