@@ -189,3 +189,29 @@ def test_the_module_names_what_memory_needs():
     with pytest.raises(ValueError, match=r"mems: one memory serves as keys and values, so key and value need one "
                                          r"width; got 5 and 3"):
         cross(torch.randn(2, 4, 8), torch.randn(2, 6, 5), torch.randn(2, 6, 3), mems=torch.randn(2, 2, 5))
+
+
+def test_a_new_records_options_are_module_keywords(monkeypatch):
+    """A scheme record added to relpos.schemes takes its options through the module by
+    their core names, with no argument added to its signature; other keywords are refused."""
+    @relpos.schemes.record
+    class Toy(relpos.schemes._Scheme):
+        width: int = relpos.schemes.option("toy_width", "int", 3, low=1)
+        name = "toy"
+
+        @classmethod
+        def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
+            return {"toy_table": torch.zeros(heads, options["toy_width"], dtype=dtype, device=device)}
+
+    monkeypatch.setitem(relpos.schemes.SCHEMES, "toy", Toy)
+    monkeypatch.setattr(rt.modules, "SCHEMES", (*rt.modules.SCHEMES, "toy"))
+    m = rt.RelativeMultiheadAttention(8, 2, "toy", toy_width=5)
+    assert m.scheme_options["toy_width"] == 5
+    with pytest.raises(ValueError, match=r"toy_width: must be >= 1, got 0"):
+        rt.RelativeMultiheadAttention(8, 2, "toy", toy_width=0)
+    for bad in ("toy_widht", "shaw_kk"):
+        with pytest.raises(ValueError, match=rf"no argument '{bad}' for scheme 'toy' \(its options: toy_width\)"):
+            rt.RelativeMultiheadAttention(8, 2, "toy", **{bad: 5})
+    expected = r"no argument 'shaw_kk' for scheme 'shaw' \(its options: shaw_k, shaw_beyond\)"
+    with pytest.raises(ValueError, match=expected):
+        rt.RelativeMultiheadAttention(8, 2, "shaw", shaw_kk=5)

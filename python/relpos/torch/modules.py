@@ -74,7 +74,9 @@ class RelativeMultiheadAttention(nn.Module):
              'c2p', 'p2c' or 'c2p|p2c'; ``deberta_position_buckets`` (span; <= 0: no buckets,
              span ``deberta_max_relative_positions``). ``scale`` defaults to DeBERTa's.
     Each scheme's record creates its tensors (``init_params`` in ``relpos/schemes.py``) and
-    checks its options; the module keeps the scheme's arguments in ``scheme_options``.
+    checks its options; the module keeps the scheme's arguments in ``scheme_options``. A
+    record's option that the signature does not name is taken as a keyword by its core
+    name (``<scheme>_<option>``); any other extra keyword is refused by name.
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class RelativeMultiheadAttention(nn.Module):
         algorithm: str = "auto",
         threads: Optional[int] = None,
         context_parallel=None,
+        **options,
     ):
         # The arguments by name: the scheme's record reads its own (shaw_k, xl_pos_dim, ...).
         arguments = dict(locals())
@@ -117,6 +120,13 @@ class RelativeMultiheadAttention(nn.Module):
         if scheme not in SCHEMES:
             raise ValueError(f"relpos: scheme: must be one of {', '.join(SCHEMES)}; got {scheme!r}")
         record = relpos.schemes.SCHEMES[scheme]
+        # Options the signature does not name (a scheme's record added later) by their core names.
+        cores = [o.core for o in record.option_table()]
+        for name in arguments.pop("options"):
+            if name not in cores or name in arguments:
+                raise ValueError(f"relpos: RelativeMultiheadAttention: no argument {name!r} for scheme {scheme!r} "
+                                 f"(its options: {', '.join(cores) or 'none'})")
+        arguments.update(options)
         for arg, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("head_dim", head_dim),
                            ("num_kv_heads", num_kv_heads), ("kdim", kdim), ("vdim", vdim), ("xl_pos_dim", xl_pos_dim)):
             if value is not None and integer(value, arg) < 1:
