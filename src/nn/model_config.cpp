@@ -68,8 +68,9 @@ std::string model_option_keys() {
 void check_option(const ModelConfig& c, const ModelOption& o) {
   const double value = o.value_in(c);
   if (o.integer) {
-    if (value != std::floor(value) || !std::isfinite(value)) fail(o.key, "must be a whole number, got " + shortest(value));
-    return check_range(o.key, int64_t(std::clamp(value, -9e18, 9e18)), int64_t(o.low), int64_t(o.high));
+    if (std::isfinite(value) && value == std::floor(value) && value >= o.low && value <= o.high) return;
+    fail(o.key,
+         "must be a whole number in [" + shortest(o.low) + ", " + shortest(o.high) + "], got " + shortest(value));
   }
   if (std::isfinite(value) && value > o.low && value <= o.high) return;
   const bool bounded = o.high < std::numeric_limits<double>::max();
@@ -122,14 +123,16 @@ void ModelConfig::validate() const {
   }
   if (position == "sinusoidal" && width % 2 != 0)
     fail("width", "sinusoidal embeddings need an even width, got " + std::to_string(width));
-  for (const auto& [key, value] : scheme_options)
-    if (!model_option(key)) fail("scheme_options", "no scheme has the option '" + key + "' (" + model_option_keys() + ")");
-  // A relative scheme checks its own options (src/schemes/).
+  // Every option given, whichever scheme is trained (to_text writes them all,
+  // and from_text must read them back), then the trained scheme's across options.
+  for (const auto& [key, value] : scheme_options) {
+    const ModelOption* option = model_option(key);
+    if (!option) fail("scheme_options", "no scheme has the option '" + key + "' (" + model_option_keys() + ")");
+    check_option(*this, *option);
+  }
   AllSchemes::for_each([&](auto scheme) {
     using S = decltype(scheme);
     if (position != S::name) return;
-    if constexpr (requires { S::model_options; })
-      for (const ModelOption& option : S::model_options) check_option(*this, option);
     if constexpr (requires { S::check_model(*this); }) S::check_model(*this);
   });
 }
@@ -172,7 +175,7 @@ ModelConfig ModelConfig::from_text(const std::string& text) {
     } else if (key == "seed") {
       c.seed = parse_integer<uint64_t>(key, value);
     } else if (const ModelOption* o = model_option(key)) {
-      c.scheme_options[key] = o->integer ? double(parse_integer<int>(key, value)) : parse_real(key, value);
+      c.scheme_options[key] = o->integer ? double(parse_integer<int64_t>(key, value)) : parse_real(key, value);
     } else {
       throw std::invalid_argument("ModelConfig: unknown key '" + key + "'");
     }

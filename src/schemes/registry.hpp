@@ -31,10 +31,17 @@ struct SchemeList {
   }
 };
 
+template <Scheme id>
+concept NamedScheme = requires { typename SchemeOf<id>::type; };
+
 template <std::size_t... Id>
-SchemeList<typename SchemeOf<Scheme(Id)>::type...> scheme_list(std::index_sequence<Id...>) {
+auto scheme_list(std::index_sequence<Id...>) {
+  static_assert((NamedScheme<Scheme(Id)> && ...),
+                "a Scheme value has no header in src/schemes/ naming its type (SchemeOf)");
+  static_assert(!NamedScheme<Scheme(kSchemeCount)>,
+                "kSchemeCount (include/relpos/attention.hpp) must be the last Scheme value plus one");
   static_assert(((SchemeOf<Scheme(Id)>::type::id == Scheme(Id)) && ...), "a SchemeOf names a type of another id");
-  return {};
+  return SchemeList<typename SchemeOf<Scheme(Id)>::type...>{};
 }
 using AllSchemes = decltype(scheme_list(std::make_index_sequence<kSchemeCount>{}));
 

@@ -209,6 +209,8 @@ def test_a_new_records_options_are_module_keywords(monkeypatch):
     assert m.scheme_options["toy_width"] == 5
     with pytest.raises(ValueError, match=r"toy_width: must be >= 1, got 0"):
         rt.RelativeMultiheadAttention(8, 2, "toy", toy_width=0)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'num_head'"):
+        rt.RelativeMultiheadAttention(8, 2, "toy", num_head=4)
     for bad in ("toy_widht", "shaw_kk"):
         with pytest.raises(ValueError, match=rf"no argument '{bad}' for scheme 'toy' \(its options: toy_width\)"):
             rt.RelativeMultiheadAttention(8, 2, "toy", **{bad: 5})

@@ -123,6 +123,8 @@ class RelativeMultiheadAttention(nn.Module):
         # Options the signature does not name (a scheme's record added later) by their core names.
         cores = [o.core for o in record.option_table()]
         for name in arguments.pop("options"):
+            if not any(name.startswith(f"{s}_") for s in SCHEMES):
+                raise TypeError(f"RelativeMultiheadAttention got an unexpected keyword argument {name!r}")
             if name not in cores or name in arguments:
                 raise ValueError(f"relpos: RelativeMultiheadAttention: no argument {name!r} for scheme {scheme!r} "
                                  f"(its options: {', '.join(cores) or 'none'})")
@@ -139,7 +141,8 @@ class RelativeMultiheadAttention(nn.Module):
         # The scheme's arguments (its options' defaults where the module takes none for one),
         # its options checked here under the module's names for them.
         defaults = {o.core: o.default for o in record.option_table() if o.default is not dataclasses.MISSING}
-        self.scheme_options = {**defaults, **{n: x for n, x in arguments.items() if n.startswith(f"{scheme}_")}}
+        given = {n: x for n, x in arguments.items() if n.startswith(f"{scheme}_") or n in cores}
+        self.scheme_options = {**defaults, **given}
         for o in record.option_table():
             o.check(self.scheme_options[o.core], o.core)
         if threads is not None:

@@ -2,6 +2,7 @@
 // and refuses unknown keys and bad values; position kind names.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -49,8 +50,10 @@ TEST(NnConfig, ErrorsNameTheField) {
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.width = 130; }), "heads"));  // 130 % 4 != 0
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.ffn = -1; }), "ffn"));
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.context = 0; }), "context"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "shaw", c.scheme_options["shaw_k"] = -1; }), "shaw_k"));
-  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "t5", c.scheme_options["t5_buckets"] = 0; }), "t5_buckets"));
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "shaw", c.scheme_options["shaw_k"] = -1; }),
+                             "shaw_k"));
+  EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "t5", c.scheme_options["t5_buckets"] = 0; }),
+                             "t5_buckets"));
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "t5", c.scheme_options["t5_max_distance"] = 2; }),
                              "t5_max_distance"));
   EXPECT_TRUE(refused_naming(with([](ModelConfig& c) { c.position = "rope", c.scheme_options["rope_base"] = 0.5; }),
@@ -79,6 +82,12 @@ TEST(NnConfig, SchemeOptionsByKey) {
     EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
   const ModelConfig back = ModelConfig::from_text(text);
   EXPECT_EQ(back.scheme_options.at("shaw_k"), 16);
+  // Every option given is checked, the trained scheme's or not: to_text writes
+  // them all, and what validate accepts must read back.
+  for (double bad : {3e9, 2.5, -1.0, std::nan("")})
+    EXPECT_TRUE(refused_naming(with([&](ModelConfig& c) { c.position = "alibi", c.scheme_options["shaw_k"] = bad; }),
+                               "shaw_k"))
+        << bad;
   EXPECT_EQ(back.to_text(), text);
 }
 

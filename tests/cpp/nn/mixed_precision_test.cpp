@@ -33,7 +33,7 @@ namespace {
 ModelConfig small_config(PositionKind kind) {
   ModelConfig c;
   c.layers = 2, c.width = 16, c.heads = 2, c.ffn = 32, c.context = 12, c.position = kind;
-  c.scheme_options["shaw_k"] = 3, c.scheme_options["t5_buckets"] = 6, c.scheme_options["t5_max_distance"] = 16, c.seed = 4;
+  c.scheme_options = {{"shaw_k", 3}, {"t5_buckets", 6}, {"t5_max_distance", 16}}, c.seed = 4;
   return c;
 }
 

@@ -25,7 +25,8 @@ ModelConfig tiny_config(PositionKind kind) {
   c.scheme_options["shaw_k"] = 2;
   c.scheme_options["t5_buckets"] = 6;
   c.scheme_options["t5_max_distance"] = 8;
-  c.scheme_options["deberta_buckets"] = 4;  // log buckets past distance 2, a table of 8 rows most of which the sequence reaches
+  // Log buckets past distance 2, a table of 8 rows most of which the sequence reaches.
+  c.scheme_options["deberta_buckets"] = 4;
   c.scheme_options["deberta_max_distance"] = 8;
   c.seed = 7;
   return c;

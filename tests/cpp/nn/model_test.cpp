@@ -17,7 +17,7 @@ namespace {
 ModelConfig small_config(PositionKind kind) {
   ModelConfig c;
   c.layers = 2, c.width = 32, c.heads = 4, c.ffn = 64, c.context = 16, c.position = kind;
-  c.scheme_options["shaw_k"] = 4, c.scheme_options["t5_buckets"] = 8, c.scheme_options["t5_max_distance"] = 32, c.seed = 3;
+  c.scheme_options = {{"shaw_k", 4}, {"t5_buckets", 8}, {"t5_max_distance", 32}}, c.seed = 3;
   return c;
 }
 

@@ -21,7 +21,8 @@ using relpos_train_test::write_bytes;
 
 ModelConfig tiny_model(PositionKind position) {
   ModelConfig m;
-  m.layers = 1, m.width = 16, m.heads = 2, m.ffn = 32, m.context = 8, m.position = position, m.scheme_options["shaw_k"] = 4;
+  m.layers = 1, m.width = 16, m.heads = 2, m.ffn = 32, m.context = 8, m.position = position;
+  m.scheme_options["shaw_k"] = 4;
   m.scheme_options["t5_buckets"] = 8, m.scheme_options["t5_max_distance"] = 16;
   return m;
 }

@@ -15,7 +15,8 @@ using relpos::nn::PositionKind;
 
 ModelConfig tiny_model(PositionKind position) {
   ModelConfig m;
-  m.layers = 2, m.width = 16, m.heads = 2, m.ffn = 32, m.context = 8, m.position = position, m.scheme_options["shaw_k"] = 4;
+  m.layers = 2, m.width = 16, m.heads = 2, m.ffn = 32, m.context = 8, m.position = position;
+  m.scheme_options["shaw_k"] = 4;
   return m;
 }
 
