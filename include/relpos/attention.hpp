@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,15 @@ struct AttentionBackward : AttentionForward<T> {
   // kernel skips their products.
   int64_t key_grads_from = 0;
   PositionGrads<T> dpos;
+};
+
+// What attention_forward throws when every input is finite but a row's
+// scores overflowed the compute type (NaN or zero rows otherwise): an
+// std::invalid_argument, of its own type so that a caller can say why (a
+// trainer: its run diverged).
+class ScoresOverflow : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
 };
 
 // Validate, then run the selected algorithm. Throw std::invalid_argument

@@ -183,7 +183,7 @@ void check_scores_stayed_finite(const AttentionForward<T>& p) {
   for_each_scheme_param(p.pos, [&](const char*, const auto& x) { finite = finite && all_finite(x); });
   if (!finite) return;
   const bool wider = !std::is_same_v<C, double>;
-  throw std::invalid_argument(std::string("relpos: q, k: the attention scores overflow ") + checks::precision_name<C>() +
+  throw ScoresOverflow(std::string("relpos: q, k: the attention scores overflow ") + checks::precision_name<C>() +
                               " (a logit q.k, scaled or not, with the scheme's terms, past " +
                               (wider ? "3.4e38" : "1.8e308") + ") for finite inputs: scale q and k down" +
                               (wider ? ", or compute in float64" : ""));

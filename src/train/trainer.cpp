@@ -143,9 +143,14 @@ float Trainer::step() {
   // The streams begin again: memory of their ends must not leak into their starts.
   if (uses_memory() && restarted) memory_ = model_.make_cache(int(config_.batch), memory_capacity());
   model_.zero_gradients();
-  const float loss = model_.forward_backward(tokens_, int(config_.batch), length(), uses_memory() ? &memory_ : nullptr);
-  if (!std::isfinite(loss))
-    throw std::runtime_error("the loss is not finite at step " + std::to_string(step_ + 1) + " (try a lower --lr)");
+  const std::string at_step = " at step " + std::to_string(step_ + 1) + " (try a lower --lr)";
+  float loss = 0;
+  try {
+    loss = model_.forward_backward(tokens_, int(config_.batch), length(), uses_memory() ? &memory_ : nullptr);
+  } catch (const ScoresOverflow& e) {  // a diverging run's activations, before its loss is computed
+    throw std::runtime_error("the run diverged" + at_step + ": " + e.what());
+  }
+  if (!std::isfinite(loss)) throw std::runtime_error("the loss is not finite" + at_step);
   last_grad_norm_ = gradient_norm(model_.gradients(), model_.num_threads);
   optimizer_.step(model_.parameters(), model_.gradients(), last_lr_, clip_factor(last_grad_norm_, config_.clip));
   ++step_;

@@ -407,7 +407,7 @@ TEST(ScoresOverflow, FiniteInputsPastFloat32AreRefusedNaNInputsPropagate) {
       try {
         relpos::attention_forward(a);
         ADD_FAILURE() << relpos::to_string(algorithm) << " returned lse " << lse[0] << " for sign " << sign;
-      } catch (const std::invalid_argument& e) {
+      } catch (const relpos::ScoresOverflow& e) {  // an std::invalid_argument of its own type
         EXPECT_EQ(std::string(e.what()).rfind("relpos: q, k: the attention scores overflow float32", 0), 0u)
             << e.what();
       }
