@@ -153,35 +153,56 @@ bool all_finite(const View<const T, N>& v) {
 // forward refuses the call by name, as a scheme's parameters whose bias
 // overflows are refused before it. -inf is right for a row with no visible key
 // (every key padded, or all in its future). A NaN or infinite input propagates
-// to the rows it reaches instead, as in PyTorch. Which logit overflows first
-// depends on where an algorithm applies the scale: near the limit one may
-// refuse what another computes.
+// to the rows it reaches instead, as in PyTorch: the inputs read are the row's
+// own (its query, its key head's keys and values that are not padded, the
+// scheme's parameters), so a NaN elsewhere in the call hides no overflow. Which
+// logit overflows first depends on where an algorithm applies the scale: near
+// the limit one may refuse what another computes.
 template <class T>
 void check_scores_stayed_finite(const AttentionForward<T>& p) {
   using C = compute_t<T>;
   const View3<C>& lse = p.lse;
   const int64_t B = lse.shape[0], H = lse.shape[1], Lq = lse.shape[2], Lk = p.k.shape[2];
+  const int64_t Hkv = p.k.shape[1], d = p.q.shape[3], dv = p.v.shape[3];
+  const auto padded = [&](int64_t b, int64_t j) { return !p.key_padding.empty() && p.key_padding(b, j) != 0; };
   // Per batch entry the first key not padded (Lk: none): row i sees a key iff it
   // is there and, under a causal mask, at r <= 0.
   std::vector<int64_t> first_seen(B, 0);
-  if (!p.key_padding.empty())
-    for (int64_t b = 0; b < B; ++b)
-      while (first_seen[b] < Lk && p.key_padding(b, first_seen[b]) != 0) ++first_seen[b];
+  for (int64_t b = 0; b < B; ++b)
+    while (first_seen[b] < Lk && padded(b, first_seen[b])) ++first_seen[b];
   const auto sees_a_key = [&](int64_t b, int64_t i) {
     return first_seen[b] < Lk && (!p.causal || p.k_offset + first_seen[b] <= p.q_offset + i);
+  };
+  // Whether the inputs a row reads are finite; a key head's keys and values,
+  // and the parameters, read once.
+  std::vector<int8_t> keys_finite(B * Hkv, -1);  // -1: not read yet
+  int8_t params_finite = -1;
+  const auto row_inputs_finite = [&](int64_t b, int64_t h, int64_t i) {
+    const auto row = [](const auto& x, int64_t b, int64_t h, int64_t i, int64_t n) {
+      return View<const T, 1>{&x(b, h, i, 0), {n}, {x.stride[3]}};
+    };
+    if (!all_finite(row(p.q, b, h, i, d))) return false;
+    const int64_t g = h / (H / Hkv);  // the key head
+    int8_t& kv = keys_finite[b * Hkv + g];
+    for (int64_t j = 0; kv < 0 && j < Lk; ++j)
+      if (!padded(b, j) && !(all_finite(row(p.k, b, g, j, d)) && all_finite(row(p.v, b, g, j, dv)))) kv = 0;
+    if (kv < 0) kv = 1;
+    if (params_finite < 0) {
+      params_finite = 1;
+      for_each_scheme_param(p.pos, [&](const char*, const auto& x) { params_finite &= int8_t(all_finite(x)); });
+    }
+    return kv == 1 && params_finite == 1;
   };
   bool overflowed = false;
   for (int64_t b = 0; b < B && !overflowed; ++b)
     for (int64_t h = 0; h < H && !overflowed; ++h)
       for (int64_t i = 0; i < Lq && !overflowed; ++i) {
         const C x = lse(b, h, i);
-        overflowed = std::isnan(x) || x == std::numeric_limits<C>::infinity() ||
-                     (x == -std::numeric_limits<C>::infinity() && sees_a_key(b, i));
+        overflowed = (std::isnan(x) || x == std::numeric_limits<C>::infinity() ||
+                      (x == -std::numeric_limits<C>::infinity() && sees_a_key(b, i))) &&
+                     row_inputs_finite(b, h, i);
       }
   if (!overflowed) return;
-  bool finite = all_finite(p.q) && all_finite(p.k) && all_finite(p.v);
-  for_each_scheme_param(p.pos, [&](const char*, const auto& x) { finite = finite && all_finite(x); });
-  if (!finite) return;
   const bool wider = !std::is_same_v<C, double>;
   throw ScoresOverflow(std::string("relpos: q, k: the attention scores overflow ") + checks::precision_name<C>() +
                               " (a logit q.k, scaled or not, with the scheme's terms, past " +

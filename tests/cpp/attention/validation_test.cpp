@@ -431,5 +431,31 @@ TEST(ScoresOverflow, FiniteInputsPastFloat32AreRefusedNaNInputsPropagate) {
   for (int c = 0; c < 4; ++c) EXPECT_EQ(out64[c], v64[c]) << c;  // the first key's score leads by 8e38
 }
 
+// The inputs read are the overflowing row's own: a NaN in another batch
+// entry's query, or in a padded key, hides no overflow; a NaN row beside
+// finite ones is computed.
+TEST(ScoresOverflow, ANaNElsewhereInTheCallHidesNoOverflow) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // Two batch entries of one query against three keys of width 4; entry 0's
+  // third key padded. Entry 0's scores +-4e38, entry 1's small.
+  std::vector<float> q(8, 1e19f), k(24, 1.0f), v(24, 0.5f), out(8), lse(2);
+  for (int i = 0; i < 12; ++i) k[i] = i < 7 ? 1e19f : -1e19f;
+  for (int c = 4; c < 8; ++c) q[c] = 0.25f;
+  uint8_t padding[6] = {0, 0, 1, 0, 0, 0};
+  relpos::AttentionForward<float> a;
+  a.q = relpos::View4<const float>::contiguous(q.data(), {2, 1, 1, 4});
+  a.k = relpos::View4<const float>::contiguous(k.data(), {2, 1, 3, 4});
+  a.v = relpos::View4<const float>::contiguous(v.data(), {2, 1, 3, 4});
+  a.out = relpos::View4<float>::contiguous(out.data(), {2, 1, 1, 4});
+  a.lse = relpos::View3<float>::contiguous(lse.data(), {2, 1, 1});
+  a.key_padding = relpos::View2<const uint8_t>::contiguous(padding, {2, 3});
+  q[5] = nan;        // entry 1's query
+  k[8 + 1] = nan;    // entry 0's padded key
+  EXPECT_THROW(relpos::attention_forward(a), relpos::ScoresOverflow);
+  for (int c = 0; c < 4; ++c) q[c] = 0.25f;  // entry 0 small: entry 1's NaN row is computed
+  EXPECT_NO_THROW(relpos::attention_forward(a));
+  EXPECT_TRUE(std::isfinite(lse[0]) && std::isnan(lse[1]));
+}
+
 }  // namespace
 }  // namespace relpos_test
