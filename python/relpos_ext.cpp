@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <typeinfo>
@@ -103,30 +104,21 @@ X option(const nb::dict& a, const char* key, X fallback) {
   }
 }
 
-// An enum option, by the names Python passes for its values (in the enum's order).
-template <class E, std::size_t N>
-void read_named(const nb::dict& a, const char* key, E& member, const std::array<const char*, N>& names) {
-  const std::string given = option<std::string>(a, key, names[static_cast<std::size_t>(member)]);
-  std::string allowed;
-  for (std::size_t n = 0; n < N; ++n) {
-    if (given == names[n]) return void(member = static_cast<E>(n));
-    allowed += std::string(n == 0 ? "" : n + 1 == N ? " or " : ", ") + "'" + names[n] + "'";
-  }
-  fail(std::string(key) + ": must be " + allowed + ", got '" + given + "'");
-}
-
-// The options named by words: Shaw's beyond, RoPE's style.
-void read_option(const nb::dict& a, const char* key, Beyond& member) {
-  read_named(a, key, member, std::array{"clip", "zero"});
-}
-
-void read_option(const nb::dict& a, const char* key, RopeStyle& member) {
-  read_named(a, key, member, std::array{"half_split", "interleaved"});
-}
-
+// An option by its name (SchemeOption); an enum's by the names of its values.
 template <class X>
-void read_option(const nb::dict& a, const char* key, X& member) {
-  member = option<X>(a, key, member);
+void read_option(const nb::dict& a, const SchemeOption& o, X& member) {
+  if constexpr (std::is_enum_v<X>) {
+    const std::string given = option<std::string>(a, o.name, o.choices[static_cast<std::size_t>(member)]);
+    std::string allowed;
+    for (std::size_t n = 0; n < o.choices.size() && o.choices[n]; ++n) {
+      if (given == o.choices[n]) return void(member = static_cast<X>(n));
+      const bool last = n + 1 == o.choices.size() || !o.choices[n + 1];
+      allowed += std::string(n == 0 ? "" : last ? " or " : ", ") + "'" + o.choices[n] + "'";
+    }
+    fail(std::string(o.name) + ": must be " + allowed + ", got '" + given + "'");
+  } else {
+    member = option<X>(a, o.name, member);
+  }
 }
 
 template <class T>
@@ -156,7 +148,7 @@ void fill_forward(const nb::dict& a, AttentionForward<T>& p) {
   for_each_scheme_param(pos, [&](const char* name, auto& param) {
     param = input<T, std::tuple_size_v<decltype(param.shape)>>(a, name);
   });
-  for_each_scheme_option([&](const char* name, auto& member) { read_option(a, name, member); }, pos);
+  for_each_scheme_option([&](const SchemeOption& o, auto& member) { read_option(a, o, member); }, pos);
 }
 
 template <class T>
@@ -215,6 +207,53 @@ struct Backward {
   void operator()(const nb::dict& a) const { run_backward<T>(a); }
 };
 
+// Every scheme's options as the Python records read them (relpos/schemes.py,
+// through scheme_options.json): by scheme, in declaration order, each with its
+// kind, its default (a default PositionParams' member), range and choices.
+nb::dict scheme_options() {
+  nb::dict by_scheme;
+  PositionParams<double> defaults;
+  AllSchemes::for_each([&](auto scheme) {
+    using S = decltype(scheme);
+    nb::list options;
+    if constexpr (HasOptions<S>)
+      S::for_each_option(
+          [&](const SchemeOption& o, const auto& member) {
+            using X = std::decay_t<decltype(member)>;
+            nb::dict d;
+            d["name"] = o.name;
+            nb::list choices;
+            for (const char* c : o.choices)
+              if (c) choices.append(c);
+            if constexpr (std::is_enum_v<X>) {
+              d["kind"] = "choice";
+              d["default"] = o.choices[static_cast<std::size_t>(member)];
+            } else if constexpr (std::is_same_v<X, bool>) {
+              d["kind"] = "bool";
+              d["default"] = member;
+            } else {
+              d["kind"] = std::is_floating_point_v<X> ? "float" : "int";
+              if (o.zero_is_none && member == 0)
+                d["default"] = nb::none();
+              else
+                d["default"] = member;
+            }
+            d["choices"] = choices;
+            const auto bound = [](double x) { return std::isinf(x) ? nb::object(nb::none()) : nb::float_(x); };
+            d["low"] = bound(o.low);
+            d["high"] = bound(o.high);
+            d["low_open"] = o.low_open;
+            d["even"] = o.even;
+            d["core_none"] = o.zero_is_none ? nb::object(nb::int_(0)) : nb::object(nb::none());
+            d["note"] = o.note;
+            options.append(d);
+          },
+          defaults);
+    by_scheme[S::name] = options;
+  });
+  return by_scheme;
+}
+
 }  // namespace
 
 NB_MODULE(_relpos, m) {
@@ -231,6 +270,8 @@ NB_MODULE(_relpos, m) {
       },
       nb::arg("r"), nb::arg("bidirectional"), nb::arg("num_buckets"), nb::arg("max_distance"),
       "HF T5 bucket of relative distance r = key_pos - query_pos.");
+  m.def("scheme_options", &scheme_options,
+        "Every scheme's options (name, kind, default, range, choices), as src/schemes/ declares them.");
   m.def("check_t5_config", &check_t5_config, nb::arg("bidirectional"), nb::arg("num_buckets"),
         nb::arg("max_distance"), nb::arg("num_buckets_name"), nb::arg("max_distance_name"),
         "Raise ValueError unless the configuration defines buckets, the messages starting with the names given.");

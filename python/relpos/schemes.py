@@ -1,9 +1,10 @@
 """Position schemes: small records holding each scheme's options and parameters.
 
-A record (a dataclass made by ``@record``) declares each of its options once, on its
-field: ``option(core name, kind, default, range)`` gives the name the C++ core reads
-(``shaw_k``), the kind (``"int"``, ``"float"``, ``"bool"``, or ``"choice"`` with its
-allowed strings), the valid range where one exists and the default. ``_Scheme`` derives everything
+A record (a dataclass made by ``@record``) names each of its options on its field:
+``option(core name)`` (``shaw_k``) takes the option as its C++ scheme declares it once
+(``for_each_option`` in src/schemes/, through ``scheme_options.json``): its kind
+(``"int"``, ``"float"``, ``"bool"``, or ``"choice"`` with its allowed strings), its
+default and its valid range where one exists. ``_Scheme`` derives everything
 else from that table (``option_table()``): the checked dict the core reads
 (``_args``, errors naming ``<scheme>.<field>``), and the packing of the options into
 the int and float lists of the registered torch ops (``_op_options`` /
@@ -18,8 +19,10 @@ the module stay scheme-agnostic: a new scheme is one class here, listed in
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 import numpy as np
@@ -27,7 +30,6 @@ import numpy as np
 
 __all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL", "KERPLE", "KERPLEPower", "DeBERTa"]
 
-MAX_POSITION = 2**40  # the core's bound on positions and distances (kMaxPosition)
 KERPLE_MIN = 0.01  # the floor at which RelativeMultiheadAttention keeps KERPLE's r1 and r2
 
 
@@ -122,9 +124,28 @@ class Option:
         return " and ".join(parts)
 
 
-def option(core: str, kind: str, default: Any = dataclasses.MISSING, **limits: Any) -> Any:
-    """A record field that is an option of the core (``Option``'s fields as keywords)."""
-    return dataclasses.field(default=default, metadata={"relpos": Option(core, kind, default, **limits)})
+def _declared_options() -> dict[str, dict[str, Any]]:
+    """Every scheme's options by core name as the C++ schemes declare them (each
+    scheme's ``for_each_option`` in src/schemes/), read from ``scheme_options.json``:
+    ``relpos._relpos.scheme_options()`` written out by ``scripts/scheme_options.py``
+    (a test checks that the two agree), so that this module and ``relpos.gpu`` also run
+    without the compiled extension."""
+    table = json.loads(Path(__file__).with_name("scheme_options.json").read_text())
+    return {o["name"]: o for options in table.values() for o in options}
+
+
+_DECLARED = _declared_options()
+
+
+def option(core: str, *, required: bool = False) -> Any:
+    """A record field that is the core's option ``core``, of the kind, default and range
+    its C++ scheme declares; ``required``: the record takes no default (Shaw's k)."""
+    s = _DECLARED[core]
+    whole = int if s["kind"] == "int" else float
+    low, high = (None if x is None else whole(x) for x in (s["low"], s["high"]))
+    o = Option(core, s["kind"], dataclasses.MISSING if required else s["default"], tuple(s["choices"]), low, high,
+               s["low_open"], s["even"], s["core_none"], s["note"])
+    return dataclasses.field(default=o.default, metadata={"relpos": o})
 
 
 def alibi_slopes(heads: int) -> list[float]:
@@ -275,10 +296,10 @@ class Shaw(_Scheme):
     Transformer in tensor2tensor) instead of the edge row.
     """
 
-    k: int = option("shaw_k", "int", low=0, high=MAX_POSITION)
+    k: int = option("shaw_k", required=True)
     wk: Optional[np.ndarray] = None
     wv: Optional[np.ndarray] = None
-    beyond: str = option("shaw_beyond", "choice", "clip", choices=("clip", "zero"))
+    beyond: str = option("shaw_beyond")
     name = "shaw"
     _tensors = ("wk", "wv")
 
@@ -313,9 +334,9 @@ class T5(_Scheme):
     """
 
     table: np.ndarray
-    bidirectional: bool = option("t5_bidirectional", "bool", True)
+    bidirectional: bool = option("t5_bidirectional")
     # Its lower bound depends on the table's bucket count: the core checks it.
-    max_distance: int = option("t5_max_distance", "int", 128, high=MAX_POSITION)
+    max_distance: int = option("t5_max_distance")
     name = "t5"
     _tensors = ("table",)
 
@@ -353,11 +374,10 @@ class RoPE(_Scheme):
     ``"half_split"`` (GPT-NeoX, Llama) or ``"interleaved"`` (GPT-J).
     """
 
-    base: float = option("rope_base", "float", 10000.0, low=1, low_open=True)
+    base: float = option("rope_base")
     # The core reads 0 as "all of d"; here that is None, and 0 a mistake. d bounds it too (the core checks).
-    dims: Optional[int] = option("rope_dims", "int", None, low=2, even=True, core_none=0,
-                                 note="None rotates all of d")
-    style: str = option("rope_style", "choice", "half_split", choices=("half_split", "interleaved"))
+    dims: Optional[int] = option("rope_dims")
+    style: str = option("rope_style")
     name = "rope"
 
 
@@ -374,7 +394,7 @@ class TransformerXL(_Scheme):
     u: np.ndarray
     v: np.ndarray
     w_r: np.ndarray
-    clamp_len: int = option("xl_clamp_len", "int", 0, low=0, high=MAX_POSITION, note="0 = unclamped")
+    clamp_len: int = option("xl_clamp_len")
     name = "xl"
     _tensors = ("u", "v", "w_r")
 
@@ -454,8 +474,8 @@ class DeBERTa(_Scheme):
     p2c: Optional[np.ndarray] = None
     # Their joint bounds (buckets >= 2 or <= 0, max_relative_positions past buckets / 2 + 1):
     # check_joint_options, and the core at each call.
-    position_buckets: int = option("deberta_position_buckets", "int", 256, high=MAX_POSITION)
-    max_relative_positions: int = option("deberta_max_relative_positions", "int", 512, low=1, high=MAX_POSITION)
+    position_buckets: int = option("deberta_position_buckets")
+    max_relative_positions: int = option("deberta_max_relative_positions")
     name = "deberta"
     _tensors = ("c2p", "p2c")
 

@@ -148,6 +148,7 @@ void check_optional_grad(const char* name, const View<T, N>& g, const std::array
 
 template <class T>
 void check_position(const AttentionForward<T>& p) {
+  check_scheme_options(p);
   AllSchemes::visit(p.pos.scheme, [&](auto scheme) { decltype(scheme)::check(p); });
 }
 

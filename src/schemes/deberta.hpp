@@ -54,10 +54,17 @@ struct DebertaScheme {
     return {{"deberta_c2p", shape}, {"deberta_p2c", shape}};
   }
 
+  // Its options other than tensors, each once: f(its SchemeOption, the member of each of pos...).
   template <class F, class... Params>
   static void for_each_option(F&& f, Params&... pos) {
-    f("deberta_position_buckets", pos.deberta.position_buckets...);
-    f("deberta_max_relative_positions", pos.deberta.max_relative_positions...);
+    // <= 0: no buckets; otherwise >= 2 and below max_relative_positions' reach (check_deberta_config).
+    f(SchemeOption{.name = "deberta_position_buckets", .member = "deberta.position_buckets", .high = kMaxPosition},
+      pos.deberta.position_buckets...);
+    f(SchemeOption{.name = "deberta_max_relative_positions",
+                   .member = "deberta.max_relative_positions",
+                   .low = 1,
+                   .high = kMaxPosition},
+      pos.deberta.max_relative_positions...);
   }
 
   // A table of DeBERTa's read at c(-r): c2p by the query, p2c by the key.

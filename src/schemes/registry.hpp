@@ -157,10 +157,12 @@ EmbeddingSizes embedding_sizes(const AttentionForward<T>& p) {
   return sizes;
 }
 
-// Calls f(name, members...) for every scheme's options that are not tensors,
-// the member of each of pos... (for_each_option of the schemes that have some).
+// Calls f(option, members...) for every scheme's options that are not
+// tensors (a SchemeOption), the member of each of pos... (for_each_option of
+// the schemes that have some).
 template <class S>
-concept HasOptions = requires(PositionParams<float>& p) { S::for_each_option([](const char*, auto&) {}, p); };
+concept HasOptions =
+    requires(PositionParams<float>& p) { S::for_each_option([](const SchemeOption&, auto&) {}, p); };
 
 template <class F, class... Params>
 void for_each_scheme_option(F&& f, Params&... pos) {
@@ -176,7 +178,17 @@ void for_each_scheme_option(F&& f, Params&... pos) {
 template <class A, class B>
 void copy_scheme_options(const PositionParams<A>& from, PositionParams<B>& to) {
   to.scheme = from.scheme;
-  for_each_scheme_option([](const char*, const auto& source, auto& target) { target = source; }, from, to);
+  for_each_scheme_option([](const SchemeOption&, const auto& source, auto& target) { target = source; }, from, to);
+}
+
+// Checks every option of the call's scheme against its SchemeOption.
+template <class T>
+void check_scheme_options(const AttentionForward<T>& p) {
+  AllSchemes::visit(p.pos.scheme, [&](auto scheme) {
+    using S = decltype(scheme);
+    if constexpr (HasOptions<S>)
+      S::for_each_option([](const SchemeOption& o, const auto& value) { checks::check_option(o, value); }, p.pos);
+  });
 }
 
 inline bool scheme_serves(Scheme id, Algorithm a) {

@@ -39,13 +39,20 @@ struct RopeScheme : NoLearnableTensors {
     return {};
   }
 
-  // Its options other than tensors, each once, by the name the Python
-  // binding reads: f(name, the member of each of pos...).
+  // Its options other than tensors, each once: f(its SchemeOption, the member of each of pos...).
   template <class F, class... Params>
   static void for_each_option(F&& f, Params&... pos) {
-    f("rope_base", pos.rope.base...);
-    f("rope_dims", pos.rope.rotary_dims...);
-    f("rope_style", pos.rope.style...);
+    f(SchemeOption{.name = "rope_base", .member = "rope.base", .low = 1, .low_open = true}, pos.rope.base...);
+    // 0 rotates the whole head (None in Python); d bounds it too (check).
+    f(SchemeOption{.name = "rope_dims",
+                   .member = "rope.rotary_dims",
+                   .low = 2,
+                   .even = true,
+                   .zero_is_none = true,
+                   .note = "None rotates all of d"},
+      pos.rope.rotary_dims...);
+    f(SchemeOption{.name = "rope_style", .member = "rope.style", .choices = {"half_split", "interleaved"}},
+      pos.rope.style...);
   }
 
   template <class T>
@@ -53,10 +60,9 @@ struct RopeScheme : NoLearnableTensors {
     using checks::fail;
     const RopeParams& r = p.pos.rope;
     const int64_t d = p.q.shape[3], rd = r.rotary_dims ? r.rotary_dims : d;
-    if (r.rotary_dims < 0 || rd < 2 || rd % 2 != 0 || rd > d)
+    if (rd % 2 != 0 || rd > d)  // rotary_dims given is even and >= 2 (its SchemeOption)
       fail("rope.rotary_dims: the rotated dimensions (RoPE's dims in Python) must be even, >= 2 and <= d=" +
            std::to_string(d) + ", got " + std::to_string(rd) + (r.rotary_dims ? "" : " (none given: the whole head)"));
-    if (!(std::isfinite(r.base) && r.base > 1.0)) fail("rope.base: must be finite and > 1");
   }
 
   // cos and sin of the angles of `count` consecutive positions from `first`,

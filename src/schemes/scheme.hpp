@@ -43,6 +43,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
@@ -53,6 +54,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "checks.hpp"
 #include "relpos/attention.hpp"
 #include "relpos/position.hpp"
 #include "relpos/scheme_model.hpp"
@@ -114,6 +116,74 @@ struct ModelTensor {
     view = View::contiguous(data, dims);
   }
 };
+
+// One of a scheme's options that is not a tensor, declared once in its
+// scheme's file and given with its member by `for_each_option`: the name the
+// Python binding, the Python record and the torch module read ("shaw_k"), the
+// member as C++ messages name it ("shaw.k"), and the values it takes.
+// Validation checks every option of the call's scheme against it
+// (checks::check_option) before the scheme's own checks across options; the
+// binding exports the table (relpos._relpos.scheme_options(), written to
+// python/relpos/scheme_options.json, from which the Python records take each
+// option's kind, default and range).
+struct SchemeOption {
+  const char* name;
+  const char* member;
+  double low = -std::numeric_limits<double>::infinity();  // a number's smallest value
+  double high = std::numeric_limits<double>::infinity();  // and its largest
+  bool low_open = false;                                   // low itself refused
+  bool even = false;
+  bool zero_is_none = false;  // an integer whose 0 means "none given" (None in Python), outside its range
+  const char* note = "";      // said after the range in messages: what a special value means
+  std::array<const char*, 4> choices{};  // an enum's names in its values' order, then nullptr
+};
+
+namespace checks {
+
+// A bound as messages print it: 2^40 rather than 1099511627776, 1 rather than 1.0.
+inline std::string bound_text(double x) {
+  const bool whole = x == std::floor(x) && std::abs(x) < 9e15;
+  if (whole && x >= 65536 && (int64_t(x) & (int64_t(x) - 1)) == 0) return "2^" + std::to_string(std::ilogb(x));
+  if (whole) return std::to_string(int64_t(x));
+  std::ostringstream out;
+  out << x;
+  return out.str();
+}
+
+// What an option's range allows, as the Python records say it too
+// (relpos/schemes.py, Option.range_text): "finite and > 1", ">= 0 and <= 2^40".
+inline std::string range_text(const SchemeOption& o, bool real) {
+  std::string text = real ? "finite" : "";
+  const auto part = [&](const std::string& p) { text += (text.empty() ? "" : " and ") + p; };
+  if (o.even) part("even");
+  if (o.low > -std::numeric_limits<double>::infinity()) part((o.low_open ? "> " : ">= ") + bound_text(o.low));
+  if (o.high < std::numeric_limits<double>::infinity()) part("<= " + bound_text(o.high));
+  return text;
+}
+
+// Throws std::invalid_argument naming o.member unless `value` lies in o's
+// range (a number) or names one of its choices (an enum).
+template <class X>
+void check_option(const SchemeOption& o, X value) {
+  if constexpr (std::is_enum_v<X>) {
+    const auto at = static_cast<std::size_t>(value);
+    if (at >= o.choices.size() || o.choices[at] == nullptr)
+      fail(std::string(o.member) + ": not one of its values, got " + std::to_string(int64_t(at)));
+  } else if constexpr (!std::is_same_v<X, bool>) {
+    if (o.zero_is_none && value == 0) return;
+    constexpr bool real = std::is_floating_point_v<X>;
+    const double x = double(value);
+    const bool inside = (!real || std::isfinite(x)) && (o.low_open ? x > o.low : x >= o.low) && x <= o.high &&
+                        (!o.even || int64_t(value) % 2 == 0);
+    if (inside) return;
+    std::ostringstream given;
+    given << value;
+    const std::string note = *o.note ? std::string(" (") + o.note + ")" : "";
+    fail(std::string(o.member) + ": must be " + range_text(o, real) + note + ", got " + given.str());
+  }
+}
+
+}  // namespace checks
 
 // One of a scheme's options in relpos's byte-level model, declared once in
 // its scheme's file: its key in SchemeModelConfig::scheme_options and in the

@@ -33,12 +33,11 @@ struct ShawScheme {
     return {{"shaw_wk", shape}, {"shaw_wv", shape}};
   }
 
-  // Its options other than tensors, each once, by the name the Python
-  // binding reads: f(name, the member of each of pos...).
+  // Its options other than tensors, each once: f(its SchemeOption, the member of each of pos...).
   template <class F, class... Params>
   static void for_each_option(F&& f, Params&... pos) {
-    f("shaw_k", pos.shaw.k...);
-    f("shaw_beyond", pos.shaw.beyond...);
+    f(SchemeOption{.name = "shaw_k", .member = "shaw.k", .low = 0, .high = kMaxPosition}, pos.shaw.k...);
+    f(SchemeOption{.name = "shaw_beyond", .member = "shaw.beyond", .choices = {"clip", "zero"}}, pos.shaw.beyond...);
   }
 
   // The tables as the kernels read them: clipped tables, each present or not.
@@ -66,8 +65,6 @@ struct ShawScheme {
     using namespace checks;
     const ShawParams<T>& s = p.pos.shaw;
     const int64_t H = p.q.shape[1];
-    if (s.k < 0 || s.k > kMaxPosition)
-      fail("shaw.k: the clipping distance must be in [0, 2^40], got " + std::to_string(s.k));
     if (s.wk.empty() && s.wv.empty()) fail("shaw: give wk, wv or both (K-only, V-only, K+V)");
     const int64_t rows = 2 * s.k + 1;
     struct Table {

@@ -38,12 +38,13 @@ struct T5Scheme {
     return {{"t5_table", {c.heads, int64_t(kBuckets.value_in(c))}, true}};
   }
 
-  // Its options other than tensors, each once, by the name the Python
-  // binding reads: f(name, the member of each of pos...).
+  // Its options other than tensors, each once: f(its SchemeOption, the member of each of pos...).
   template <class F, class... Params>
   static void for_each_option(F&& f, Params&... pos) {
-    f("t5_bidirectional", pos.t5.bidirectional...);
-    f("t5_max_distance", pos.t5.max_distance...);
+    f(SchemeOption{.name = "t5_bidirectional", .member = "t5.bidirectional"}, pos.t5.bidirectional...);
+    // Its lower bound depends on the table's bucket count: check_t5_config.
+    f(SchemeOption{.name = "t5_max_distance", .member = "t5.max_distance", .high = kMaxPosition},
+      pos.t5.max_distance...);
   }
 
   template <class T>

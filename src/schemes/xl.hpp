@@ -40,11 +40,12 @@ struct XLScheme {
     return {{"xl_u", {c.heads, dh}, true}, {"xl_v", {c.heads, dh}, true}, {"xl_w_r", {c.heads, dh, c.width}}};
   }
 
-  // Its options other than tensors, each once, by the name the Python
-  // binding reads: f(name, the member of each of pos...).
+  // Its options other than tensors, each once: f(its SchemeOption, the member of each of pos...).
   template <class F, class... Params>
   static void for_each_option(F&& f, Params&... pos) {
-    f("xl_clamp_len", pos.xl.clamp_len...);
+    f(SchemeOption{
+          .name = "xl_clamp_len", .member = "xl.clamp_len", .low = 0, .high = kMaxPosition, .note = "0 = unclamped"},
+      pos.xl.clamp_len...);
   }
 
   // The positional keys W_R[h] R(xl_distance(r)), a row per distance; the
@@ -183,7 +184,6 @@ struct XLScheme {
     check_shape("xl.v", x.v, {H, d}, hd);
     check_shape("xl.w_r", x.w_r, {H, d, -1}, "(" + dims("H", H) + ", " + dims("d", d) + ", pos_dim)");
     if (x.w_r.shape[2] % 2 != 0) fail("xl.w_r: pos_dim (last dimension) must be even for [sin, cos]");
-    if (x.clamp_len < 0 || x.clamp_len > kMaxPosition) fail("xl.clamp_len: must be in [0, 2^40] (0 = unclamped)");
   }
 };
 

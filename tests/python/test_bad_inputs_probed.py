@@ -17,6 +17,8 @@ the argument, or the right result:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -196,7 +198,9 @@ def test_a_new_records_options_are_module_keywords(monkeypatch):
     their core names, with no argument added to its signature; other keywords are refused."""
     @relpos.schemes.record
     class Toy(relpos.schemes._Scheme):
-        width: int = relpos.schemes.option("toy_width", "int", 3, low=1)
+        # An option as relpos.schemes.option makes it from a C++ declaration.
+        width: int = dataclasses.field(default=3,
+                                       metadata={"relpos": relpos.schemes.Option("toy_width", "int", 3, low=1)})
         name = "toy"
 
         @classmethod

@@ -6,9 +6,11 @@ each record creates for a module (``init_params``), which the core must accept."
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import inspect
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from relpos.schemes import SCHEMES, Option
 torch = pytest.importorskip("torch")
 import relpos.torch as rt  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 MODULE_ARGUMENTS = inspect.signature(rt.RelativeMultiheadAttention).parameters
 
 
@@ -199,3 +202,43 @@ def test_enum_options_are_read_by_name(core, names):
     assert not np.allclose(outs[0], outs[1]), "the two names computed the same"
     with pytest.raises(ValueError, match=f"{core}: must be '{names[0]}' or '{names[1]}', got 'sideways'"):
         _relpos.forward(dict(base, out=np.zeros_like(q), **{core: "sideways"}))
+
+
+def _options_script():
+    spec = importlib.util.spec_from_file_location("scheme_options", ROOT / "scripts" / "scheme_options.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_records_options_are_what_the_cpp_schemes_declare():
+    """python/relpos/scheme_options.json, which the records read, is the table the C++
+    schemes declare (for_each_option), and each record has exactly its scheme's options."""
+    from relpos import _relpos
+    script = _options_script()
+    declared = _relpos.scheme_options()
+    assert script.TABLE.read_text() == script.text(declared), \
+        "scheme_options.json is stale: run .venv/bin/python scripts/scheme_options.py"
+    assert set(declared) == set(SCHEMES)
+    for name, cls in SCHEMES.items():
+        assert [o.core for o in cls.option_table()] == [o["name"] for o in declared[name]], name
+
+
+@pytest.mark.parametrize("name,o", [(n, o) for n, o in every_option() if o.low is not None or o.high is not None],
+                         ids=[f"{n}.{o.field}" for n, o in every_option() if o.low is not None or o.high is not None])
+def test_the_core_and_the_record_state_a_range_alike(name, o):
+    """A value past an option's range: the record (Python) and the core (C++, from the same
+    declaration) refuse it with the same range in their messages."""
+    from relpos import _relpos
+    bad = o.low - 1 if o.low is not None else o.high + 1
+    with pytest.raises(ValueError) as by_record:
+        record(SCHEMES[name], **{o.field: bad})._args()
+    q = np.zeros((1, 1, 2, 4))
+    args = dict(q=q, k=q.copy(), v=q.copy(), out=np.zeros_like(q), lse=np.zeros((1, 1, 2)), scheme=name)
+    with pytest.raises(ValueError) as by_core:
+        _relpos.forward(dict(args, **{o.core: bad}))
+
+    def stated(e):
+        return str(e.value).split(": must be ", 1)[1].rsplit(", got ", 1)[0]
+
+    assert stated(by_core) == stated(by_record), (str(by_core.value), str(by_record.value))

@@ -74,6 +74,8 @@ std::vector<BadInput> bad_inputs() {
       {"dv_stride_zero", S::none, [](auto&, Args& a) { a.dv.stride[0] = 0; }, "dv", true},
       // Shaw
       {"shaw_k_negative", S::shaw, [](auto&, Args& a) { a.pos.shaw.k = -1; }, "shaw.k"},
+      {"shaw_beyond_no_such_value", S::shaw, [](auto&, Args& a) { a.pos.shaw.beyond = relpos::Beyond(7); },
+       "shaw.beyond"},
       // 2k+1 would overflow int64 and match any table if k were not bounded first
       {"shaw_k_overflowing_2k_plus_1", S::shaw, [](auto&, Args& a) { a.pos.shaw.k = (int64_t(1) << 62) + (int64_t(1) << 50); }, "shaw.k"},
       {"shaw_without_tables", S::shaw, [](auto&, Args& a) { a.pos.shaw.wk = {}, a.pos.shaw.wv = {}; }, "shaw"},

@@ -20,7 +20,8 @@ std::string divergence(double lr) {
   m.layers = 1, m.width = 32, m.heads = 2, m.ffn = 32, m.context = 16, m.position = "shaw";
   TrainConfig t;
   t.steps = 40, t.batch = 2, t.warmup = 0, t.lr = lr, t.clip = 0;
-  Trainer trainer(m, t, relpos_train_test::sample_text(2000));
+  const auto data = relpos_train_test::sample_text(2000);  // the trainer reads it, not a copy
+  Trainer trainer(m, t, data);
   trainer.set_threads(1);
   try {
     for (int i = 0; i < 40; ++i) trainer.step();
