@@ -239,7 +239,11 @@ nb::dict scheme_options() {
                 d["default"] = member;
             }
             d["choices"] = choices;
-            const auto bound = [](double x) { return std::isinf(x) ? nb::object(nb::none()) : nb::float_(x); };
+            const auto bound = [](double x) -> nb::object {
+              if (std::isinf(x)) return nb::none();
+              if constexpr (std::is_integral_v<X>) return nb::int_(int64_t(x));  // declared whole: an int's
+              return nb::float_(x);
+            };
             d["low"] = bound(o.low);
             d["high"] = bound(o.high);
             d["low_open"] = o.low_open;

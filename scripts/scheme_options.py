@@ -11,6 +11,7 @@ importing the relpos package, which needs the file. tests/python/test_scheme_opt
 fails while the file and the extension disagree."""
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import json
 import sys
@@ -30,9 +31,11 @@ def extension(path: str | None):
         package = importlib.util.find_spec("relpos")  # finds it without running its __init__
         if package is None or not package.submodule_search_locations:
             sys.exit("relpos is not installed: give the path of _relpos*.so")
-        found = sorted(Path(package.submodule_search_locations[0]).glob("_relpos*.so"))
+        folder = Path(package.submodule_search_locations[0])
+        found = [folder / f"_relpos{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES]
+        found = [f for f in found if f.exists()]
         if not found:
-            sys.exit(f"no _relpos*.so in {package.submodule_search_locations[0]}")
+            sys.exit(f"no _relpos extension for this Python in {folder}")
         path = str(found[0])
     spec = importlib.util.spec_from_file_location("_relpos", path)
     module = importlib.util.module_from_spec(spec)

@@ -104,7 +104,7 @@ class Option:
             return None
         x = integer(value, label) if self.kind == "int" else number(value, label)
         if not self.allows(x):
-            note = f" ({self.note})" if self.note else ""
+            note = f" ({'None ' if self.core_none is not None else ''}{self.note})" if self.note else ""
             raise ValueError(f"relpos: {label}: must be {self.range_text()}{note}, got {x}")
         return x
 
@@ -131,7 +131,9 @@ def _declared_options() -> dict[str, dict[str, Any]]:
     (a test checks that the two agree), so that this module and ``relpos.gpu`` also run
     without the compiled extension."""
     table = json.loads(Path(__file__).with_name("scheme_options.json").read_text())
-    return {o["name"]: o for options in table.values() for o in options}
+    declared = {o["name"]: o for options in table.values() for o in options}
+    assert len(declared) == sum(map(len, table.values())), "two schemes declare one option name"
+    return declared
 
 
 _DECLARED = _declared_options()
@@ -140,6 +142,9 @@ _DECLARED = _declared_options()
 def option(core: str, *, required: bool = False) -> Any:
     """A record field that is the core's option ``core``, of the kind, default and range
     its C++ scheme declares; ``required``: the record takes no default (Shaw's k)."""
+    if core not in _DECLARED:
+        raise ImportError(f"relpos: the option {core!r} is not in scheme_options.json; after changing an option "
+                          "in src/schemes/, rebuild and run scripts/scheme_options.py")
     s = _DECLARED[core]
     whole = int if s["kind"] == "int" else float
     low, high = (None if x is None else whole(x) for x in (s["low"], s["high"]))

@@ -49,7 +49,7 @@ struct RopeScheme : NoLearnableTensors {
                    .low = 2,
                    .even = true,
                    .zero_is_none = true,
-                   .note = "None rotates all of d"},
+                   .note = "rotates all of d"},
       pos.rope.rotary_dims...);
     f(SchemeOption{.name = "rope_style", .member = "rope.style", .choices = {"half_split", "interleaved"}},
       pos.rope.style...);

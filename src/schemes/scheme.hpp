@@ -7,7 +7,8 @@
 //   for_each_param   its learnable tensors, with their members in any number of
 //                    PositionGrads, by the names frontends use ("t5_table";
 //                    its gradient is "dpos.t5_table")
-//   check(p)         its arguments, each error naming the argument
+//   check(p)         its arguments (each option's own range is checked before,
+//                    from for_each_option), each error naming the argument
 //   Bias<T>          for a scheme whose relative term is a bias per (head,
 //                    distance): a DistanceBias<T> (below) built from the call,
 //                    that bias and the reduction of its gradient to the
@@ -25,9 +26,11 @@
 //                    (Transformer-XL's u and v): a QueryBiases<T> (below)
 //   embedding_sizes  with a Key-, Value- or QueryEmbedding: their sizes for
 //                    the scratch estimate, before anything is built
-//   for_each_option  its options that are not tensors (Shaw's k), each once
-//                    with the name the Python binding reads: copied between
-//                    element types for half storage, parsed by the binding
+//   for_each_option  its options that are not tensors (Shaw's k), each once as
+//                    a SchemeOption (below) with its member: checked against
+//                    its range, copied between element types for half
+//                    storage, read by the Python binding, exported to the
+//                    Python records
 //   model(p, c)      how relpos's byte-level model (src/nn) holds the scheme:
 //                    sets the options of p from the model's configuration c
 //                    and returns the learnable tensors the model trains (a
@@ -43,6 +46,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
@@ -134,20 +138,28 @@ struct SchemeOption {
   bool low_open = false;                                   // low itself refused
   bool even = false;
   bool zero_is_none = false;  // an integer whose 0 means "none given" (None in Python), outside its range
-  const char* note = "";      // said after the range in messages: what a special value means
+  // Said after the range in messages: what a special value means; with
+  // zero_is_none what 0 (None in Python) does, after "0 " or "None ".
+  const char* note = "";
   std::array<const char*, 4> choices{};  // an enum's names in its values' order, then nullptr
 };
 
 namespace checks {
 
+// A number in the shortest form that reads back as it: 0.9999999, not 1.
+template <class X>
+std::string shortest_text(X x) {
+  char text[64];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, x);
+  (void)error;  // 64 characters hold any double or int64
+  return std::string(text, end);
+}
+
 // A bound as messages print it: 2^40 rather than 1099511627776, 1 rather than 1.0.
 inline std::string bound_text(double x) {
   const bool whole = x == std::floor(x) && std::abs(x) < 9e15;
   if (whole && x >= 65536 && (int64_t(x) & (int64_t(x) - 1)) == 0) return "2^" + std::to_string(std::ilogb(x));
-  if (whole) return std::to_string(int64_t(x));
-  std::ostringstream out;
-  out << x;
-  return out.str();
+  return whole ? std::to_string(int64_t(x)) : shortest_text(x);
 }
 
 // What an option's range allows, as the Python records say it too
@@ -167,19 +179,21 @@ template <class X>
 void check_option(const SchemeOption& o, X value) {
   if constexpr (std::is_enum_v<X>) {
     const auto at = static_cast<std::size_t>(value);
-    if (at >= o.choices.size() || o.choices[at] == nullptr)
-      fail(std::string(o.member) + ": not one of its values, got " + std::to_string(int64_t(at)));
+    if (at < o.choices.size() && o.choices[at] != nullptr) return;
+    std::string values;
+    for (std::size_t n = 0; n < o.choices.size() && o.choices[n]; ++n)
+      values += (n ? ", " : "") + std::string(o.choices[n]) + " (" + std::to_string(n) + ")";
+    fail(std::string(o.member) + ": must be one of " + values + ", got " + std::to_string(int64_t(value)));
   } else if constexpr (!std::is_same_v<X, bool>) {
+    static_assert(std::is_integral_v<X> || std::is_floating_point_v<X>, "an option is a bool, an enum or a number");
     if (o.zero_is_none && value == 0) return;
     constexpr bool real = std::is_floating_point_v<X>;
     const double x = double(value);
-    const bool inside = (!real || std::isfinite(x)) && (o.low_open ? x > o.low : x >= o.low) && x <= o.high &&
-                        (!o.even || int64_t(value) % 2 == 0);
+    bool inside = (!real || std::isfinite(x)) && (o.low_open ? x > o.low : x >= o.low) && x <= o.high;
+    if constexpr (std::is_integral_v<X>) inside = inside && !(o.even && value % 2 != 0);  // even: integers only
     if (inside) return;
-    std::ostringstream given;
-    given << value;
-    const std::string note = *o.note ? std::string(" (") + o.note + ")" : "";
-    fail(std::string(o.member) + ": must be " + range_text(o, real) + note + ", got " + given.str());
+    const std::string note = *o.note ? std::string(" (") + (o.zero_is_none ? "0 " : "") + o.note + ")" : "";
+    fail(std::string(o.member) + ": must be " + range_text(o, real) + note + ", got " + shortest_text(value));
   }
 }
 

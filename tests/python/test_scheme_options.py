@@ -222,6 +222,11 @@ def test_the_records_options_are_what_the_cpp_schemes_declare():
     assert set(declared) == set(SCHEMES)
     for name, cls in SCHEMES.items():
         assert [o.core for o in cls.option_table()] == [o["name"] for o in declared[name]], name
+        for o in declared[name]:  # what the declarations may say: whole bounds of integers, ...
+            bounds = [x for x in (o["low"], o["high"]) if x is not None]
+            assert all(type(x) is (int if o["kind"] == "int" else float) for x in bounds), o
+            assert (o["kind"] == "int") >= o["even"] and (o["kind"] == "int") >= (o["core_none"] is not None), o
+            assert (o["kind"] == "choice") == bool(o["choices"]) and (bounds == [] or o["kind"] in ("int", "float")), o
 
 
 @pytest.mark.parametrize("name,o", [(n, o) for n, o in every_option() if o.low is not None or o.high is not None],
@@ -238,7 +243,8 @@ def test_the_core_and_the_record_state_a_range_alike(name, o):
     with pytest.raises(ValueError) as by_core:
         _relpos.forward(dict(args, **{o.core: bad}))
 
-    def stated(e):
-        return str(e.value).split(": must be ", 1)[1].rsplit(", got ", 1)[0]
+    def stated(e):  # the range, and the note but for what None (Python) or 0 (C++) means
+        text = str(e.value).split(": must be ", 1)[1].rsplit(", got ", 1)[0]
+        return text.replace("(None ", "(").replace("(0 ", "(") if o.core_none is not None else text
 
     assert stated(by_core) == stated(by_record), (str(by_core.value), str(by_record.value))
