@@ -18,6 +18,8 @@ namespace relpos::nn {
 
 namespace {
 
+using checks::shortest_text;  // the text that reads back as the number
+
 [[noreturn]] void fail(const std::string& field, const std::string& why) { model_config_error(field, why); }
 
 void check_range(const std::string& field, int64_t value, int64_t low, int64_t high) {
@@ -31,14 +33,6 @@ Int parse_integer(const std::string& key, const std::string& text) {
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (error != std::errc() || end != text.data() + text.size()) fail(key, "not an integer: '" + text + "'");
   return value;
-}
-
-// The shortest text that reads back as x.
-std::string shortest(double x) {
-  char text[64];
-  const auto [end, error] = std::to_chars(text, text + sizeof text, x);
-  (void)error;  // 64 characters hold any double
-  return std::string(text, end);
 }
 
 double parse_real(const std::string& key, const std::string& text) {
@@ -67,15 +61,14 @@ std::string model_option_keys() {
 // A scheme's option of c in its range (ModelOption).
 void check_option(const ModelConfig& c, const ModelOption& o) {
   const double value = o.value_in(c);
+  const std::string low = shortest_text(o.low), high = shortest_text(o.high), got = ", got " + shortest_text(value);
   if (o.integer) {
     if (std::isfinite(value) && value == std::floor(value) && value >= o.low && value <= o.high) return;
-    fail(o.key,
-         "must be a whole number in [" + shortest(o.low) + ", " + shortest(o.high) + "], got " + shortest(value));
+    fail(o.key, "must be a whole number in [" + low + ", " + high + "]" + got);
   }
   if (std::isfinite(value) && value > o.low && value <= o.high) return;
   const bool bounded = o.high < std::numeric_limits<double>::max();
-  fail(o.key, "must be a finite number > " + shortest(o.low) + (bounded ? " and <= " + shortest(o.high) : "") +
-                  ", got " + shortest(value));
+  fail(o.key, "must be a finite number > " + low + (bounded ? " and <= " + high : "") + got);
 }
 
 }  // namespace
@@ -143,7 +136,7 @@ std::string ModelConfig::to_text() const {
       << "\ncontext=" << context << "\nposition=" << position << "\n";
   for_each_model_option([&](const ModelOption& o) {  // every scheme's, whichever position is chosen
     const double value = o.value_in(*this);
-    out << o.key << "=" << (o.integer ? std::to_string(int64_t(value)) : shortest(value)) << "\n";
+    out << o.key << "=" << (o.integer ? std::to_string(int64_t(value)) : shortest_text(value)) << "\n";
   });
   out << "seed=" << seed << "\n";
   return out.str();
