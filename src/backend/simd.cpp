@@ -1,6 +1,5 @@
 // Target selection for the SIMD loops of simd.hpp, which live one family per
-// file (simd_softmax.cpp, simd_rows.cpp, simd_convert.cpp, simd_staircase.cpp,
-// simd_trainer.cpp): the names RELPOS_SIMD and limit_targets take, and the
+// file (simd.hpp lists them): the names RELPOS_SIMD and limit_targets take, and the
 // target dispatch chooses now: relpos's own chosen target (simd_dispatch.h),
 // one for the process, so limiting it here limits every file's dispatch. This file is
 // compiled once per target (foreach_target.h) for TargetName alone.

@@ -14,11 +14,15 @@
 // The environment variable RELPOS_SIMD (avx512, avx2, sse4, scalar) limits the
 // targets, to test or measure a lesser CPU's path on a better one.
 //
-// The loops live one family per file: simd_softmax.cpp, simd_rows.cpp,
-// simd_convert.cpp, simd_staircase.cpp, simd_trainer.cpp; the helpers more
-// than one family uses (the exponential, the lane loops) in
-// simd_common-inl.h; target selection in simd.cpp. Each family file ends with
-// its HWY_EXPORT lines and one thin wrapper per function below, written out
+// The loops live one family per file, gemma.cpp's way: the per-target code
+// in simd_softmax-inl.h, simd_rows-inl.h, simd_convert-inl.h,
+// simd_staircase-inl.h and simd_trainer-inl.h, each compiled once per target
+// by its .cpp (for this header's functions) and again by the tests
+// (tests/cpp/backend/simd_test.cpp), which call every target's functions
+// directly, without changing which target dispatch chooses. The helpers more
+// than one family uses (the exponential, the lane loops) are in
+// simd_common-inl.h; target selection in simd.cpp. Each family's .cpp holds its
+// HWY_EXPORT lines and one thin wrapper per function below, written out
 // so that each can be read and found by name. The wrappers call
 // RELPOS_SIMD_DISPATCH(Name) (simd_dispatch.h), the entry of Name's dispatch
 // table for relpos's chosen target: a macro, because it names the table that

@@ -71,7 +71,7 @@ float SumOfTerms(int64_t n, Term term) {
   return total;
 }
 
-// Inline: simd_rows.cpp exports it and simd_trainer.cpp's LayerNorm calls it.
+// Inline: simd_rows.cpp exports it and LayerNorm (simd_trainer-inl.h) calls it.
 inline float SumOf(const float* x, int64_t n) {
   return SumOfTerms(n, [&](auto d, int64_t i) { return hn::LoadU(d, x + i); });
 }

@@ -1,163 +1,16 @@
-// The element-wise row operations (simd.hpp): the attention tiles'
-// epilogues, RoPE's rotation, column sums, the gradient norm's sum of squares
-// and the transpose. Highway compiles this file once per target
-// (foreach_target.h includes it again for each) and RELPOS_SIMD_DISPATCH calls
-// the best one the CPU runs within RELPOS_SIMD.
+// The element-wise row operations of simd.hpp, dispatched. Their per-target code is
+// simd_rows-inl.h, which Highway compiles once per target here
+// (foreach_target.h includes this file again for each); each wrapper below
+// calls, through RELPOS_SIMD_DISPATCH, the best target the CPU runs within
+// RELPOS_SIMD.
 #include "simd_dispatch.h"  // first: the targets to compile
-
-#include <algorithm>
-#include <cstdint>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/backend/simd_rows.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
-#include "simd_common-inl.h"
-
-HWY_BEFORE_NAMESPACE();
-namespace relpos::simd::HWY_NAMESPACE {
-
-void Multiply(const float* a, const float* b, float* out, int64_t n) {
-  ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Mul(hn::LoadU(d, a + i), hn::LoadU(d, b + i)), d, out + i); });
-}
-
-void AddScaled(float* y, const float* x, float alpha, int64_t n) {
-  ForEachLane(n, [&](auto d, int64_t i) {
-    hn::StoreU(hn::MulAdd(hn::Set(d, alpha), hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
-  });
-}
-
-// y[i] += alpha x[n - 1 - i]: the block of y at i takes x's mirrored block, reversed.
-void AddScaledReversed(float* y, const float* x, float alpha, int64_t n) {
-  ForEachLane(n, [&](auto d, int64_t i) {
-    const auto mirrored = hn::Reverse(d, hn::LoadU(d, x + n - i - int64_t(hn::Lanes(d))));
-    hn::StoreU(hn::MulAdd(hn::Set(d, alpha), mirrored, hn::LoadU(d, y + i)), d, y + i);
-  });
-}
-
-void AddConstant(float* y, float c, int64_t n) {
-  ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::Set(d, c)), d, y + i); });
-}
-
-// y[i] += alpha x[rows[i]], x of nx entries: where a vector's rows lie
-// within one vector's width, one load of x and a permutation of its lanes;
-// elsewhere (and in the tail) lane by lane.
-void AddPicked(float* y, const float* x, int64_t nx, const int32_t* rows, float alpha, int64_t n) {
-  const hn::ScalableTag<float> d;
-  const hn::RebindToSigned<decltype(d)> di;
-  const int64_t lanes = int64_t(hn::Lanes(d));
-  int64_t i = 0;
-  if (nx >= lanes)
-    for (; i + lanes <= n; i += lanes) {
-      const auto at = hn::LoadU(di, rows + i);
-      const int64_t lo = hn::GetLane(hn::MinOfLanes(di, at)), hi = hn::GetLane(hn::MaxOfLanes(di, at));
-      const int64_t base = std::min(lo, nx - lanes);
-      if (hi - base < lanes) {
-        const auto lanes_of_x = hn::IndicesFromVec(d, hn::Sub(at, hn::Set(di, int32_t(base))));
-        const auto picked = hn::TableLookupLanes(hn::LoadU(d, x + base), lanes_of_x);
-        hn::StoreU(hn::MulAdd(hn::Set(d, alpha), picked, hn::LoadU(d, y + i)), d, y + i);
-      } else {
-        for (int64_t u = i; u < i + lanes; ++u) y[u] += alpha * x[rows[u]];
-      }
-    }
-  for (; i < n; ++i) y[i] += alpha * x[rows[i]];
-}
-
-void Scale(float* y, float alpha, int64_t n) {
-  ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Mul(hn::LoadU(d, y + i), hn::Set(d, alpha)), d, y + i); });
-}
-
-// sums[c] += x(r, c) for r = 0, 1, ... in order, each lane a column held in
-// a register over all rows: the order of a row-by-row sum, one load per row.
-template <class Load>
-void AddColumnSumsOf(int64_t rows, int64_t cols, float* sums, Load load) {
-  ForEachLane(cols, [&](auto d, int64_t c) {
-    auto acc = hn::LoadU(d, sums + c);
-    for (int64_t r = 0; r < rows; ++r) acc = hn::Add(acc, load(d, r * cols + c));
-    hn::StoreU(acc, d, sums + c);
-  });
-}
-
-void AddColumnSums(const float* x, int64_t rows, int64_t cols, float* sums) {
-  AddColumnSumsOf(rows, cols, sums, [&](auto d, int64_t i) { return hn::LoadU(d, x + i); });
-}
-
-void AddColumnSumsBf16(const uint16_t* x, int64_t rows, int64_t cols, float* sums) {
-  AddColumnSumsOf(rows, cols, sums, [&](auto d, int64_t i) { return LoadBf16(d, x + i); });
-}
-
-// The sum of x[i]^2 in double: lanes of doubles, then across lanes, then the
-// tail in order.
-double SumOfSquares(const float* x, int64_t n) {
-  const hn::ScalableTag<double> dd;
-  const hn::Rebind<float, decltype(dd)> df;
-  const int64_t lanes = int64_t(hn::Lanes(dd));
-  auto sum = hn::Zero(dd);
-  int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) {
-    const auto v = hn::PromoteTo(dd, hn::LoadU(df, x + i));
-    sum = hn::MulAdd(v, v, sum);
-  }
-  double total = hn::GetLane(hn::SumOfLanes(dd, sum));
-  for (; i < n; ++i) total += double(x[i]) * x[i];
-  return total;
-}
-
-void RotatePairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n) {
-  ForEachLane(n, [&](auto d, int64_t i) {
-    const auto x1 = hn::LoadU(d, a + i), x2 = hn::LoadU(d, b + i), cs = hn::LoadU(d, c + i);
-    const auto sn = hn::Mul(hn::LoadU(d, s + i), hn::Set(d, sign));
-    hn::StoreU(hn::Sub(hn::Mul(x1, cs), hn::Mul(x2, sn)), d, a + i);
-    hn::StoreU(hn::Add(hn::Mul(x2, cs), hn::Mul(x1, sn)), d, b + i);
-  });
-}
-
-// The transpose of x (rows x cols, row stride ldx) into an output (cols x
-// rows, row stride ldo), by 4 x 4 blocks of 128-bit vectors (every x86 target has
-// them) and element by element at the edges: put(d, v, at) puts a block's
-// row of four at the output's entry at, put_one(at, value) one element.
-template <class Put, class PutOne>
-void TransposeBy(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_t ldo, [[maybe_unused]] Put put,
-                 PutOne put_one) {
-  int64_t r = 0;
-#if HWY_TARGET != HWY_SCALAR  // one lane: element by element
-  const hn::FixedTag<float, 4> d;
-  for (; r + 4 <= rows; r += 4) {
-    int64_t c = 0;
-    for (; c + 4 <= cols; c += 4) {
-      const auto r0 = hn::LoadU(d, x + r * ldx + c), r1 = hn::LoadU(d, x + (r + 1) * ldx + c);
-      const auto r2 = hn::LoadU(d, x + (r + 2) * ldx + c), r3 = hn::LoadU(d, x + (r + 3) * ldx + c);
-      const auto lo01 = hn::InterleaveLower(d, r0, r1), lo23 = hn::InterleaveLower(d, r2, r3);
-      const auto hi01 = hn::InterleaveUpper(d, r0, r1), hi23 = hn::InterleaveUpper(d, r2, r3);
-      put(d, hn::ConcatLowerLower(d, lo23, lo01), c * ldo + r);
-      put(d, hn::ConcatUpperUpper(d, lo23, lo01), (c + 1) * ldo + r);
-      put(d, hn::ConcatLowerLower(d, hi23, hi01), (c + 2) * ldo + r);
-      put(d, hn::ConcatUpperUpper(d, hi23, hi01), (c + 3) * ldo + r);
-    }
-    for (; c < cols; ++c)
-      for (int64_t i = r; i < r + 4; ++i) put_one(c * ldo + i, x[i * ldx + c]);
-  }
-#endif
-  for (; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) put_one(c * ldo + r, x[r * ldx + c]);
-}
-
-void Transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out) {
-  TransposeBy(
-      x, rows, cols, ldx, rows, [&](auto d, auto v, int64_t at) { hn::StoreU(v, d, out + at); },
-      [&](int64_t at, float value) { out[at] = value; });
-}
-
-void AddTransposed(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out, int64_t ldo) {
-  TransposeBy(
-      x, rows, cols, ldx, ldo,
-      [&](auto d, auto v, int64_t at) { hn::StoreU(hn::Add(hn::LoadU(d, out + at), v), d, out + at); },
-      [&](int64_t at, float value) { out[at] += value; });
-}
-
-}  // namespace relpos::simd::HWY_NAMESPACE
-HWY_AFTER_NAMESPACE();
+#include "simd_rows-inl.h"
 
 #if HWY_ONCE
 namespace relpos::simd {

@@ -1,9 +1,16 @@
-// The run-time dispatched SIMD loops on every target this machine can run
-// (RELPOS_SIMD's names: avx512, avx2, sse4, scalar), each checked against a
-// double-precision formula and against the scalar form of the same
-// arithmetic (vexp.hpp's exp_approx, gelu.hpp's normal_cdf_pdf), bit for bit:
-// with fused multiply-adds on the targets with FMA (AVX2, AVX-512), with a
-// rounded product and sum on the others.
+// The SIMD loops of simd.hpp on every target this machine can run, each
+// checked against a double-precision formula and against the scalar form of
+// the same arithmetic (vexp.hpp's exp_approx, gelu.hpp's normal_cdf_pdf), bit
+// for bit: with fused multiply-adds on the targets with FMA (AVX2, AVX-512),
+// with a rounded product and sum on the others.
+//
+// The families' per-target code (src/backend/simd_*-inl.h) is compiled here
+// once per target too (foreach_target.h includes this file again for each),
+// and the checks call each target's functions directly, by a table of them per
+// target (SimdOps): none of them changes which target the library dispatches
+// to. Only the tests of RELPOS_SIMD's limit itself do (and restore it).
+#include "../../../src/backend/simd_dispatch.h"  // first: every attainable target, as the library compiles
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,14 +20,109 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../../../src/backend/simd.hpp"
 #include "../../../src/backend/vexp.hpp"
 #include "../../../src/nn/gelu.hpp"
 #include "relpos/half.hpp"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "backend/simd_test.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+#include <hwy/highway.h>
+
+#include "../../../src/backend/simd_convert-inl.h"
+#include "../../../src/backend/simd_rows-inl.h"
+#include "../../../src/backend/simd_softmax-inl.h"
+#include "../../../src/backend/simd_staircase-inl.h"
+#include "../../../src/backend/simd_trainer-inl.h"
+
+#ifndef RELPOS_TEST_SIMD_OPS_
+#define RELPOS_TEST_SIMD_OPS_
+namespace relpos_test {
+
+// One target's functions of simd.hpp, by simd.hpp's names.
+struct SimdOps {
+  const char* target;
+  bool fused;  // a multiply-add is one rounding (the target has FMA)
+  float (*exp_shifted_sum)(const float*, float, float*, int64_t);
+  float (*max_of)(const float*, int64_t, float);
+  bool (*all_finite)(const float*, int64_t, int64_t, int64_t);
+  void (*softmax_grad)(const float*, float*, float, int64_t);
+  void (*add_scaled)(float*, const float*, float, int64_t);
+  void (*add_scaled_reversed)(float*, const float*, float, int64_t);
+  void (*add_constant)(float*, float, int64_t);
+  void (*add_picked)(float*, const float*, int64_t, const int32_t*, float, int64_t);
+  void (*scale)(float*, float, int64_t);
+  float (*sum_of)(const float*, int64_t);
+  void (*multiply)(const float*, const float*, float*, int64_t);
+  void (*rotate_pairs)(float*, float*, const float*, const float*, float, int64_t);
+  void (*add_column_sums)(const float*, int64_t, int64_t, float*);
+  void (*add_column_sums_bf16)(const uint16_t*, int64_t, int64_t, float*);
+  double (*sum_of_squares)(const float*, int64_t);
+  void (*transpose)(const float*, int64_t, int64_t, int64_t, float*);
+  void (*add_transposed)(const float*, int64_t, int64_t, int64_t, float*, int64_t);
+  void (*staircase_product)(const relpos::simd::StaircaseProductArgs&);
+  void (*gelu_forward)(const float*, float*, float*, int64_t);
+  void (*layer_norm_row)(const float*, const float*, const float*, int64_t, float, float*, float*, float*);
+  void (*layer_norm_backward_row)(const float*, const float*, const float*, float, float, int64_t, float*);
+  void (*adamw_update)(float*, const float*, float*, float*, int64_t, const relpos::simd::AdamwStep&);
+  void (*widen_bf16)(const uint16_t*, float*, int64_t);
+  void (*narrow_bf16)(const float*, uint16_t*, int64_t);
+  void (*split_bf16)(const float*, uint16_t*, uint16_t*, uint16_t*, int64_t);
+  void (*widen_f16)(const uint16_t*, float*, int64_t);
+  void (*narrow_f16)(const float*, uint16_t*, int64_t);
+};
+
+}  // namespace relpos_test
+#endif  // RELPOS_TEST_SIMD_OPS_
+
+HWY_BEFORE_NAMESPACE();
+namespace relpos_test::HWY_NAMESPACE {
+
+SimdOps TargetOps() {
+  namespace s = relpos::simd::HWY_NAMESPACE;
+  return {.target = hwy::TargetName(HWY_TARGET),
+          .fused = HWY_NATIVE_FMA != 0,
+          .exp_shifted_sum = &s::ExpShiftedSum,
+          .max_of = &s::MaxOf,
+          .all_finite = &s::AllFinite,
+          .softmax_grad = &s::SoftmaxGrad,
+          .add_scaled = &s::AddScaled,
+          .add_scaled_reversed = &s::AddScaledReversed,
+          .add_constant = &s::AddConstant,
+          .add_picked = &s::AddPicked,
+          .scale = &s::Scale,
+          .sum_of = &s::SumOf,
+          .multiply = &s::Multiply,
+          .rotate_pairs = &s::RotatePairs,
+          .add_column_sums = &s::AddColumnSums,
+          .add_column_sums_bf16 = &s::AddColumnSumsBf16,
+          .sum_of_squares = &s::SumOfSquares,
+          .transpose = &s::Transpose,
+          .add_transposed = &s::AddTransposed,
+          .staircase_product = &s::StaircaseProduct,
+          .gelu_forward = &s::GeluForward,
+          .layer_norm_row = &s::LayerNormRow,
+          .layer_norm_backward_row = &s::LayerNormBackwardRow,
+          .adamw_update = &s::AdamwUpdate,
+          .widen_bf16 = &s::WidenBf16,
+          .narrow_bf16 = &s::NarrowBf16,
+          .split_bf16 = &s::SplitBf16,
+          .widen_f16 = &s::WidenF16,
+          .narrow_f16 = &s::NarrowF16};
+}
+
+}  // namespace relpos_test::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace relpos_test {
+
+HWY_EXPORT(TargetOps);
 
 namespace {
 
@@ -46,16 +148,16 @@ std::vector<float> random_row(int64_t n, float lo, float hi, uint64_t seed) {
 // The row operations of the attention epilogues against their scalar
 // formulas: element-wise ones bit for bit, the row sum within rounding.
 template <bool kFused>
-void check_row_ops(int64_t n) {
+void check_row_ops(const SimdOps& ops, int64_t n) {
   const std::vector<float> x = random_row(n, -3.0f, 3.0f, uint64_t(n) + 300);
   const std::vector<float> y0 = random_row(n, -3.0f, 3.0f, uint64_t(n) + 400);
   const std::vector<float> c = random_row(n, -1.0f, 1.0f, uint64_t(n) + 500);
   const std::vector<float> sn = random_row(n, -1.0f, 1.0f, uint64_t(n) + 600);
   std::vector<float> y = y0, z = y0, a = x, b = y0, mirrored = y0;
-  relpos::simd::add_scaled(y.data(), x.data(), 0.7f, n);
-  relpos::simd::add_scaled_reversed(mirrored.data(), x.data(), -0.3f, n);
-  relpos::simd::add_constant(z.data(), -1.25f, n);
-  relpos::simd::rotate_pairs(a.data(), b.data(), c.data(), sn.data(), -1.0f, n);
+  ops.add_scaled(y.data(), x.data(), 0.7f, n);
+  ops.add_scaled_reversed(mirrored.data(), x.data(), -0.3f, n);
+  ops.add_constant(z.data(), -1.25f, n);
+  ops.rotate_pairs(a.data(), b.data(), c.data(), sn.data(), -1.0f, n);
   double exact_sum = 0;
   for (int64_t i = 0; i < n; ++i) {
     EXPECT_EQ(y[i], relpos::multiply_add<kFused>(0.7f, x[i], y0[i])) << i;
@@ -66,7 +168,7 @@ void check_row_ops(int64_t n) {
     EXPECT_EQ(b[i], y0[i] * c[i] + x[i] * s) << i;
     exact_sum += double(x[i]);
   }
-  EXPECT_NEAR(relpos::simd::sum_of(x.data(), n), exact_sum, 1e-6 * double(n));
+  EXPECT_NEAR(ops.sum_of(x.data(), n), exact_sum, 1e-6 * double(n));
   // Picks by row (DeBERTa's tables): rows near each other (a vector's within
   // a vector's width: permuted), far apart, and from fewer entries than lanes.
   for (const auto& [nx, near] : {std::pair<int64_t, bool>{40, true}, {40, false}, {5, true}}) {
@@ -74,14 +176,14 @@ void check_row_ops(int64_t n) {
     std::vector<int32_t> rows(static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) rows[i] = int32_t(near ? std::min<int64_t>(nx - 1, i / 3) : (i * 17) % nx);
     std::vector<float> picked = y0;
-    relpos::simd::add_picked(picked.data(), table.data(), nx, rows.data(), 0.6f, n);
+    ops.add_picked(picked.data(), table.data(), nx, rows.data(), 0.6f, n);
     for (int64_t i = 0; i < n; ++i)  // a vector's multiply-add, or a lane's, which the compiler may not fuse
       EXPECT_TRUE(picked[i] == relpos::multiply_add<true>(0.6f, table[rows[i]], y0[i]) ||
                   picked[i] == relpos::multiply_add<false>(0.6f, table[rows[i]], y0[i]))
           << "add_picked " << nx << (near ? " near " : " far ") << i;
   }
-  relpos::simd::scale(z.data(), 0.5f, n);
-  relpos::simd::softmax_grad(x.data(), y.data(), 0.3f, n);
+  ops.scale(z.data(), 0.5f, n);
+  ops.softmax_grad(x.data(), y.data(), 0.3f, n);
   for (int64_t i = 0; i < n; ++i) {
     EXPECT_EQ(z[i], (y0[i] + -1.25f) * 0.5f) << i;
     EXPECT_EQ(y[i], x[i] * (relpos::multiply_add<kFused>(0.7f, x[i], y0[i]) - 0.3f)) << i;
@@ -91,15 +193,15 @@ void check_row_ops(int64_t n) {
 // Column sums (the bias gradients) bit for bit against adding row after row,
 // from float32 rows and from bfloat16 rows; the sum of squares (the gradient
 // norm) against double arithmetic.
-void check_reductions(int64_t n) {
+void check_reductions(const SimdOps& ops, int64_t n) {
   const int64_t rows = 5;
   const std::vector<float> x = random_row(rows * n, -3.0f, 3.0f, uint64_t(n) + 1500);
   const std::vector<float> start = random_row(n, -1.0f, 1.0f, uint64_t(n) + 1600);
   std::vector<uint16_t> narrow(static_cast<size_t>(rows * n));
-  relpos::simd::narrow_bf16(x.data(), narrow.data(), rows * n);
+  ops.narrow_bf16(x.data(), narrow.data(), rows * n);
   std::vector<float> sums = start, sums_bf16 = start, expected = start, expected_bf16 = start;
-  relpos::simd::add_column_sums(x.data(), rows, n, sums.data());
-  relpos::simd::add_column_sums_bf16(narrow.data(), rows, n, sums_bf16.data());
+  ops.add_column_sums(x.data(), rows, n, sums.data());
+  ops.add_column_sums_bf16(narrow.data(), rows, n, sums_bf16.data());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < n; ++c) {
       expected[c] += x[r * n + c];
@@ -109,12 +211,12 @@ void check_reductions(int64_t n) {
   EXPECT_EQ(sums_bf16, expected_bf16);
   double squares = 0;
   for (float v : x) squares += double(v) * v;
-  EXPECT_NEAR(relpos::simd::sum_of_squares(x.data(), rows * n), squares, 1e-14 * squares);
+  EXPECT_NEAR(ops.sum_of_squares(x.data(), rows * n), squares, 1e-14 * squares);
 }
 
 // The AdamW update against its scalar expression, bit for bit on every target
 // (no fused multiply-add: the trainer's results must not depend on the CPU).
-void check_adamw(int64_t n) {
+void check_adamw(const SimdOps& ops, int64_t n) {
   const std::vector<float> g = random_row(n, -2.0f, 2.0f, uint64_t(n) + 700);
   const std::vector<float> p0 = random_row(n, -1.0f, 1.0f, uint64_t(n) + 800);
   const std::vector<float> m0 = random_row(n, -0.1f, 0.1f, uint64_t(n) + 900);
@@ -122,7 +224,7 @@ void check_adamw(int64_t n) {
   v0[0] = 0.0f;  // a parameter that never had a gradient
   const relpos::simd::AdamwStep s{0.9f, 0.99f, 3e-3f, 1.7f, 1e-8f, 0.9997f, 0.37f};
   std::vector<float> p = p0, m = m0, v = v0;
-  relpos::simd::adamw_update(p.data(), g.data(), m.data(), v.data(), n, s);
+  ops.adamw_update(p.data(), g.data(), m.data(), v.data(), n, s);
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] * s.gradient_scale;
     const float mi = s.beta1 * m0[i] + (1 - s.beta1) * gi;
@@ -135,7 +237,7 @@ void check_adamw(int64_t n) {
 
 // One LayerNorm row forward and backward against the formulas in double
 // (sums over lanes: within float32 rounding, not bit for bit).
-void check_layer_norm(int64_t n) {
+void check_layer_norm(const SimdOps& ops, int64_t n) {
   const std::vector<float> x = random_row(n, 1.0f, 5.0f, uint64_t(n) + 1100);  // an offset the mean must remove
   const std::vector<float> gamma = random_row(n, 0.5f, 1.5f, uint64_t(n) + 1200);
   const std::vector<float> beta = random_row(n, -1.0f, 1.0f, uint64_t(n) + 1300);
@@ -143,7 +245,7 @@ void check_layer_norm(int64_t n) {
   const float eps = 1e-5f;
   std::vector<float> out(static_cast<size_t>(n)), dx(static_cast<size_t>(n), 0.25f);
   float mean = 0, rstd = 0;
-  relpos::simd::layer_norm_row(x.data(), gamma.data(), beta.data(), n, eps, out.data(), &mean, &rstd);
+  ops.layer_norm_row(x.data(), gamma.data(), beta.data(), n, eps, out.data(), &mean, &rstd);
   double mu = 0, var = 0;
   for (float v : x) mu += v / double(n);
   for (float v : x) var += (v - mu) * (v - mu) / double(n);
@@ -159,7 +261,7 @@ void check_layer_norm(int64_t n) {
     mean_g += double(dout[i]) * gamma[i] / double(n);
     mean_gx += double(dout[i]) * gamma[i] * xhat[i] / double(n);
   }
-  relpos::simd::layer_norm_backward_row(dout.data(), x.data(), gamma.data(), mean, rstd, n, dx.data());
+  ops.layer_norm_backward_row(dout.data(), x.data(), gamma.data(), mean, rstd, n, dx.data());
   for (int64_t i = 0; i < n; ++i) {
     const double expected = 0.25 + s * (double(dout[i]) * gamma[i] - mean_g - xhat[i] * mean_gx);
     EXPECT_NEAR(dx[i], expected, 2e-5 * s) << i;  // added to the 0.25 there
@@ -171,8 +273,8 @@ void check_layer_norm(int64_t n) {
 // checked on the entries it promises (the others: the product or zero), and
 // c's padding past n untouched. The bound is recursive summation's,
 // k * eps * (sum |alpha a b| + |beta c|), twice over.
-void check_staircase_product(int64_t m, int64_t n, int64_t k, relpos::simd::Staircase cut, int64_t delta,
-                             bool transposed_a, float beta) {
+void check_staircase_product(const SimdOps& ops, int64_t m, int64_t n, int64_t k, relpos::simd::Staircase cut,
+                             int64_t delta, bool transposed_a, float beta) {
   using relpos::simd::Staircase;
   SCOPED_TRACE("m n k = " + std::to_string(m) + " " + std::to_string(n) + " " + std::to_string(k) + ", cut " +
                std::to_string(int(cut)) + ", delta " + std::to_string(delta) + (transposed_a ? ", A^T" : "") +
@@ -187,7 +289,7 @@ void check_staircase_product(int64_t m, int64_t n, int64_t k, relpos::simd::Stai
   const std::vector<float> c0 = random_row(m * ldc, -1.0f, 1.0f, seed + 2);
   std::vector<float> c = c0;
   const float alpha = 0.75f;
-  relpos::simd::staircase_product(
+  ops.staircase_product(
       {m, n, k, alpha, beta, a.data(), a_row, a_col, b.data(), ldb, c.data(), ldc, cut, delta});
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t x = 0; x < n; ++x) {
@@ -208,19 +310,19 @@ void check_staircase_product(int64_t m, int64_t n, int64_t k, relpos::simd::Stai
   }
 }
 
-void check_transposes() {
+void check_transposes(const SimdOps& ops) {
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {4, 4}, {64, 32}, {13, 97}, {33, 8}}) {
     const int64_t ldx = cols + 5;
     const std::vector<float> x = random_row(rows * ldx, -1.0f, 1.0f, uint64_t(rows * 131 + cols));
     std::vector<float> out(rows * cols, -7.0f);
-    relpos::simd::transpose(x.data(), rows, cols, ldx, out.data());
+    ops.transpose(x.data(), rows, cols, ldx, out.data());
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(out[c * rows + r], x[r * ldx + c]) << rows << "x" << cols;
     // Added, x's rows taken and the output's rows put in reverse (negative strides), the output's padding kept.
     const int64_t ldo = rows + 3;
     const std::vector<float> before = random_row(cols * ldo, -1.0f, 1.0f, uint64_t(rows * 7 + cols));
     std::vector<float> sum = before;
-    relpos::simd::add_transposed(x.data() + (rows - 1) * ldx, rows, cols, -ldx, sum.data() + (cols - 1) * ldo, -ldo);
+    ops.add_transposed(x.data() + (rows - 1) * ldx, rows, cols, -ldx, sum.data() + (cols - 1) * ldo, -ldo);
     for (int64_t c = 0; c < cols; ++c)
       for (int64_t r = 0; r < ldo; ++r) {
         const float added = r < rows ? x[(rows - 1 - r) * ldx + c] : 0.0f;
@@ -231,21 +333,17 @@ void check_transposes() {
   }
 }
 
-void check_staircase_products() {
+void check_staircase_products(const SimdOps& ops) {
   using relpos::simd::Staircase;
-  check_transposes();
+  check_transposes(ops);
   const int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {6, 16, 9}, {13, 97, 128}, {64, 64, 32}, {64, 32, 64},
                                {33, 17, 40}, {128, 128, 128}, {7, 70, 5}};
   for (const auto& s : shapes)
     for (Staircase cut : {Staircase::none, Staircase::columns, Staircase::leading_depth, Staircase::trailing_depth})
       for (int64_t delta : {int64_t(-5), int64_t(0), int64_t(3), int64_t(200)}) {
-        check_staircase_product(s[0], s[1], s[2], cut, delta, false, 0.0f);
-        check_staircase_product(s[0], s[1], s[2], cut, delta, true, cut == Staircase::columns ? 0.0f : 1.0f);
+        check_staircase_product(ops, s[0], s[1], s[2], cut, delta, false, 0.0f);
+        check_staircase_product(ops, s[0], s[1], s[2], cut, delta, true, cut == Staircase::columns ? 0.0f : 1.0f);
       }
-  EXPECT_THROW(relpos::simd::staircase_product({1, 1, relpos::simd::kStaircaseMaxSize + 1}), std::logic_error);
-  EXPECT_THROW(relpos::simd::staircase_product({1, 1, 1, 1.0f, 1.0f, nullptr, 0, 0, nullptr, 0, nullptr, 0,
-                                                Staircase::columns, 0}),
-               std::logic_error);
 }
 
 // NaN and infinite lanes, at every position of rows around the vector
@@ -255,7 +353,7 @@ void check_staircase_products() {
 // its entries is; the softmax gradient is exactly 0 where p is 0, whatever
 // dP and D hold; every element-wise operation keeps a NaN in its lane and
 // reductions over it are NaN.
-void check_nonfinite_lanes() {
+void check_nonfinite_lanes(const SimdOps& ops) {
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   for (int64_t n : {1, 5, 8, 16, 17, 33}) {
     for (int64_t at = 0; at < n; ++at) {
@@ -263,19 +361,19 @@ void check_nonfinite_lanes() {
       std::vector<float> x = random_row(n, -5.0f, 0.0f, uint64_t(n * 100 + at)), out(x.size(), 0.0f);
       for (float special : {nan, inf, -inf}) {
         x[at] = special;
-        const float sum = relpos::simd::exp_shifted_sum(x.data(), 0.5f, out.data(), n);
+        const float sum = ops.exp_shifted_sum(x.data(), 0.5f, out.data(), n);
         if (std::isnan(special)) {
           EXPECT_TRUE(std::isnan(out[at]) && std::isnan(sum));
-          EXPECT_TRUE(std::isnan(relpos::simd::max_of(x.data(), n, -inf)));
-          EXPECT_TRUE(std::isnan(relpos::simd::max_of(x.data(), n, 1e30f)));  // a NaN beside a larger init
+          EXPECT_TRUE(std::isnan(ops.max_of(x.data(), n, -inf)));
+          EXPECT_TRUE(std::isnan(ops.max_of(x.data(), n, 1e30f)));  // a NaN beside a larger init
         } else {
           float largest = -inf;
           for (float v : x) largest = v > largest ? v : largest;
           EXPECT_EQ(out[at], special > 0 ? inf : 0.0f);
           EXPECT_TRUE(special > 0 ? sum == inf : std::isfinite(sum));
-          EXPECT_EQ(relpos::simd::max_of(x.data(), n, -inf), largest);
+          EXPECT_EQ(ops.max_of(x.data(), n, -inf), largest);
         }
-        EXPECT_FALSE(relpos::simd::all_finite(x.data(), 1, n, n));
+        EXPECT_FALSE(ops.all_finite(x.data(), 1, n, n));
         for (int64_t i = 0; i < n; ++i) EXPECT_TRUE(i == at || (std::isfinite(out[i]) && out[i] > 0)) << i;
         EXPECT_EQ(std::isnan(relpos::exp_approx<true>(special)), std::isnan(special));
         EXPECT_EQ(relpos::exp_approx<false>(special) == inf, special == inf);
@@ -283,11 +381,11 @@ void check_nonfinite_lanes() {
         // element-wise operations: the NaN (or infinity) stays in its lane
         std::vector<float> y = random_row(n, -1.0f, 1.0f, uint64_t(n + at)), w = y, gy(x.size()), slope(x.size());
         std::vector<float> scaled = x, shifted = x;
-        relpos::simd::add_scaled(y.data(), x.data(), 0.5f, n);
-        relpos::simd::scale(scaled.data(), 2.0f, n);
-        relpos::simd::add_constant(shifted.data(), 1.0f, n);
-        relpos::simd::multiply(x.data(), w.data(), w.data(), n);
-        relpos::simd::gelu_forward(x.data(), gy.data(), slope.data(), n);
+        ops.add_scaled(y.data(), x.data(), 0.5f, n);
+        ops.scale(scaled.data(), 2.0f, n);
+        ops.add_constant(shifted.data(), 1.0f, n);
+        ops.multiply(x.data(), w.data(), w.data(), n);
+        ops.gelu_forward(x.data(), gy.data(), slope.data(), n);
         for (const std::vector<float>* lane : {&y, &scaled, &shifted, &w}) {
           EXPECT_EQ(std::isnan((*lane)[at]), std::isnan(special));
           EXPECT_FALSE(std::isfinite((*lane)[at]));
@@ -297,40 +395,41 @@ void check_nonfinite_lanes() {
         } else if (special == inf) {
           EXPECT_EQ(gy[at], inf);  // gelu(x) = x Phi(x); at -inf the formula's inf x 0 is NaN
         }
-        EXPECT_EQ(std::isnan(relpos::simd::sum_of(x.data(), n)), std::isnan(special));
+        EXPECT_EQ(std::isnan(ops.sum_of(x.data(), n)), std::isnan(special));
       }
       x[at] = 1.0f;
-      EXPECT_TRUE(relpos::simd::all_finite(x.data(), 1, n, n));
+      EXPECT_TRUE(ops.all_finite(x.data(), 1, n, n));
       x[at] = nan;  // as one of several rows, and outside the rows read
       std::vector<float> rows(3 * (n + 2), 1.0f);
       rows[(n + 2) + at] = nan;
-      EXPECT_FALSE(relpos::simd::all_finite(rows.data(), 3, n, n + 2));
-      EXPECT_TRUE(relpos::simd::all_finite(rows.data() + 2 * (n + 2), 1, n, n + 2));
+      EXPECT_FALSE(ops.all_finite(rows.data(), 3, n, n + 2));
+      EXPECT_TRUE(ops.all_finite(rows.data() + 2 * (n + 2), 1, n, n + 2));
       rows[(n + 2) + at] = 1.0f, rows[n + 1] = nan;  // padding between rows
-      EXPECT_TRUE(relpos::simd::all_finite(rows.data(), 3, n, n + 2));
+      EXPECT_TRUE(ops.all_finite(rows.data(), 3, n, n + 2));
       x[at] = 1.0f;
 
       // the softmax gradient: p = 0 gives 0 whatever dP (ds) and D are; p > 0 keeps a NaN
-      std::vector<float> p = random_row(n, 0.1f, 1.0f, uint64_t(n + 7 * at)), ds = random_row(n, -1.0f, 1.0f, uint64_t(at));
+      std::vector<float> p = random_row(n, 0.1f, 1.0f, uint64_t(n + 7 * at));
+      std::vector<float> ds = random_row(n, -1.0f, 1.0f, uint64_t(at));
       p[at] = 0.0f;
       ds[at] = inf;
-      relpos::simd::softmax_grad(p.data(), ds.data(), 0.25f, n);
+      ops.softmax_grad(p.data(), ds.data(), 0.25f, n);
       EXPECT_EQ(ds[at], 0.0f);
       std::vector<float> ds_nan_d = ds;
-      relpos::simd::softmax_grad(p.data(), ds_nan_d.data(), nan, n);
+      ops.softmax_grad(p.data(), ds_nan_d.data(), nan, n);
       for (int64_t i = 0; i < n; ++i) EXPECT_EQ(std::isnan(ds_nan_d[i]), i != at) << i;
     }
   }
   std::vector<float> row = {-1.0f, -2.0f, -3.0f};
   std::vector<float> out(3);
-  EXPECT_TRUE(std::isnan(relpos::simd::exp_shifted_sum(row.data(), nan, out.data(), 3)));  // a NaN shift (row maximum)
+  EXPECT_TRUE(std::isnan(ops.exp_shifted_sum(row.data(), nan, out.data(), 3)));  // a NaN shift (row maximum)
   EXPECT_TRUE(std::isnan(out[0]) && std::isnan(out[2]));
-  EXPECT_TRUE(std::isnan(relpos::simd::max_of(row.data(), 3, nan)));
+  EXPECT_TRUE(std::isnan(ops.max_of(row.data(), 3, nan)));
 }
 
 template <bool kFused>
-void check_current_target() {
-  check_nonfinite_lanes();
+void check_current_target(const SimdOps& ops) {
+  check_nonfinite_lanes(ops);
   // Lengths around the vector widths (4, 8, 16 lanes) and a softmax row.
   for (int64_t n : {1, 3, 7, 8, 9, 15, 16, 17, 33, 128, 129}) {
     SCOPED_TRACE("n = " + std::to_string(n));
@@ -338,35 +437,36 @@ void check_current_target() {
     if (n > 2) x[1] = -std::numeric_limits<float>::infinity();  // a masked logit
     const float shift = 3.5f;
     std::vector<float> out(static_cast<size_t>(n));
-    const float sum = relpos::simd::exp_shifted_sum(x.data(), shift, out.data(), n);
+    const float sum = ops.exp_shifted_sum(x.data(), shift, out.data(), n);
     double exact_sum = 0;
     for (int64_t i = 0; i < n; ++i) {
       const bool cut = x[i] - shift < relpos::simd::kSoftmaxCutoff;  // terms below e^-44 are 0
       const double exact = cut ? 0.0 : std::exp(double(x[i]) - shift);
       exact_sum += out[i];
-      EXPECT_EQ(out[i], cut ? 0.0f : relpos::exp_approx<kFused>(x[i] - shift)) << i;  // the scalar arithmetic, bit for bit
+      // the scalar arithmetic, bit for bit
+      EXPECT_EQ(out[i], cut ? 0.0f : relpos::exp_approx<kFused>(x[i] - shift)) << i;
       // about 2 ulp near 0; the range reduction's error grows with |x| to ~4e-6 near -87
       EXPECT_NEAR(out[i], exact, (x[i] - shift > -10 ? 3e-7 : 5e-6) * exact) << i;
     }
     EXPECT_NEAR(sum, exact_sum, 1e-6 * exact_sum);
     float biggest = -1e30f;
     for (float v : x) biggest = v > biggest ? v : biggest;
-    EXPECT_EQ(relpos::simd::max_of(x.data(), n, -1e30f), biggest);
-    EXPECT_EQ(relpos::simd::max_of(x.data(), n, 1e30f), 1e30f);
+    EXPECT_EQ(ops.max_of(x.data(), n, -1e30f), biggest);
+    EXPECT_EQ(ops.max_of(x.data(), n, 1e30f), 1e30f);
 
-    check_row_ops<kFused>(n);
-    check_adamw(n);
-    check_layer_norm(n);
-    check_reductions(n);
+    check_row_ops<kFused>(ops, n);
+    check_adamw(ops, n);
+    check_layer_norm(ops, n);
+    check_reductions(ops, n);
 
     const std::vector<float> g = random_row(n, -9.0f, 9.0f, uint64_t(n) + 100);
     const std::vector<float> dy = random_row(n, -1.0f, 1.0f, uint64_t(n) + 200);
     std::vector<float> y(static_cast<size_t>(n)), slope(static_cast<size_t>(n)), dx(static_cast<size_t>(n), 0.25f);
     std::vector<float> y_alone(static_cast<size_t>(n)), slope_in_place = g;
-    relpos::simd::gelu_forward(g.data(), y.data(), slope.data(), n);
-    relpos::simd::gelu_forward(g.data(), y_alone.data(), nullptr, n);
-    relpos::simd::multiply(dy.data(), slope.data(), dx.data(), n);
-    relpos::simd::gelu_forward(slope_in_place.data(), y_alone.data(), slope_in_place.data(), n);
+    ops.gelu_forward(g.data(), y.data(), slope.data(), n);
+    ops.gelu_forward(g.data(), y_alone.data(), nullptr, n);
+    ops.multiply(dy.data(), slope.data(), dx.data(), n);
+    ops.gelu_forward(slope_in_place.data(), y_alone.data(), slope_in_place.data(), n);
     EXPECT_EQ(slope_in_place, slope);  // written over its input
     EXPECT_EQ(y_alone, y);
     for (int64_t i = 0; i < n; ++i) {
@@ -425,7 +525,7 @@ void check_conversions(void (*widen)(const uint16_t*, float*, int64_t),
 // of the rest of x after the parts before it (the rests computed in double,
 // where they are exact); and the three parts summed in double give x back
 // exactly (|x| at least 2^-100, where no rest is subnormal).
-void check_split_bf16() {
+void check_split_bf16(const SimdOps& ops) {
   std::mt19937_64 rng(17);
   std::uniform_real_distribution<double> exponent(-100, 100), mantissa(1, 2);
   std::vector<float> x;
@@ -433,7 +533,7 @@ void check_split_bf16() {
   for (float v : {0.0f, -0.0f, 1.0f, 1.00390625f, 1.0f + 0x1p-9f + 0x1p-17f, 1.0f - 0x1p-24f, 3.4e38f}) x.push_back(v);
   const int64_t n = int64_t(x.size());  // odd: the tail runs lane by lane
   std::vector<uint16_t> hi(x.size()), mid(x.size()), lo(x.size());
-  relpos::simd::split_bf16(x.data(), hi.data(), mid.data(), lo.data(), n);
+  ops.split_bf16(x.data(), hi.data(), mid.data(), lo.data(), n);
   int bad = 0;
   for (int64_t i = 0; i < n; ++i) {
     double rest = x[i];
@@ -451,29 +551,53 @@ void check_split_bf16() {
   }
 }
 
-TEST(Simd, EveryTargetThisMachineRunsAgreesWithTheFormulas) {
-  int exercised = 0;
-  for (const std::string name : {"avx512", "avx2", "sse4", "scalar"}) {
-    try {
-      limit_targets(name);
-    } catch (const std::invalid_argument&) {
-      continue;  // the CPU has no such target
-    }
-    if (!runs_as(name, active_target())) continue;  // this CPU's best is below `name`
-    SCOPED_TRACE(name + " runs as " + active_target());
-    check_conversions<relpos::bfloat16>(relpos::simd::widen_bf16, relpos::simd::narrow_bf16);
-    check_conversions<relpos::float16>(relpos::simd::widen_f16, relpos::simd::narrow_f16);
-    check_split_bf16();
-    check_staircase_products();
-    if (name == "avx512" || name == "avx2")
-      check_current_target<true>();
-    else
-      check_current_target<false>();
-    ++exercised;
+// Every target compiled here that this CPU runs, each by its own functions:
+// a hwy::ChosenTarget of this test's own picks the target's entry of the
+// table, as the library's dispatch picks its chosen target's.
+std::vector<SimdOps> runnable_targets() {
+  std::vector<SimdOps> out;
+  for (int64_t targets = hwy::SupportedTargets() & HWY_TARGETS; targets != 0; targets &= targets - 1) {
+    hwy::ChosenTarget one;
+    one.Update(targets & -targets);
+    out.push_back(HWY_DISPATCH_TABLE(TargetOps)[one.GetIndex()]());
   }
-  limit_targets("");
-  EXPECT_GE(exercised, 2) << "every x86-64 runs sse4 and scalar";
-  for (const std::string name : {"sse4", "scalar"}) {  // below every x86-64 CPU: always what is asked
+  return out;
+}
+
+TEST(Simd, EveryTargetThisMachineRunsAgreesWithTheFormulas) {
+  const std::string dispatched = active_target();
+  const std::vector<SimdOps> targets = runnable_targets();
+  std::vector<std::string> names;
+  for (const SimdOps& ops : targets) {
+    SCOPED_TRACE(ops.target);
+    names.push_back(ops.target);
+    check_conversions<relpos::bfloat16>(ops.widen_bf16, ops.narrow_bf16);
+    check_conversions<relpos::float16>(ops.widen_f16, ops.narrow_f16);
+    check_split_bf16(ops);
+    check_staircase_products(ops);
+    ops.fused ? check_current_target<true>(ops) : check_current_target<false>(ops);
+  }
+  const auto checked = [&](const char* name) { return std::ranges::count(names, name) == 1; };
+  EXPECT_TRUE(checked("SSE4") && (checked("EMU128") || checked("SCALAR")))
+      << "every x86-64 runs SSE4 and a one-lane or emulated target; checked: " << testing::PrintToString(names);
+  EXPECT_TRUE(checked(dispatched.c_str())) << "the library dispatches to " << dispatched << ", which was not checked";
+  EXPECT_EQ(active_target(), dispatched) << "checking the targets changed the library's dispatch";
+}
+
+// The dispatched wrapper refuses what no target's product may be asked.
+TEST(Simd, StaircaseProductRefusesWhatItCannotCompute) {
+  using relpos::simd::Staircase;
+  EXPECT_THROW(relpos::simd::staircase_product({1, 1, relpos::simd::kStaircaseMaxSize + 1}), std::logic_error);
+  EXPECT_THROW(relpos::simd::staircase_product({1, 1, 1, 1.0f, 1.0f, nullptr, 0, 0, nullptr, 0, nullptr, 0,
+                                                Staircase::columns, 0}),
+               std::logic_error);
+}
+
+// RELPOS_SIMD's limit (limit_targets): below every x86-64 CPU it runs what
+// is asked, every dispatched function with it, and asking what the CPU
+// supports keeps it.
+TEST(Simd, LimitingTheTargetsDispatchesBelowTheLimit) {
+  for (const std::string name : {"sse4", "scalar"}) {
     limit_targets(name);
     EXPECT_TRUE(runs_as(name, active_target())) << name << " runs as " << active_target();
     // Asking what the CPU supports (relpos info does, after a dispatch) keeps the limit.
@@ -492,3 +616,5 @@ TEST(Simd, UnknownTargetNamesAreRefused) {
 }
 
 }  // namespace
+}  // namespace relpos_test
+#endif  // HWY_ONCE
