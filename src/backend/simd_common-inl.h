@@ -1,7 +1,7 @@
 // The per-target helpers more than one family of SIMD loops uses: the
 // exponential (softmax, GELU), the lane loops and row sums, bfloat16 loads.
-// Each simd_*.cpp includes this after hwy/highway.h, once per target; the
-// guard is Highway's per-target idiom: foreach_target.h toggles
+// Each family's simd_*-inl.h includes this after hwy/highway.h, once per
+// target (in the library and in the SIMD test); the guard is Highway's per-target idiom: foreach_target.h toggles
 // HWY_TARGET_TOGGLE before each target, which lets this file in again.
 #if defined(RELPOS_SIMD_COMMON_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef RELPOS_SIMD_COMMON_INL_H_

@@ -1,9 +1,11 @@
-// What the files of SIMD loops (simd_*.cpp) and simd.cpp share outside
-// Highway's per-target code: which targets they compile, and a dispatch to
-// relpos's chosen target that applies RELPOS_SIMD first. Include it before any
-// Highway header.
+// What the files of SIMD loops (simd_*.cpp), simd.cpp and the SIMD test
+// (tests/cpp/backend/simd_test.cpp) share outside Highway's per-target code:
+// which targets they compile, so that a target's index means the same in each
+// file's tables, and a dispatch to relpos's chosen target that applies
+// RELPOS_SIMD first. Include it before any Highway header.
 #pragma once
 
+#include <cstddef>
 #include <cstdlib>
 #include <string>
 
@@ -50,15 +52,21 @@ inline void apply_environment() {
   (void)applied;
 }
 
+// The entry of a dispatch table (HWY_EXPORT's) for `target` (a
+// hwy::ChosenTarget): GetIndex reads the mask of the targets compiled in the
+// calling file, as HWY_DYNAMIC_DISPATCH does; a build of one target has a
+// table of one entry, the function itself. The SIMD test picks each target's
+// entry of its own table with it.
+template <class Function, size_t kEntries, class Target>
+Function* table_entry(Function* const (&table)[kEntries], const Target& target) {
+  return table[kEntries == 1 ? 0 : target.GetIndex()];
+}
+
 }  // namespace relpos::simd::detail
 
-// Name's dispatch table (HWY_EXPORT) entry for relpos's chosen target, once
-// RELPOS_SIMD is applied: the comma reads the target only after
-// apply_environment may have set it. GetIndex reads the mask of the targets
-// compiled in the calling file, as HWY_DYNAMIC_DISPATCH does; a build of one
-// target has a table of one entry, the function itself.
-#define RELPOS_SIMD_DISPATCH(Name)                                                                  \
-  (::relpos::simd::detail::apply_environment(),                                                     \
-   (*(HWY_DISPATCH_TABLE(Name)[sizeof(HWY_DISPATCH_TABLE(Name)) == sizeof(HWY_DISPATCH_TABLE(Name)[0]) \
-                                   ? 0                                                              \
-                                   : ::relpos::simd::detail::chosen_target().GetIndex()])))
+// Name's dispatch table entry for relpos's chosen target, once RELPOS_SIMD is
+// applied: the comma reads the target only after apply_environment may have
+// set it.
+#define RELPOS_SIMD_DISPATCH(Name)                 \
+  (::relpos::simd::detail::apply_environment(),    \
+   ::relpos::simd::detail::table_entry(HWY_DISPATCH_TABLE(Name), ::relpos::simd::detail::chosen_target()))

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <stdexcept>
 #include <type_traits>
 
 #include <hwy/highway.h>

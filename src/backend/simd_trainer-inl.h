@@ -48,7 +48,7 @@ static void GeluForward(const float* x, float* y, float* slope, int64_t n) {
 }
 
 static void LayerNormRow(const float* x, const float* gamma, const float* beta, int64_t n, float eps, float* out,
-                  float* mean, float* rstd) {
+                         float* mean, float* rstd) {
   const float mu = SumOf(x, n) / float(n);
   const float var = SumOfTerms(n, [&](auto d, int64_t i) {
                       const auto centred = hn::Sub(hn::LoadU(d, x + i), hn::Set(d, mu));
