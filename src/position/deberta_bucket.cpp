@@ -18,6 +18,13 @@ float log_ratio(int64_t position_buckets, int64_t max_relative_positions) {
   return log_f32(static_cast<float>(static_cast<double>(max_relative_positions - 1) / static_cast<double>(mid)));
 }
 
+// A name as another argument's message mentions it: without the "relpos: " a
+// message starts with.
+std::string bare_name(const std::string& name) {
+  const size_t colon = name.rfind(": ");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
+}
+
 }  // namespace
 
 void check_deberta_config(int64_t position_buckets, int64_t max_relative_positions,
@@ -31,7 +38,7 @@ void check_deberta_config(int64_t position_buckets, int64_t max_relative_positio
                                 std::to_string(position_buckets));
   // (max - 1) / mid must exceed 1 in float32 too (2^26 buckets reaching 2^25 + 2 rounds to 1).
   if (max_relative_positions - 1 <= position_buckets / 2 || !(log_ratio(position_buckets, max_relative_positions) > 0))
-    throw std::invalid_argument(max_relative_positions_name + ": with position_buckets " +
+    throw std::invalid_argument(max_relative_positions_name + ": with " + bare_name(position_buckets_name) + " " +
                                 std::to_string(position_buckets) + " must exceed " +
                                 std::to_string(position_buckets / 2 + 1) + " (the log ratio would be <= 0), got " +
                                 std::to_string(max_relative_positions));

@@ -89,6 +89,12 @@ TEST(NnConfig, SchemeOptionsByKey) {
                                "shaw_k"))
         << bad;
   EXPECT_EQ(back.to_text(), text);
+  // DeBERTa's reach checked against its bucket count, each by the model's key.
+  const std::string reach = message_of(with([](ModelConfig& c) {
+    c.position = "deberta", c.scheme_options["deberta_buckets"] = 16, c.scheme_options["deberta_max_distance"] = 9;
+  }));
+  EXPECT_NE(reach.find("ModelConfig.deberta_max_distance: with ModelConfig.deberta_buckets 16 must exceed 9"), std::string::npos)
+      << reach;
 }
 
 TEST(NnConfig, TextRoundTrips) {
