@@ -313,7 +313,9 @@ void check_staircase_product(const SimdOps& ops, int64_t m, int64_t n, int64_t k
 }
 
 void check_transposes(const SimdOps& ops) {
-  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {4, 4}, {64, 32}, {13, 97}, {33, 8}}) {
+  // Shapes of whole 8 x 8 and 4 x 4 blocks, of blocks and edges, of edges only.
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {4, 4}, {8, 8}, {64, 32}, {13, 97},
+                                   {33, 8}, {8, 13}, {21, 19}}) {
     const int64_t ldx = cols + 5;
     const std::vector<float> x = random_row(rows * ldx, -1.0f, 1.0f, uint64_t(rows * 131 + cols));
     std::vector<float> out(rows * cols, -7.0f);
