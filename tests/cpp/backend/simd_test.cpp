@@ -313,15 +313,22 @@ void check_staircase_product(const SimdOps& ops, int64_t m, int64_t n, int64_t k
 }
 
 void check_transposes(const SimdOps& ops) {
-  // Shapes of whole 8 x 8 and 4 x 4 blocks, of blocks and edges, of edges only.
+  // Shapes of whole 8 x 8 and 4 x 4 blocks, of blocks and edges, of edges only
+  // (8-row bands narrower than a block among them).
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, 1}, {3, 5}, {4, 4}, {8, 8}, {64, 32}, {13, 97},
-                                   {33, 8}, {8, 13}, {21, 19}}) {
+                                   {33, 8}, {8, 13}, {21, 19}, {8, 3}, {17, 7}}) {
     const int64_t ldx = cols + 5;
     const std::vector<float> x = random_row(rows * ldx, -1.0f, 1.0f, uint64_t(rows * 131 + cols));
     std::vector<float> out(rows * cols, -7.0f);
     ops.transpose(x.data(), rows, cols, ldx, out.data());
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(out[c * rows + r], x[r * ldx + c]) << rows << "x" << cols;
+    // x's rows taken in reverse (a negative stride).
+    std::vector<float> reversed(rows * cols, -7.0f);
+    ops.transpose(x.data() + (rows - 1) * ldx, rows, cols, -ldx, reversed.data());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        EXPECT_EQ(reversed[c * rows + r], x[(rows - 1 - r) * ldx + c]) << "reversed " << rows << "x" << cols;
     // Added, x's rows taken and the output's rows put in reverse (negative strides), the output's padding kept.
     const int64_t ldo = rows + 3;
     const std::vector<float> before = random_row(cols * ldo, -1.0f, 1.0f, uint64_t(rows * 7 + cols));
