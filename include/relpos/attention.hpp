@@ -220,9 +220,10 @@ std::vector<Algorithm> available_algorithms(const AttentionForward<T>& p);
 
 // Scratch memory (bytes) a call's algorithm needs beyond its inputs and
 // outputs, forward and backward, estimated from the shapes before any work.
-// For the fused kernel it counts the kernel's buffers from the kernel's own
-// tile sizes: tested to lie between the measured peak and 1.5 times it
-// (a padded key that is not finite adds a copy of the head's keys and values).
+// For the fused kernel it is the kernel's plan of its buffers, which its
+// workers reserve before any work: tested equal, byte for byte, to what the
+// kernel's forward or backward allocates (a padded key that is not finite
+// adds a copy of the head's keys and values).
 template <class T>
 double estimated_scratch_bytes(const AttentionForward<T>& p);
 

@@ -15,6 +15,7 @@
 #include "relpos/gemm.hpp"
 #include "../backend/scratch.hpp"
 #include "../backend/simd.hpp"
+#include "fused_plan.hpp"
 #include "head.hpp"
 #include "tile_products.hpp"
 
@@ -126,6 +127,7 @@ class SplitTile {
   // (split_row) as the softmax finishes them, while each is still in the
   // core's first-level cache (splitting the whole tile afterwards read it
   // back from the second: 7% of the bfloat16 forward on one AMX core).
+  void reserve(int64_t parts) { parts_.reserve(parts); }
   void reshape(int64_t rows, int64_t cols, Layout layout) {
     const std::size_t n = static_cast<std::size_t>(3 * rows * cols);
     if (parts_.size() < n) parts_.resize(n);
@@ -170,6 +172,11 @@ class SplitBackward {
  public:
   SplitTile P, dS;  // the tile's, split row by row as the loops finish them
 
+  void reserve(const fused::SplitBackwardPlan& plan) {
+    P.reserve(plan.tile), dS.reserve(plan.tile);
+    qT3_.reserve(plan.qT3), doutT3_.reserve(plan.doutT3), k3_.reserve(plan.k3);
+    dkT_.reserve(plan.dkT), dvT_.reserve(plan.dvT);
+  }
   // A key group of `keys` keys in tiles `block` wide (the last: the rest),
   // k its stored rows.
   void start_group(int64_t keys, int64_t block, const bfloat16* k, int64_t ldk, int64_t d, int64_t dv) {

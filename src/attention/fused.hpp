@@ -2,7 +2,12 @@
 // (L, L) buffer. Inputs are assumed validated.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
 #include "relpos/attention.hpp"
+#include "tiles.hpp"
 
 namespace relpos::fused {
 
@@ -24,5 +29,12 @@ void backward_stored(const AttentionBackward<compute_t<S>>& twin, const Attentio
 // runs whole on one thread); each group holds its own query-side gradients.
 template <class T>
 int64_t backward_key_groups(const AttentionForward<T>& p);
+
+// The keys [begin, end) of key group `group` of `groups` of a head of lk keys:
+// whole key tiles, as evenly as they go.
+inline std::pair<int64_t, int64_t> group_keys(int64_t lk, int64_t group, int64_t groups) {
+  const int64_t keys = tiles::kBackwardKeys, count = (lk + keys - 1) / keys;
+  return {group * count / groups * keys, std::min(lk, (group + 1) * count / groups * keys)};
+}
 
 }  // namespace relpos::fused

@@ -42,6 +42,11 @@ struct QueryGrads {
   Scratch<T> dRk;       // an indexed table read by the key: gradients of the keys' scores, (lk, nb)
   Scratch<T> dbias;     // a bias per distance with learnable parameters: its gradient per distance
 
+  void reserve(const QueryGradsPlan& plan) {
+    for (auto [buffer, size] : {std::pair{&dqc, plan.dqc}, {&dqp, plan.dqp}, {&dR, plan.dR}, {&Pb, plan.Pb},
+                                {&dE, plan.dE}, {&dRk, plan.dRk}, {&dbias, plan.dbias}})
+      buffer->reserve(size);
+  }
   void reset(const HeadContext<T>& c, bool bias_grads) {
     const Head<T>& hd = c.x.hd;
     dqc.assign(hd.lq * hd.d, T(0)), dqp.assign(hd.lq * hd.d, T(0));
@@ -71,7 +76,20 @@ struct BackwardScratch {
   KeyBand<T> band;
   QueryGrads<T> query;  // one head's, when a head is one group
   Scratch<T> dk, dv;
+  Scratch<T> dtable;    // a table's gradient of the head before it is added
   SplitBackward split;  // where splits_backward
+
+  void reserve(const BackwardPlan& plan, const AttentionForward<T>& p) {
+    head.reserve(plan.head, p);
+    for (auto [buffer, size] :
+         {std::pair{&dout, plan.dout}, {&out_row, plan.out_row}, {&D, plan.D}, {&P, plan.P}, {&dP, plan.dP},
+          {&Rq, plan.Rq}, {&G, plan.G}, {&dband, plan.band}, {&transposed, plan.transposed}, {&by_key, plan.by_key},
+          {&dk, plan.dk}, {&dv, plan.dv}, {&dtable, plan.dtable}})
+      buffer->reserve(size);
+    band.reserve(plan.band);
+    query.reserve(plan.query);
+    split.reserve(plan.split);
+  }
 };
 
 // The dense dout of the prepared head and D_i = dout_i . out_i.
@@ -109,9 +127,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
   const T scale = T(effective_scale(p));
-  const int64_t tiles = (hd.lk + kBackwardKeys - 1) / kBackwardKeys;
-  const int64_t begin = group * tiles / groups * kBackwardKeys;
-  const int64_t end = std::min(hd.lk, (group + 1) * tiles / groups * kBackwardKeys);
+  const auto [begin, end] = group_keys(hd.lk, group, groups);
   w.P.resize(kBackwardRows * kBackwardKeys), w.dP.resize(kBackwardRows * kBackwardKeys);
   const bool split = std::is_same_v<T, float> && c.stored.splits_backward();
   if (split) w.split.start_group(end - begin, kBackwardKeys, c.stored.k + begin * c.stored.ldk, c.stored.ldk, d, dvd);
@@ -269,31 +285,32 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
   if (c.key_table()) {  // dqp += dR wk; dwk += dR^T qp
     weights_times<T>(Trans::no, lq, d, nb, T(1), q.dR.data(), nb, c.wk.data(), d, T(1), q.dqp.data(), d);
     if (e.key_table()->wants_grad(g)) {
-      Scratch<T> dwk(nb * d);
-      weights_times<T>(Trans::yes, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), dwk.data(), d);
-      e.key_table()->add_slice_grad(g, hd.h, dwk.data());
+      w.dtable.resize(nb * d);
+      weights_times<T>(Trans::yes, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), w.dtable.data(), d);
+      e.key_table()->add_slice_grad(g, hd.h, w.dtable.data());
     }
   }
   if (!c.c2p.empty()) {  // dqp += dR c2p; dc2p += dR^T qp
     weights_times<T>(Trans::no, lq, d, nb, T(1), q.dR.data(), nb, c.c2p.data(), d, T(1), q.dqp.data(), d);
     if (e.indexed_keys()->wants_grad(g)) {
-      Scratch<T> dc2p(nb * d);
-      weights_times<T>(Trans::yes, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), dc2p.data(), d);
-      e.indexed_keys()->add_slice_grad(g, hd.h, dc2p.data());
+      w.dtable.resize(nb * d);
+      weights_times<T>(Trans::yes, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), w.dtable.data(), d);
+      e.indexed_keys()->add_slice_grad(g, hd.h, w.dtable.data());
     }
   }
   if (!c.p2c.empty()) {  // dk += dRk p2c; dp2c += dRk^T k (a padded key's row of k is zero or finite: load_head)
     weights_times<T>(Trans::no, hd.lk, d, nb, T(1), q.dRk.data(), nb, c.p2c.data(), d, T(1), dk.data(), d);
     if (e.indexed_queries()->wants_grad(g)) {
-      Scratch<T> dp2c(nb * d);
-      weights_times<T>(Trans::yes, nb, d, hd.lk, T(1), q.dRk.data(), nb, c.x.kp, c.x.ldk, T(0), dp2c.data(), d);
-      e.indexed_queries()->add_slice_grad(g, hd.h, dp2c.data());
+      w.dtable.resize(nb * d);
+      weights_times<T>(Trans::yes, nb, d, hd.lk, T(1), q.dRk.data(), nb, c.x.kp, c.x.ldk, T(0), w.dtable.data(), d);
+      e.indexed_queries()->add_slice_grad(g, hd.h, w.dtable.data());
     }
   }
   if (c.value_table() && e.value_table()->wants_grad(g)) {  // dwv += Pb^T dout
-    Scratch<T> dwv(nb * dvd);
-    weights_times<T>(Trans::yes, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout.data(), dvd, T(0), dwv.data(), dvd);
-    e.value_table()->add_slice_grad(g, hd.h, dwv.data());
+    w.dtable.resize(nb * dvd);
+    weights_times<T>(Trans::yes, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout.data(), dvd, T(0), w.dtable.data(),
+                     dvd);
+    e.value_table()->add_slice_grad(g, hd.h, w.dtable.data());
   }
   if constexpr (F::band) band_rows.add(F{}, e, g, hd, q.dE);
   if (!q.dbias.empty()) add_bias_grad(g, c.x, q.dbias);
@@ -309,12 +326,15 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
   const int64_t batch = p.q.shape[0], heads = p.q.shape[1], count = batch * heads, groups = backward_key_groups(p);
   const int64_t lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
   const int threads = thread_count(p.num_threads, count * groups);
+  const FusedPlan plan = fused::plan(data, &data.dpos);
   std::vector<BackwardScratch<T>> scratch(threads);
   std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
   std::vector<BandRowSum<T>> band_rows(threads);
   const auto make_partials = [&](int t) { partials[t] = std::make_unique<GradPartials<T>>(p.dpos); };
+  const auto make_scratch = [&](int t) { scratch[t].reserve(plan.backward, p); };
   if (groups == 1) {
-    parallel_for(count, threads, make_partials, [&](int t, int64_t item) {
+    const auto make_both = [&](int t) { make_scratch(t), make_partials(t); };
+    parallel_for(count, threads, make_both, [&](int t, int64_t item) {
       const auto [b, h] = head_major(item, batch);
       BackwardScratch<T>& w = scratch[t];
       w.dk.assign(lk * d, T(0)), w.dv.assign(lk * dv, T(0));
@@ -323,8 +343,9 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
     });
   } else {
     std::vector<QueryGrads<T>> query(count * groups);
-    std::vector<Scratch<T>> dk(count, Scratch<T>(lk * d)), dvs(count, Scratch<T>(lk * dv));
-    parallel_for(count * groups, threads, [](int) {}, [&](int t, int64_t item) {
+    std::vector<Scratch<T>> dk(count), dvs(count);
+    for (int64_t bh = 0; bh < count; ++bh) dk[bh].assign(lk * d, T(0)), dvs[bh].assign(lk * dv, T(0));
+    parallel_for(count * groups, threads, make_scratch, [&](int t, int64_t item) {
       const int64_t bh = item / groups;
       const int64_t group = head_tail(item % groups, groups);  // causal: early key groups cost more
       backward_key_group<F>(p, data, e, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh],

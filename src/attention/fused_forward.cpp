@@ -20,6 +20,16 @@ struct ForwardScratch {
   OnlineSoftmax<T> softmax;
   KeyBand<T> band;
   SplitTile split;  // P, where split_row splits it
+
+  void reserve(const ForwardPlan& plan, const AttentionForward<T>& p) {
+    head.reserve(plan.head, p);
+    for (auto [buffer, size] : {std::pair{&S, plan.S}, {&O, plan.O}, {&Rq, plan.Rq}, {&Pb, plan.Pb},
+                                {&transposed, plan.transposed}, {&by_key, plan.by_key}})
+      buffer->reserve(size);
+    softmax.reserve(plan.softmax_rows);
+    band.reserve(plan.band);
+    split.reserve(plan.split);
+  }
 };
 
 // One query tile of one head: all key tiles, online softmax, out and lse.
@@ -75,6 +85,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
 
 template <class T, class Stored>
 void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& data) {
+  const FusedPlan plan = fused::plan(data);
   const CallEmbeddings<T> e(p);
   const tiles::ForwardTiles f = tiles::forward(p.q.shape[3], p.v.shape[3], e.indexed_queries() != nullptr);
   const int64_t heads = p.q.shape[1], query_tiles = (p.q.shape[2] + f.rows - 1) / f.rows;
@@ -83,7 +94,7 @@ void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& d
   std::vector<ForwardScratch<T>> scratch(threads);
   with_tile_features(p, e, [&](auto features) {
     parallel_for(
-        items, threads, [](int) {},
+        items, threads, [&](int t) { scratch[t].reserve(plan.forward, p); },
         [&](int t, int64_t item) {
           const int64_t bh = item / query_tiles;
           forward_tile<decltype(features)>(p, data, e, f, bh / heads, bh % heads,

@@ -50,6 +50,7 @@
 #include "bf16_split.hpp"
 #include "causal_cut.hpp"
 #include "distance_table.hpp"
+#include "fused_plan.hpp"
 #include "head.hpp"
 #include "indexed_rows.hpp"
 #include "key_band.hpp"
@@ -75,6 +76,18 @@ struct HeadContext {
   const RowRuns* c2p_rows = nullptr;  // indexed tables: the table row of each distance index, from CallEmbeddings
   const RowRuns* p2c_rows = nullptr;
   StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
+
+  // Every buffer of the plan, and the scheme's objects for call p (their
+  // buffers are the worker's too), before the worker's first head.
+  void reserve(const HeadPlan& plan, const AttentionForward<T>& p) {
+    for (auto [buffer, size] : {std::pair{&x.qc, plan.qc}, {&x.qp, plan.qp}, {&x.k, plan.k}, {&x.v, plan.v},
+                                {&x.bias, plan.bias}, {&wk, plan.wk}, {&wv, plan.wv}, {&c2p, plan.c2p},
+                                {&p2c, plan.p2c}, {&Rk, plan.Rk}})
+      buffer->reserve(size);
+    x.rotation = make_rotation(p);
+    x.query_bias = make_query_bias(p);
+    x.distance_bias = make_distance_bias(p);
+  }
 
   bool key_table() const { return !wk.empty(); }
   // The table whose scores a query tile multiplies out first, (nb, d): Shaw's
@@ -134,7 +147,7 @@ struct CallEmbeddings {
       if (table) {
         if (table->table_rows() > INT32_MAX || table->count() > INT32_MAX)  // rows and distances listed as int32
           throw std::invalid_argument("relpos: fused: a table of more than 2^31 - 1 rows or distances");
-        std::vector<int32_t> of_distance(table->count());
+        Scratch<int32_t> of_distance(table->count());
         for (int64_t m = 0; m < table->count(); ++m) of_distance[m] = int32_t(table->index(table->rmin() + m));
         *rows = RowRuns(std::move(of_distance));
       }

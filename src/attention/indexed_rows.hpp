@@ -34,7 +34,7 @@ class RowRuns {
  public:
   RowRuns() = default;
   // rows[m]: the table row of distance index m.
-  explicit RowRuns(std::vector<int32_t> rows) : row_(std::move(rows)), next_(row_.size()), step_(row_.size()) {
+  explicit RowRuns(Scratch<int32_t> rows) : row_(std::move(rows)), next_(row_.size()), step_(row_.size()) {
     const int64_t count = int64_t(row_.size());
     int64_t short_from = 0;  // the first distance index of the short stretch under way
     const auto end_short = [&](int64_t at) {
@@ -83,9 +83,9 @@ class RowRuns {
   // Runs from this long go to a vector loop whole: a call costs more for fewer.
   static constexpr int64_t kLongRun = 8;
   static constexpr int8_t kShort = 2;  // step_ of a short stretch's distances
-  std::vector<int32_t> row_;
-  std::vector<int32_t> next_;  // the end of m's long run or short stretch
-  std::vector<int8_t> step_;   // the step of m's long run, or kShort
+  Scratch<int32_t> row_;
+  Scratch<int32_t> next_;  // the end of m's long run or short stretch
+  Scratch<int8_t> step_;   // the step of m's long run, or kShort
 };
 
 // dR[rows[u]] += alpha * in[u] for u < n, a run of one row summed in a

@@ -42,9 +42,7 @@ class KeyBand {
              Scratch<T>& transposed) {
     start_ = start, bq_ = bq, d_ = hd.d;
     first_ = hd.diagonal(i0 + bq - 1, start);
-    width_ = end - start + bq - 1;
-    if (causal)  // the tile sees a key, so distance 0 lies in the band
-      width_ = std::min(width_, -hd.rmin - first_ + 1);
+    width_ = width_of(hd, causal, i0, bq, start, end);
     cut_ = tile_cut(causal, width_ - bq, bq, width_, hd.d);
     if (scores_.size() < static_cast<size_t>(bq * width_)) scores_.resize(bq * width_);  // only grows: no refill
     queries_ = hd.qp + i0 * hd.d;
@@ -55,6 +53,15 @@ class KeyBand {
       computed_ = 0;
     }
   }
+
+  // The band's columns for those arguments of reset (the scratch plan's too).
+  template <class U>
+  static int64_t width_of(const Head<U>& hd, bool causal, int64_t i0, int64_t bq, int64_t start, int64_t end) {
+    const int64_t width = end - start + bq - 1;
+    // The tile sees a key, so distance 0 lies in the band.
+    return causal ? std::min(width, -hd.rmin - hd.diagonal(i0 + bq - 1, start) + 1) : width;
+  }
+  void reserve(int64_t scores) { scores_.reserve(scores); }
 
   // Computes the columns of keys [j0, j0 + n) that are not computed yet. The
   // computed columns are always the band's right end (the lowest keys);

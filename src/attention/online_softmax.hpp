@@ -20,6 +20,7 @@ namespace relpos::fused {
 template <class T>
 class OnlineSoftmax {
  public:
+  void reserve(int64_t rows) { m_.reserve(rows), l_.reserve(rows); }
   void reset(int64_t rows) {
     m_.assign(rows, kNegInf<T>);
     l_.assign(rows, T(0));

@@ -64,7 +64,7 @@ constexpr int64_t kCausalKeyRounding = 16;
 
 // Keys per chunk of a table read by the key (DeBERTa's p2c): a tile's picks by
 // key are made this many keys at a time into a (keys, rows) scratch, then added
-// transposed (indexed_rows.hpp; the scratch estimate counts that buffer).
+// transposed (indexed_rows.hpp; the scratch plan, fused_plan.hpp, sizes that buffer).
 constexpr int64_t kKeyPickChunk = 128;
 
 // Keys per step of a forward query tile of bq rows: a full query tile takes

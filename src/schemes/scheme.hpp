@@ -422,7 +422,7 @@ class QueryBiases {
 };
 
 // The sizes of a scheme's embeddings, known from its arguments alone (the
-// scratch estimate reads them before validation builds anything).
+// fused kernel's scratch plan reads them before validation builds anything).
 struct EmbeddingSizes {
   int64_t key_width = 0, value_width = 0, query_width = 0;  // 0: no such embedding
   int64_t table_rows = 0;  // a ClippedTable's 2k+1 or an IndexedTable's rows; 0: a row per distance

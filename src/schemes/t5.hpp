@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "../backend/scratch.hpp"
 #include "checks.hpp"
 #include "scheme.hpp"
 
@@ -74,7 +75,7 @@ struct T5Scheme {
 
    private:
     View2<const T> table_;
-    std::vector<int64_t> bucket_;
+    Scratch<int64_t> bucket_;  // per distance, counted: it grows with the lengths
   };
 
 };

@@ -9,6 +9,7 @@
 
 #include "../backend/parallel.hpp"
 #include "../backend/row_ops.hpp"
+#include "../backend/scratch.hpp"
 #include "checks.hpp"
 #include "relpos/gemm.hpp"
 #include "scheme.hpp"
@@ -59,16 +60,16 @@ struct XLScheme {
           R_(sinusoids(xl_, this->rmin(), this->count(), thread_count(p.num_threads, this->count()))) {}
 
     void rows(int64_t h, int64_t n, T* E) const override {  // E = R W_R^T
-      std::vector<T> own;
-      const std::vector<T>& R = sinusoids_of(n, own);
+      Scratch<T> own;
+      const Scratch<T>& R = sinusoids_of(n, own);
       const std::vector<T> w = dense_w_r(h);
       const int64_t d = this->width(), pd = pos_dim();
       gemm<T>(Trans::no, Trans::yes, n, d, pd, T(1), R.data(), pd, w.data(), pd, T(0), E, d);
     }
     void add_rows_grad(const PositionGrads<T>& g, int64_t h, int64_t n, const T* dE) const override {
       if (g.xl_w_r.empty()) return;
-      std::vector<T> own;
-      const std::vector<T>& R = sinusoids_of(n, own);
+      Scratch<T> own;
+      const Scratch<T>& R = sinusoids_of(n, own);
       const int64_t d = this->width(), pd = pos_dim();
       std::vector<T> dW(d * pd);  // dE^T R
       gemm<T>(Trans::yes, Trans::no, d, pd, n, T(1), dE, d, R.data(), pd, T(0), dW.data(), pd);
@@ -83,10 +84,10 @@ struct XLScheme {
     // keeps the error within ~1e-14 and lets chunks of rows run in parallel.
     // Exact sin and cos for every entry cost more than the attention itself
     // at pos_dim 512.
-    static std::vector<T> sinusoids(const XLParams<T>& xl, int64_t rmin, int64_t n, int threads) {
+    static Scratch<T> sinusoids(const XLParams<T>& xl, int64_t rmin, int64_t n, int threads) {
       constexpr int64_t kAnchorRows = 32;
       const int64_t pd = xl.w_r.shape[2], half = pd / 2;
-      std::vector<T> R(n * pd);
+      Scratch<T> R(n * pd);
       const std::vector<double> inv_freq = sinusoid_inv_freq(pd);
       std::vector<double> step_sin(half), step_cos(half);
       for (int64_t i = 0; i < half; ++i) step_sin[i] = std::sin(inv_freq[i]), step_cos[i] = std::cos(inv_freq[i]);
@@ -123,7 +124,7 @@ struct XLScheme {
     int64_t pos_dim() const { return xl_.w_r.shape[2]; }
     // The sinusoids of the first n distances: the call's (whose first rows
     // they are) when n does not pass them, else made in `own`.
-    const std::vector<T>& sinusoids_of(int64_t n, std::vector<T>& own) const {
+    const Scratch<T>& sinusoids_of(int64_t n, Scratch<T>& own) const {
       if (n <= this->count()) return R_;
       own = sinusoids(xl_, this->rmin(), n, 1);
       return own;
@@ -137,7 +138,7 @@ struct XLScheme {
     }
 
     XLParams<T> xl_;
-    std::vector<T> R_;  // (count, pos_dim)
+    Scratch<T> R_;  // (count, pos_dim), counted: it grows with the lengths
   };
 
   // u and v: q + u multiplies the keys, q + v the positional keys.

@@ -69,7 +69,7 @@ void expect_close(const std::vector<T>& got, const std::vector<double>& want, co
 
 template <class T>
 void check_row_picks(const std::vector<int32_t>& rows, int64_t nb, const std::string& name) {
-  const RowRuns runs(rows);
+  const RowRuns runs(relpos::Scratch<int32_t>(rows.begin(), rows.end()));
   const int64_t count = int64_t(rows.size());
   const std::vector<T> R = random_values<T>(nb, 7), in = random_values<T>(count, 8);
   const T alpha = T(0.75);
@@ -93,7 +93,7 @@ void check_row_picks(const std::vector<int32_t>& rows, int64_t nb, const std::st
 template <class T>
 void check_key_picks(const std::vector<int32_t>& rows, int64_t nb, int64_t bq, int64_t bk, int64_t m0,
                      const std::string& name) {
-  const RowRuns runs(rows);
+  const RowRuns runs(relpos::Scratch<int32_t>(rows.begin(), rows.end()));
   const std::vector<T> Rk = random_values<T>(bk * nb, 11), dS = random_values<T>(bq * bk, 12);
   std::vector<T> S = random_values<T>(bq * bk, 13), dRk = random_values<T>(bk * nb, 14);
   std::vector<double> want_S(S.begin(), S.end()), want_dRk(dRk.begin(), dRk.end());

@@ -11,11 +11,12 @@
 //  * fused holds no (L, L) buffer at all: O(L d) and tiles.
 // The bounds below count elements from those formulas with a generous
 // constant; d-independence is checked by running at d = 16 and d = 64, and
-// fused's linearity in L by doubling L. Last, the fused kernel's measured
-// peak against relpos::estimated_scratch_bytes, by which validation refuses calls.
+// fused's linearity in L by doubling L. Last, the fused kernel's allocations
+// against its plan, whose total validation refuses calls by.
 #include <algorithm>
 
 #include "algorithm_cases.hpp"
+#include "../../../src/attention/fused_plan.hpp"
 #include "relpos/memory.hpp"
 
 namespace relpos_test {
@@ -100,24 +101,36 @@ TEST(ScratchMemory, FusedHoldsNoLByLBuffer) {
       << "the doubling test would not tell an (L, L) buffer";
 }
 
-// The scratch estimate that validation refuses calls by
-// (relpos::estimated_scratch_bytes) against what the fused kernel allocates:
-// never below the peak of a forward or a backward, and within 1.5x of it,
-// across schemes, masks, shapes (one tile to several, cross-attention, a
-// decode step; the forward's tiles of 512 keys and the backward's key
-// groups), threads, float32 and bfloat16 storage.
+// The fused kernel's scratch plan (src/attention/fused_plan.hpp) against
+// what it allocates: its forward and its backward each hold exactly the
+// bytes their plan lists, across schemes, masks, shapes (one tile to
+// several, cross-attention, a decode step; the forward's tiles of 512 keys
+// and the backward's key groups), threads, float32 and bfloat16 storage; and
+// the scratch estimate that validation refuses calls by
+// (relpos::estimated_scratch_bytes) is the larger of the two.
 template <class T>
-void expect_estimate_bounds_fused_peak(Spec s) {
+void expect_plan_is_what_fused_allocates(Spec s) {
   s.algorithm = Algorithm::fused;
   Problem<T> p(s);
-  const double estimate = relpos::estimated_scratch_bytes(p.forward_args());
-  const int64_t peak = peak_scratch(p);
+  const relpos::AttentionBackward<T> args = p.backward_args();
+  const relpos::fused::FusedPlan plan = relpos::fused::plan(p.forward_args(), &args.dpos);
   const std::string label = s.label + (sizeof(T) == 2 ? " bfloat16" : " float32");
-  EXPECT_GE(estimate, double(peak)) << label;
-  EXPECT_LE(estimate, 1.5 * double(peak)) << label;
+  int64_t peak[2];
+  for (int pass = 0; pass < 2; ++pass) {
+    const int64_t before = relpos::memory_stats().current_bytes;
+    relpos::reset_peak_memory();
+    pass == 0 ? p.forward() : p.backward();
+    peak[pass] = relpos::memory_stats().peak_bytes - before;
+  }
+  EXPECT_EQ(plan.forward_bytes(), double(peak[0])) << label << ": forward";
+  EXPECT_EQ(plan.backward_bytes(), double(peak[1])) << label << ": backward";
+  const relpos::fused::FusedPlan most = relpos::fused::plan(p.forward_args());  // every gradient wanted
+  EXPECT_EQ(relpos::estimated_scratch_bytes(p.forward_args()), std::max(most.forward_bytes(), most.backward_bytes()))
+      << label;
+  EXPECT_GE(most.backward_bytes(), plan.backward_bytes()) << label;
 }
 
-TEST(ScratchMemory, FusedEstimateBoundsWhatTheKernelAllocates) {
+TEST(ScratchMemory, FusedAllocatesItsPlan) {
   struct Kind {
     const char* name;
     Scheme scheme;
@@ -139,8 +152,8 @@ TEST(ScratchMemory, FusedEstimateBoundsWhatTheKernelAllocates) {
           s.deberta_position_buckets = 64, s.deberta_max_relative_positions = 256;
           s.label = std::string(kind.name) + " mask " + std::to_string(int(mask)) + " Lq=" + std::to_string(lq) +
                     " Lk=" + std::to_string(lk) + " threads=" + std::to_string(threads);
-          expect_estimate_bounds_fused_peak<float>(s);
-          expect_estimate_bounds_fused_peak<relpos::bfloat16>(s);
+          expect_plan_is_what_fused_allocates<float>(s);
+          expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
         }
 }
 

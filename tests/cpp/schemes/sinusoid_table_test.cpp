@@ -20,7 +20,7 @@ double largest_error(int64_t rmin, int64_t count, int64_t pos_dim, int64_t clamp
   XLParams<double> xl;
   xl.w_r = View3<const double>::contiguous(w_r.data(), {1, 1, pos_dim});
   xl.clamp_len = clamp_len;
-  const std::vector<double> table = XLScheme::KeyEmbedding<double>::sinusoids(xl, rmin, count, threads);
+  const auto table = XLScheme::KeyEmbedding<double>::sinusoids(xl, rmin, count, threads);
   std::vector<double> exact(pos_dim);
   double error = 0;
   for (int64_t m = 0; m < count; ++m) {

@@ -1,0 +1,232 @@
+// The fused kernel's scratch plan (fused_plan.hpp): each buffer sized as the
+// kernel's loops size it, over the call's query tiles and key groups.
+#include "fused_plan.hpp"
+
+#include <algorithm>
+#include <type_traits>
+
+#include "../backend/parallel.hpp"
+#include "../backend/simd.hpp"
+#include "bf16_split.hpp"
+#include "causal_cut.hpp"
+#include "fused.hpp"
+#include "head.hpp"
+#include "key_band.hpp"
+#include "tiles.hpp"
+#include "../schemes/registry.hpp"
+
+namespace relpos::fused {
+namespace {
+
+using tiles::kBackwardKeys;
+using tiles::kBackwardRows;
+
+// Elements of the positional parameters whose gradients dpos wants (null:
+// every parameter's).
+template <class S>
+int64_t gradient_elements(const AttentionForward<S>& p, const PositionGrads<S>* dpos) {
+  int64_t n = 0;
+  if (!dpos)
+    for_each_scheme_param(p.pos, [&](const char*, const auto& x) { n += x.empty() ? 0 : x.numel(); });
+  else
+    for_each_scheme_param(
+        p.pos, [&](const char*, const auto&, const auto& g) { n += g.empty() ? 0 : g.numel(); }, *dpos);
+  return n;
+}
+
+template <class S>
+int64_t parameter_elements(const AttentionForward<S>& p) {
+  return gradient_elements(p, static_cast<const PositionGrads<S>*>(nullptr));
+}
+
+// What a call's tiles add, from its scheme's embeddings (fused_tile.hpp's TileTerm).
+struct Terms {
+  bool key_table, value_table, c2p, p2c, band, bias, query_bias, rotation;
+  int64_t nb;  // a table's rows
+};
+
+template <class S>
+Terms terms_of(const AttentionForward<S>& p) {
+  using C = compute_t<S>;
+  const EmbeddingSizes e = embedding_sizes(p);
+  const bool clipped = e.table_rows > 0 && !e.indexed;
+  return {.key_table = clipped && e.key_width > 0,
+          .value_table = clipped && e.value_width > 0,
+          .c2p = e.indexed && e.key_width > 0,
+          .p2c = e.indexed && e.query_width > 0,
+          .band = e.key_width > 0 && e.table_rows == 0,
+          .bias = scheme_has<BiasOf, C>(p.pos.scheme),
+          .query_bias = scheme_has<QueryBiasOf, C>(p.pos.scheme),
+          .rotation = scheme_has<RotationOf, C>(p.pos.scheme),
+          .nb = e.table_rows};
+}
+
+template <class S>
+HeadPlan head_plan(const AttentionForward<S>& p, const Terms& t) {
+  using C = compute_t<S>;
+  const int64_t lq = p.q.shape[2], lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
+  const int64_t distances = lq + lk - 1;
+  bool copies_keys = true;  // half storage always widens them
+  if constexpr (std::is_same_v<S, C>) copies_keys = !keys_readable_in_place(p);
+  HeadPlan h;
+  h.qc = lq * d;
+  h.qp = t.query_bias ? lq * d : 0;
+  h.k = copies_keys ? lk * d : 0, h.v = copies_keys ? lk * dv : 0;
+  h.bias = t.bias ? distances : 0;
+  h.wk = t.key_table ? t.nb * d : 0, h.wv = t.value_table ? t.nb * dv : 0;
+  h.c2p = t.c2p ? t.nb * d : 0, h.p2c = t.p2c ? t.nb * d : 0, h.Rk = t.p2c ? lk * t.nb : 0;
+  if (t.rotation) {  // RoPE's cosines and sines of every query's and key's position (rope.hpp's Angles)
+    const int64_t rotated = p.pos.rope.rotary_dims ? p.pos.rope.rotary_dims : d;
+    h.scheme_bytes += (lq + lk) * 2 * (rotated / 2) * int64_t(sizeof(C));
+  }
+  if (p.pos.scheme == Scheme::t5) h.scheme_bytes += distances * int64_t(sizeof(int64_t));  // t5.hpp's buckets
+  return h;
+}
+
+// Whether the call's products may take a causal staircase (tile_products.hpp),
+// whose operand is transposed into scratch: at most kStaircaseMaxSize wide and deep.
+template <class S>
+int64_t staircase_transpose(const AttentionForward<S>& p) {
+  const int64_t widest = std::max(p.q.shape[3], p.v.shape[3]), most = simd::kStaircaseMaxSize;
+  return p.causal && std::is_same_v<compute_t<S>, float> && widest <= most ? widest * most : 0;
+}
+
+template <class S>
+bool splits(const AttentionForward<S>& p) {
+  if constexpr (std::is_same_v<S, bfloat16>)
+    return splits_stored_bf16(p.pos.scheme, p);
+  else
+    return false;
+}
+
+template <class S>
+ForwardPlan forward_plan(const AttentionForward<S>& p, const Terms& t, const HeadPlan& head) {
+  const Head<S> hd = head_geometry(p, 0, 0);
+  const tiles::ForwardTiles f = tiles::forward(hd.d, hd.dv, t.p2c);
+  ForwardPlan w;
+  w.head = head;
+  for (int64_t i0 = 0; i0 < hd.lq; i0 += f.rows) {  // as forward_tile sizes them
+    const int64_t bq = std::min(f.rows, hd.lq - i0), keys = visited_keys(p, hd, i0, bq);
+    const int64_t block = std::min(tiles::forward_key_block(f, bq), keys);
+    w.S = std::max(w.S, bq * block);
+    if (t.band && keys) w.band = std::max(w.band, bq * KeyBand<S>::width_of(hd, p.causal, i0, bq, 0, keys));
+    if (t.p2c)  // add_key_picks: a column of one row's scores, or a chunk of keys by the tile's rows
+      w.by_key = std::max({w.by_key, block, std::min(tiles::kKeyPickChunk, block) * bq});
+  }
+  const int64_t rows = std::min(f.rows, hd.lq);
+  w.O = rows * hd.dv, w.softmax_rows = rows;
+  w.Rq = t.key_table || t.c2p ? rows * t.nb : 0;
+  w.Pb = t.value_table ? rows * t.nb : 0;
+  w.transposed = staircase_transpose(p);
+  w.split = splits(p) ? 3 * w.S : 0;
+  return w;
+}
+
+template <class S>
+QueryGradsPlan query_grads_plan(const AttentionForward<S>& p, const Terms& t, bool bias_grads) {
+  const int64_t lq = p.q.shape[2], lk = p.k.shape[2], d = p.q.shape[3], distances = lq + lk - 1;
+  QueryGradsPlan q;
+  q.dqc = q.dqp = lq * d;
+  q.dR = t.key_table || t.c2p ? lq * t.nb : 0;
+  q.Pb = t.value_table ? lq * t.nb : 0;
+  q.dRk = t.p2c ? lk * t.nb : 0;
+  q.dE = t.band ? distances * d : 0;
+  q.dbias = t.bias && bias_grads ? distances : 0;
+  return q;
+}
+
+template <class S>
+BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const HeadPlan& head, int64_t groups,
+                           bool grads) {
+  const Head<S> hd = head_geometry(p, 0, 0);
+  const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv;
+  const int64_t rows = std::min(kBackwardRows, lq), keys = std::min(kBackwardKeys, lk);
+  BackwardPlan w;
+  w.head = head;
+  w.dout = lq * dv, w.out_row = dv, w.D = lq;
+  w.P = w.dP = kBackwardRows * kBackwardKeys;
+  w.Rq = t.key_table || t.c2p ? rows * t.nb : 0;
+  w.G = t.value_table ? rows * t.nb : 0;
+  w.transposed = staircase_transpose(p);
+  w.by_key = t.p2c ? rows * keys : 0;  // a tile's picks by key, forward and backward (indexed_rows.hpp)
+  int64_t group_keys_most = 0;
+  for (int64_t group = 0; group < groups; ++group) {
+    const auto [begin, end] = group_keys(lk, group, groups);
+    group_keys_most = std::max(group_keys_most, end - begin);
+    if (t.band)
+      for (int64_t i0 = 0; i0 < lq; i0 += kBackwardRows) {  // as backward_key_group resets the band
+        const int64_t bq = std::min(kBackwardRows, lq - i0), seen = std::min(end, visited_keys(p, hd, i0, bq));
+        if (seen > begin) w.band = std::max(w.band, bq * KeyBand<S>::width_of(hd, p.causal, i0, bq, begin, seen));
+      }
+  }
+  const bool table = t.key_table || t.value_table || t.c2p || t.p2c;
+  w.dtable = table && grads ? t.nb * (t.value_table ? std::max(d, dv) : d) : 0;
+  if (groups == 1) {
+    w.query = query_grads_plan(p, t, grads);
+    w.dk = lk * d, w.dv = lk * dv;
+  }
+  if (splits(p)) {
+    w.split.tile = 3 * rows * keys;
+    w.split.qT3 = 3 * rows * d, w.split.doutT3 = 3 * rows * dv, w.split.k3 = 3 * group_keys_most * d;
+    w.split.dkT = d * group_keys_most, w.split.dvT = dv * group_keys_most;
+  }
+  return w;
+}
+
+}  // namespace
+
+template <class S>
+FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos) {
+  using C = compute_t<S>;
+  const Terms t = terms_of(p);
+  const int64_t lq = p.q.shape[2], lk = p.k.shape[2], d = p.q.shape[3], distances = lq + lk - 1;
+  const int64_t heads = p.q.shape[0] * p.q.shape[1], grads = gradient_elements(p, dpos);
+  FusedPlan f;
+  f.compute_bytes = sizeof(C);
+  f.heads = heads;
+  const HeadPlan head = head_plan(p, t);
+  const int64_t tile_rows = tiles::forward(d, p.v.shape[3], t.p2c).rows;
+  f.forward_threads = thread_count(p.num_threads, heads * ((lq + tile_rows - 1) / tile_rows));
+  f.forward = forward_plan(p, t, head);
+  f.groups = backward_key_groups(p);
+  f.backward_threads = thread_count(p.num_threads, heads * f.groups);
+  f.finishing_threads = f.groups == 1 ? f.backward_threads : thread_count(p.num_threads, heads);
+  f.backward = backward_plan(p, t, head, f.groups, grads > 0);
+  if (f.groups > 1) f.group = query_grads_plan(p, t, grads > 0), f.key_grads = lk * (d + p.v.shape[3]);
+  if (t.band)  // BandRowSum: under a causal mask the rows of distances <= 0
+    f.band_row_sums = (p.causal ? std::clamp<int64_t>(1 - head_geometry(p, 0, 0).rmin, 0, distances) : distances) * d;
+  f.partials = grads;
+  // CallEmbeddings: a key band's rows per head and the embedding's own
+  // (Transformer-XL's sinusoids, per_distance each); an indexed table's
+  // RowRuns, an int32 row and run end and an int8 step per distance.
+  const EmbeddingSizes e = embedding_sizes(p);
+  if (t.band) f.call_bytes += (p.q.shape[1] * d + e.per_distance) * distances * int64_t(sizeof(C));
+  f.call_bytes += (int64_t(t.c2p) + int64_t(t.p2c)) * distances * int64_t(2 * sizeof(int32_t) + sizeof(int8_t));
+  if constexpr (is_half_v<S>) {  // half_storage.cpp's WideParams and WideGrads
+    f.wide_params_bytes = parameter_elements(p) * int64_t(sizeof(float));
+    f.wide_grads_bytes = grads * int64_t(sizeof(float));
+  }
+  return f;
+}
+
+double FusedPlan::forward_bytes() const {
+  const double worker = double(forward.elements() * compute_bytes + forward.head.scheme_bytes) + 2.0 * forward.split;
+  return double(call_bytes + wide_params_bytes) + forward_threads * worker;
+}
+
+double FusedPlan::backward_bytes() const {
+  const double worker =
+      double(backward.elements() * compute_bytes + backward.head.scheme_bytes) + double(backward.split.bytes());
+  // Several key groups: each group's query-side gradients, each head's dk and dv.
+  const double grouped =
+      double(heads) * double(groups > 1 ? groups * group.elements() + key_grads : 0);
+  return double(call_bytes + wide_params_bytes + wide_grads_bytes) + backward_threads * worker +
+         (grouped + double(finishing_threads) * double(band_row_sums + partials)) * double(compute_bytes);
+}
+
+template FusedPlan plan<float>(const AttentionForward<float>&, const PositionGrads<float>*);
+template FusedPlan plan<double>(const AttentionForward<double>&, const PositionGrads<double>*);
+template FusedPlan plan<bfloat16>(const AttentionForward<bfloat16>&, const PositionGrads<bfloat16>*);
+template FusedPlan plan<float16>(const AttentionForward<float16>&, const PositionGrads<float16>*);
+
+}  // namespace relpos::fused
