@@ -9,8 +9,7 @@
 
 #include <algorithm>
 #include <stdexcept>
-
-#include "scratch.hpp"
+#include <vector>
 
 namespace relpos {
 
@@ -23,7 +22,9 @@ void portable_gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k, T alpha,
     for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
   if (k == 0 || alpha == T(0)) return;
   // B^T is copied once to row-major k x n so the inner loop is contiguous in j.
-  Scratch<T> bt;
+  // Not counted scratch: the GEMM's own working memory, like oneDNN's for float,
+  // which the kernels' scratch plans do not hold either.
+  std::vector<T> bt;
   if (tb == Trans::yes) {
     bt.resize(k * n);
     for (int64_t j = 0; j < n; ++j)

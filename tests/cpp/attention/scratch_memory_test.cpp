@@ -14,6 +14,7 @@
 // fused's linearity in L by doubling L. Last, the fused kernel's allocations
 // against its plan, whose total validation refuses calls by.
 #include <algorithm>
+#include <type_traits>
 
 #include "algorithm_cases.hpp"
 #include "../../../src/attention/fused_plan.hpp"
@@ -105,16 +106,24 @@ TEST(ScratchMemory, FusedHoldsNoLByLBuffer) {
 // what it allocates: its forward and its backward each hold exactly the
 // bytes their plan lists, across schemes, masks, shapes (one tile to
 // several, cross-attention, a decode step; the forward's tiles of 512 keys
-// and the backward's key groups), threads, float32 and bfloat16 storage; and
+// and the backward's key groups), threads, float32, float64, bfloat16 and float16 storage; and
 // the scratch estimate that validation refuses calls by
 // (relpos::estimated_scratch_bytes) is the larger of the two.
+template <class T>
+const char* storage_name() {
+  if constexpr (std::is_same_v<T, float>) return "float32";
+  if constexpr (std::is_same_v<T, double>) return "float64";
+  if constexpr (std::is_same_v<T, relpos::bfloat16>) return "bfloat16";
+  return "float16";
+}
+
 template <class T>
 void expect_plan_is_what_fused_allocates(Spec s) {
   s.algorithm = Algorithm::fused;
   Problem<T> p(s);
   const relpos::AttentionBackward<T> args = p.backward_args();
   const relpos::fused::FusedPlan plan = relpos::fused::plan(p.forward_args(), &args.dpos);
-  const std::string label = s.label + (sizeof(T) == 2 ? " bfloat16" : " float32");
+  const std::string label = s.label + " " + storage_name<T>();
   int64_t peak[2];
   for (int pass = 0; pass < 2; ++pass) {
     const int64_t before = relpos::memory_stats().current_bytes;
@@ -153,7 +162,9 @@ TEST(ScratchMemory, FusedAllocatesItsPlan) {
           s.label = std::string(kind.name) + " mask " + std::to_string(int(mask)) + " Lq=" + std::to_string(lq) +
                     " Lk=" + std::to_string(lk) + " threads=" + std::to_string(threads);
           expect_plan_is_what_fused_allocates<float>(s);
+          expect_plan_is_what_fused_allocates<double>(s);
           expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
+          expect_plan_is_what_fused_allocates<relpos::float16>(s);
         }
 }
 
