@@ -127,6 +127,11 @@ static void RotatePairs(float* a, float* b, const float* c, const float* s, floa
 template <class Put, class PutOne>
 void TransposeBy(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_t ldo, [[maybe_unused]] Put put,
                  PutOne put_one) {
+  // Element by element: rows [r0, r1), columns [c0, cols).
+  const auto one_by_one = [&](int64_t r0, int64_t r1, int64_t c0) {
+    for (int64_t c = c0; c < cols; ++c)
+      for (int64_t i = r0; i < r1; ++i) put_one(c * ldo + i, x[i * ldx + c]);
+  };
   int64_t r = 0;
 #if HWY_TARGET <= HWY_AVX2
   const hn::FixedTag<float, 8> d8;
@@ -157,8 +162,7 @@ void TransposeBy(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_
         put(d8, hn::ConcatUpperUpper(d8, u[4 + q], u[q]), (c + 4 + q) * ldo + r);
       }
     }
-    for (; c < cols; ++c)
-      for (int64_t i = r; i < r + 8; ++i) put_one(c * ldo + i, x[i * ldx + c]);
+    one_by_one(r, r + 8, c);
   }
 #endif
 #if HWY_TARGET != HWY_SCALAR  // one lane: element by element
@@ -175,12 +179,10 @@ void TransposeBy(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_
       put(d, hn::ConcatLowerLower(d, hi23, hi01), (c + 2) * ldo + r);
       put(d, hn::ConcatUpperUpper(d, hi23, hi01), (c + 3) * ldo + r);
     }
-    for (; c < cols; ++c)
-      for (int64_t i = r; i < r + 4; ++i) put_one(c * ldo + i, x[i * ldx + c]);
+    one_by_one(r, r + 4, c);
   }
 #endif
-  for (; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) put_one(c * ldo + r, x[r * ldx + c]);
+  one_by_one(r, rows, 0);
 }
 
 static void Transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out) {
