@@ -220,10 +220,13 @@ std::vector<Algorithm> available_algorithms(const AttentionForward<T>& p);
 
 // Scratch memory (bytes) a call's algorithm needs beyond its inputs and
 // outputs, forward and backward, estimated from the shapes before any work.
-// For the fused kernel it is the kernel's plan of its buffers, which its
-// workers reserve before any work: tested equal, byte for byte, to what the
-// kernel's forward or backward allocates (a padded key that is not finite
-// adds a copy of the head's keys and values).
+// For the fused kernel it is the larger pass of the kernel's plan of its
+// buffers with every gradient wanted; the kernel's workers reserve that plan
+// before any work, and a test checks, byte for byte, that each pass allocates
+// its plan (a padded key that is not finite adds a copy of the head's keys and
+// values). Grouped-query attention adds every query head's dk and dv, and
+// bfloat16 or float16 storage the float32 copies of a chunk where the kernel
+// does not read the stored rows itself.
 template <class T>
 double estimated_scratch_bytes(const AttentionForward<T>& p);
 

@@ -79,8 +79,8 @@ struct BackwardScratch {
   Scratch<T> dtable;    // a table's gradient of the head before it is added
   SplitBackward split;  // where splits_backward
 
-  void reserve(const BackwardPlan& plan, const AttentionForward<T>& p) {
-    head.reserve(plan.head, p);
+  void allocate(const BackwardPlan& plan, const AttentionForward<T>& p) {
+    head.allocate(plan.head, p);
     for (auto [buffer, size] :
          {std::pair{&dout, plan.dout}, {&out_row, plan.out_row}, {&D, plan.D}, {&P, plan.P}, {&dP, plan.dP},
           {&Rq, plan.Rq}, {&G, plan.G}, {&dband, plan.band}, {&transposed, plan.transposed}, {&by_key, plan.by_key},
@@ -331,7 +331,7 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
   std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
   std::vector<BandRowSum<T>> band_rows(threads);
   const auto make_partials = [&](int t) { partials[t] = std::make_unique<GradPartials<T>>(p.dpos); };
-  const auto make_scratch = [&](int t) { scratch[t].reserve(plan.backward, p); };
+  const auto make_scratch = [&](int t) { scratch[t].allocate(plan.backward, p); };
   if (groups == 1) {
     const auto make_both = [&](int t) { make_scratch(t), make_partials(t); };
     parallel_for(count, threads, make_both, [&](int t, int64_t item) {

@@ -21,8 +21,8 @@ struct ForwardScratch {
   KeyBand<T> band;
   SplitTile split;  // P, where split_row splits it
 
-  void reserve(const ForwardPlan& plan, const AttentionForward<T>& p) {
-    head.reserve(plan.head, p);
+  void allocate(const ForwardPlan& plan, const AttentionForward<T>& p) {
+    head.allocate(plan.head, p);
     for (auto [buffer, size] : {std::pair{&S, plan.S}, {&O, plan.O}, {&Rq, plan.Rq}, {&Pb, plan.Pb},
                                 {&transposed, plan.transposed}, {&by_key, plan.by_key}})
       buffer->reserve(size);
@@ -94,7 +94,7 @@ void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& d
   std::vector<ForwardScratch<T>> scratch(threads);
   with_tile_features(p, e, [&](auto features) {
     parallel_for(
-        items, threads, [&](int t) { scratch[t].reserve(plan.forward, p); },
+        items, threads, [&](int t) { scratch[t].allocate(plan.forward, p); },
         [&](int t, int64_t item) {
           const int64_t bh = item / query_tiles;
           forward_tile<decltype(features)>(p, data, e, f, bh / heads, bh % heads,

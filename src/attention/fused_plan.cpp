@@ -83,12 +83,21 @@ HeadPlan head_plan(const AttentionForward<S>& p, const Terms& t) {
   return h;
 }
 
-// Whether the call's products may take a causal staircase (tile_products.hpp),
-// whose operand is transposed into scratch: at most kStaircaseMaxSize wide and deep.
+// The transposed operand of a product of rows by rows over `width` features
+// and bk columns (rows_by_rows) where its cut takes the staircase: float32 only.
 template <class S>
-int64_t staircase_transpose(const AttentionForward<S>& p) {
-  const int64_t widest = std::max(p.q.shape[3], p.v.shape[3]), most = simd::kStaircaseMaxSize;
-  return p.causal && std::is_same_v<compute_t<S>, float> && widest <= most ? widest * most : 0;
+int64_t staircase_operand(const TileCut& cut, int64_t width, int64_t bk) {
+  return std::is_same_v<compute_t<S>, float> && cut.staircase ? width * bk : 0;
+}
+
+// A key band's scores and its staircase operand, for the band of queries
+// [i0, i0 + bq) against keys [start, end) (KeyBand::reset).
+template <class S>
+void plan_band(const AttentionForward<S>& p, const Head<S>& hd, int64_t i0, int64_t bq, int64_t start, int64_t end,
+               int64_t& scores, int64_t& transposed) {
+  const int64_t width = KeyBand<S>::width_of(hd, p.causal, i0, bq, start, end);
+  scores = std::max(scores, bq * width);
+  transposed = std::max(transposed, staircase_operand<S>(KeyBand<S>::cut_of(p.causal, bq, width, hd.d), hd.d, width));
 }
 
 template <class S>
@@ -109,7 +118,11 @@ ForwardPlan forward_plan(const AttentionForward<S>& p, const Terms& t, const Hea
     const int64_t bq = std::min(f.rows, hd.lq - i0), keys = visited_keys(p, hd, i0, bq);
     const int64_t block = std::min(tiles::forward_key_block(f, bq), keys);
     w.S = std::max(w.S, bq * block);
-    if (t.band && keys) w.band = std::max(w.band, bq * KeyBand<S>::width_of(hd, p.causal, i0, bq, 0, keys));
+    for (int64_t j0 = 0; j0 < keys; j0 += block) {  // q k^T of each step of keys
+      const Tile tile{i0, bq, j0, std::min(block, keys - j0)};
+      w.transposed = std::max(w.transposed, staircase_operand<S>(cut_of(p, hd, tile), hd.d, tile.bk));
+    }
+    if (t.band && keys) plan_band(p, hd, i0, bq, 0, keys, w.band, w.transposed);
     if (t.p2c)  // add_key_picks: a column of one row's scores, or a chunk of keys by the tile's rows
       w.by_key = std::max({w.by_key, block, std::min(tiles::kKeyPickChunk, block) * bq});
   }
@@ -117,7 +130,6 @@ ForwardPlan forward_plan(const AttentionForward<S>& p, const Terms& t, const Hea
   w.O = rows * hd.dv, w.softmax_rows = rows;
   w.Rq = t.key_table || t.c2p ? rows * t.nb : 0;
   w.Pb = t.value_table ? rows * t.nb : 0;
-  w.transposed = staircase_transpose(p);
   w.split = splits(p) ? 3 * w.S : 0;
   return w;
 }
@@ -147,17 +159,20 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
   w.P = w.dP = kBackwardRows * kBackwardKeys;
   w.Rq = t.key_table || t.c2p ? rows * t.nb : 0;
   w.G = t.value_table ? rows * t.nb : 0;
-  w.transposed = staircase_transpose(p);
   w.by_key = t.p2c ? rows * keys : 0;  // a tile's picks by key, forward and backward (indexed_rows.hpp)
   int64_t group_keys_most = 0;
   for (int64_t group = 0; group < groups; ++group) {
     const auto [begin, end] = group_keys(lk, group, groups);
     group_keys_most = std::max(group_keys_most, end - begin);
-    if (t.band)
-      for (int64_t i0 = 0; i0 < lq; i0 += kBackwardRows) {  // as backward_key_group resets the band
-        const int64_t bq = std::min(kBackwardRows, lq - i0), seen = std::min(end, visited_keys(p, hd, i0, bq));
-        if (seen > begin) w.band = std::max(w.band, bq * KeyBand<S>::width_of(hd, p.causal, i0, bq, begin, seen));
+    for (int64_t i0 = 0; i0 < lq; i0 += kBackwardRows) {  // as backward_key_group visits its tiles
+      const int64_t bq = std::min(kBackwardRows, lq - i0), seen = std::min(end, visited_keys(p, hd, i0, bq));
+      if (seen <= begin) continue;
+      if (t.band) plan_band(p, hd, i0, bq, begin, seen, w.band, w.transposed);
+      for (int64_t j0 = begin; j0 < seen; j0 += kBackwardKeys) {  // q k^T and dout v^T of each tile
+        const Tile tile{i0, bq, j0, std::min(kBackwardKeys, seen - j0)};
+        w.transposed = std::max(w.transposed, staircase_operand<S>(cut_of(p, hd, tile), std::max(d, dv), tile.bk));
       }
+    }
   }
   const bool table = t.key_table || t.value_table || t.c2p || t.p2c;
   w.dtable = table && grads ? t.nb * (t.value_table ? std::max(d, dv) : d) : 0;
@@ -210,7 +225,8 @@ FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos) {
 }
 
 double FusedPlan::forward_bytes() const {
-  const double worker = double(forward.elements() * compute_bytes + forward.head.scheme_bytes) + 2.0 * forward.split;
+  const double worker = double(forward.elements() * compute_bytes + forward.head.scheme_bytes) +
+                       double(forward.split * int64_t(sizeof(bfloat16)));
   return double(call_bytes + wide_params_bytes) + forward_threads * worker;
 }
 

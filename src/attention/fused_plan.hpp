@@ -1,11 +1,12 @@
 // The fused kernel's scratch, planned before any work: every buffer a call's
 // forward or backward holds, sized from the call's shapes and the tile
 // constants (tiles.hpp) by the functions the kernel's loops call
-// (visited_keys, forward_key_block, KeyBand::width_of, backward_key_groups).
-// Each worker reserves its buffers from the plan when it starts and the
-// kernel's loops only fill them, so the plan is what the kernel allocates:
-// the scratch test checks it byte for byte against the library's counters,
-// and the scratch estimate that validation refuses calls by is its total.
+// (visited_keys, forward_key_block, cut_of, KeyBand::width_of and cut_of,
+// group_keys, backward_key_groups). Each worker reserves its buffers from the
+// plan when it starts and the kernel's loops only fill them, so the plan is
+// what the kernel allocates: the scratch test checks each pass byte for byte
+// against the library's counters, and the scratch estimate that validation
+// refuses calls by is the larger pass.
 //
 // A buffer's plan is the most any of the call's tiles or heads uses of it;
 // the small ones a causal staircase may use (simd::kStaircaseMaxSize wide)
@@ -14,7 +15,8 @@
 // place until a padded key turns out to hold a non-finite value
 // (zero_padded_keys: the data decides), and per-head vectors that do not grow
 // with the lengths (ALiBi's paper slopes, Transformer-XL's dense W_R and its
-// gradient, a query bias's column sums), which are not counted either.
+// gradient, a query bias's column sums), which are not counted either; nor is
+// the GEMMs' own working memory (oneDNN's, the float64 loop's transposed copy).
 #pragma once
 
 #include <cstdint>
@@ -57,7 +59,9 @@ struct SplitBackwardPlan {
   int64_t qT3 = 0, doutT3 = 0, k3 = 0;  // the query tile's rows and the group's keys thrice (bfloat16)
   int64_t dkT = 0, dvT = 0;          // the group's dk^T and dv^T (float32)
 
-  int64_t bytes() const { return 2 * (2 * tile + qT3 + doutT3 + k3) + 4 * (dkT + dvT); }
+  int64_t bytes() const {
+    return int64_t(sizeof(bfloat16)) * (2 * tile + qT3 + doutT3 + k3) + int64_t(sizeof(float)) * (dkT + dvT);
+  }
 };
 
 // A backward worker (fused_backward.cpp's BackwardScratch).

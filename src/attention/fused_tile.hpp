@@ -79,7 +79,7 @@ struct HeadContext {
 
   // Every buffer of the plan, and the scheme's objects for call p (their
   // buffers are the worker's too), before the worker's first head.
-  void reserve(const HeadPlan& plan, const AttentionForward<T>& p) {
+  void allocate(const HeadPlan& plan, const AttentionForward<T>& p) {
     for (auto [buffer, size] : {std::pair{&x.qc, plan.qc}, {&x.qp, plan.qp}, {&x.k, plan.k}, {&x.v, plan.v},
                                 {&x.bias, plan.bias}, {&wk, plan.wk}, {&wv, plan.wv}, {&c2p, plan.c2p},
                                 {&p2c, plan.p2c}, {&Rk, plan.Rk}})

@@ -43,7 +43,7 @@ class KeyBand {
     start_ = start, bq_ = bq, d_ = hd.d;
     first_ = hd.diagonal(i0 + bq - 1, start);
     width_ = width_of(hd, causal, i0, bq, start, end);
-    cut_ = tile_cut(causal, width_ - bq, bq, width_, hd.d);
+    cut_ = cut_of(causal, bq, width_, hd.d);
     if (scores_.size() < static_cast<size_t>(bq * width_)) scores_.resize(bq * width_);  // only grows: no refill
     queries_ = hd.qp + i0 * hd.d;
     rows_ = E + row_offset(hd);
@@ -60,6 +60,11 @@ class KeyBand {
     const int64_t width = end - start + bq - 1;
     // The tile sees a key, so distance 0 lies in the band.
     return causal ? std::min(width, -hd.rmin - hd.diagonal(i0 + bq - 1, start) + 1) : width;
+  }
+  // The cut of a band of bq rows and `width` columns of d features: row ii
+  // sees the columns up to ii + width - bq.
+  static TileCut cut_of(bool causal, int64_t bq, int64_t width, int64_t d) {
+    return tile_cut(causal, width - bq, bq, width, d);
   }
   void reserve(int64_t scores) { scores_.reserve(scores); }
 

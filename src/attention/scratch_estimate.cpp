@@ -9,15 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 
 #include "fused_plan.hpp"
 #include "half_storage.hpp"
-#include "head.hpp"
 #include "relpos/attention.hpp"
 #include "../schemes/registry.hpp"
 

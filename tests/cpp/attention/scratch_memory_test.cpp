@@ -108,7 +108,12 @@ TEST(ScratchMemory, FusedHoldsNoLByLBuffer) {
 // several, cross-attention, a decode step; the forward's tiles of 512 keys
 // and the backward's key groups), threads, float32, float64, bfloat16 and float16 storage; and
 // the scratch estimate that validation refuses calls by
-// (relpos::estimated_scratch_bytes) is the larger of the two.
+// (relpos::estimated_scratch_bytes) is the larger of the two with every
+// gradient wanted. This catches a buffer that outgrows its plan and an
+// allocation outside it; a plan larger than the kernel needs would be
+// reserved and pass, which is why each size in the plan is the bound of the
+// kernel's own loops (fused_plan.cpp calls the kernel's functions), not a
+// bound of its own.
 template <class T>
 const char* storage_name() {
   if constexpr (std::is_same_v<T, float>) return "float32";
@@ -166,6 +171,18 @@ TEST(ScratchMemory, FusedAllocatesItsPlan) {
           expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
           expect_plan_is_what_fused_allocates<relpos::float16>(s);
         }
+  // Causal tiles too wide for the staircase (dv past simd::kStaircaseMaxSize)
+  // beside a key band that still takes it (d within it).
+  for (const Kind& kind : kinds) {
+    Spec s;
+    s.scheme = kind.scheme, s.shaw_tables = kind.tables, s.mask = MaskKind::causal;
+    s.B = 1, s.H = 2, s.Lq = s.Lk = 300, s.d = 64, s.dv = 160, s.num_threads = 1;
+    s.shaw_k = 16, s.xl_pos_dim = 64, s.t5_num_buckets = 32, s.t5_max_distance = 128;
+    s.deberta_position_buckets = 64, s.deberta_max_relative_positions = 256;
+    s.label = std::string(kind.name) + " causal d=64 dv=160";
+    expect_plan_is_what_fused_allocates<float>(s);
+    expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
+  }
 }
 
 }  // namespace
