@@ -60,26 +60,21 @@ struct Tile {
   int64_t i0, bq, j0, bk;
 };
 
-// True when every pair of the tile is in the future of its query (causal).
-template <class T>
-bool above_diagonal(const AttentionForward<T>& p, const Head<T>& hd, const Tile& t) {
-  return p.causal && hd.r(t.i0 + t.bq - 1, t.j0) > 0;
-}
-
 template <class T>
 TileCut cut_of(const AttentionForward<T>& p, const Head<T>& hd, const Tile& t) {
   return tile_cut(p.causal, -hd.r(t.i0, t.j0), t.bq, t.bk, std::max(hd.d, hd.dv));
 }
 
+// The key tiles (kBackwardKeys wide) from 0 up to the last one not wholly in
+// the future of the query tile: that of `last`, the last key its last query
+// sees under a causal mask. In closed form: the scratch plan asks it for every
+// query tile of calls of millions of keys.
 template <class T>
 int64_t visited_keys(const AttentionForward<T>& p, const Head<T>& hd, int64_t i0, int64_t bq) {
-  int64_t end = 0;
-  for (int64_t j0 = 0; j0 < hd.lk; j0 += tiles::kBackwardKeys) {
-    const Tile t{i0, bq, j0, std::min(tiles::kBackwardKeys, hd.lk - j0)};
-    if (above_diagonal(p, hd, t)) break;  // later key tiles lie further in the future
-    end = j0 + t.bk;
-  }
-  return end;
+  if (!p.causal) return hd.lk;
+  const int64_t last = (i0 + bq - 1) - (hd.lq - 1) - hd.rmin;  // hd.r(i0 + bq - 1, last) == 0
+  if (last < 0) return 0;
+  return std::min(hd.lk, (last / tiles::kBackwardKeys + 1) * tiles::kBackwardKeys);
 }
 
 }  // namespace fused

@@ -90,6 +90,30 @@ int64_t staircase_operand(const TileCut& cut, int64_t width, int64_t bk) {
   return std::is_same_v<compute_t<S>, float> && cut.staircase ? width * bk : 0;
 }
 
+// The largest staircase operand of the tiles of the query tile (i0, bq)
+// against keys [begin, end) in steps of `step` keys, over `width` features.
+// The cut tiles are the last ones (a tile to the left lies `step` keys
+// further from the diagonal), so they are walked from the last until one
+// is not cut.
+template <class S>
+int64_t staircase_of_tiles(const AttentionForward<S>& p, const Head<S>& hd, int64_t i0, int64_t bq, int64_t begin,
+                           int64_t end, int64_t step, int64_t width) {
+  int64_t most = 0;
+  for (int64_t j0 = end > begin ? begin + (end - 1 - begin) / step * step : begin - 1; j0 >= begin; j0 -= step) {
+    const Tile tile{i0, bq, j0, std::min(step, end - j0)};
+    const TileCut cut = cut_of(p, hd, tile);
+    if (!cut.causal || cut.delta >= tile.bk - 1) break;  // not cut, nor any tile left of it
+    most = std::max(most, staircase_operand<S>(cut, width, tile.bk));
+  }
+  return most;
+}
+
+// The (key group, query tile) pairs whose bands and tiles the backward's plan
+// walks one by one. Past this many (thousands of key groups, for thousands of
+// threads, by thousands of query tiles) it takes the bounds of a call without
+// a causal cut, which are larger, so that validation sizes any call at once.
+constexpr int64_t kPairsWalked = int64_t(1) << 16;
+
 // A key band's scores and its staircase operand, for the band of queries
 // [i0, i0 + bq) against keys [start, end) (KeyBand::reset).
 template <class S>
@@ -118,10 +142,7 @@ ForwardPlan forward_plan(const AttentionForward<S>& p, const Terms& t, const Hea
     const int64_t bq = std::min(f.rows, hd.lq - i0), keys = visited_keys(p, hd, i0, bq);
     const int64_t block = std::min(tiles::forward_key_block(f, bq), keys);
     w.S = std::max(w.S, bq * block);
-    for (int64_t j0 = 0; j0 < keys; j0 += block) {  // q k^T of each step of keys
-      const Tile tile{i0, bq, j0, std::min(block, keys - j0)};
-      w.transposed = std::max(w.transposed, staircase_operand<S>(cut_of(p, hd, tile), hd.d, tile.bk));
-    }
+    w.transposed = std::max(w.transposed, staircase_of_tiles(p, hd, i0, bq, 0, keys, block, hd.d));  // q k^T
     if (t.band && keys) plan_band(p, hd, i0, bq, 0, keys, w.band, w.transposed);
     if (t.p2c)  // add_key_picks: a column of one row's scores, or a chunk of keys by the tile's rows
       w.by_key = std::max({w.by_key, block, std::min(tiles::kKeyPickChunk, block) * bq});
@@ -153,6 +174,7 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
   const Head<S> hd = head_geometry(p, 0, 0);
   const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv;
   const int64_t rows = std::min(kBackwardRows, lq), keys = std::min(kBackwardKeys, lk);
+  const int64_t query_tiles = (lq + kBackwardRows - 1) / kBackwardRows;
   BackwardPlan w;
   w.head = head;
   w.dout = lq * dv, w.out_row = dv, w.D = lq;
@@ -164,15 +186,18 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
   for (int64_t group = 0; group < groups; ++group) {
     const auto [begin, end] = group_keys(lk, group, groups);
     group_keys_most = std::max(group_keys_most, end - begin);
-    for (int64_t i0 = 0; i0 < lq; i0 += kBackwardRows) {  // as backward_key_group visits its tiles
+    for (int64_t i0 = 0; i0 < lq && groups * query_tiles <= kPairsWalked; i0 += kBackwardRows) {
       const int64_t bq = std::min(kBackwardRows, lq - i0), seen = std::min(end, visited_keys(p, hd, i0, bq));
-      if (seen <= begin) continue;
+      if (seen <= begin) continue;  // as backward_key_group visits its tiles
       if (t.band) plan_band(p, hd, i0, bq, begin, seen, w.band, w.transposed);
-      for (int64_t j0 = begin; j0 < seen; j0 += kBackwardKeys) {  // q k^T and dout v^T of each tile
-        const Tile tile{i0, bq, j0, std::min(kBackwardKeys, seen - j0)};
-        w.transposed = std::max(w.transposed, staircase_operand<S>(cut_of(p, hd, tile), std::max(d, dv), tile.bk));
-      }
+      w.transposed = std::max(  // q k^T and dout v^T
+          w.transposed, staircase_of_tiles(p, hd, i0, bq, begin, seen, kBackwardKeys, std::max(d, dv)));
     }
+  }
+  if (groups * query_tiles > kPairsWalked) {
+    w.band = t.band ? rows * (group_keys_most + rows - 1) : 0;
+    w.transposed = staircase_operand<S>(TileCut{.causal = p.causal, .staircase = p.causal}, std::max(d, dv),
+                                        simd::kStaircaseMaxSize);
   }
   const bool table = t.key_table || t.value_table || t.c2p || t.p2c;
   w.dtable = table && grads ? t.nb * (t.value_table ? std::max(d, dv) : d) : 0;
