@@ -92,9 +92,9 @@ int64_t staircase_operand(const TileCut& cut, int64_t width, int64_t bk) {
 
 // The largest staircase operand of the tiles of the query tile (i0, bq)
 // against keys [begin, end) in steps of `step` keys, over `width` features.
-// The cut tiles are the last ones (a tile to the left lies `step` keys
-// further from the diagonal), so they are walked from the last until one
-// is not cut.
+// The cut tiles are the last ones (a tile's last key lies further from the
+// diagonal than the last key of any tile to its right), so they are walked
+// from the last until one is not cut.
 template <class S>
 int64_t staircase_of_tiles(const AttentionForward<S>& p, const Head<S>& hd, int64_t i0, int64_t bq, int64_t begin,
                            int64_t end, int64_t step, int64_t width) {
@@ -110,8 +110,9 @@ int64_t staircase_of_tiles(const AttentionForward<S>& p, const Head<S>& hd, int6
 
 // The (key group, query tile) pairs whose bands and tiles the backward's plan
 // walks one by one. Past this many (thousands of key groups, for thousands of
-// threads, by thousands of query tiles) it takes the bounds of a call without
-// a causal cut, which are larger, so that validation sizes any call at once.
+// threads, by thousands of query tiles) it takes bounds instead, so that
+// validation sizes any call at once: a band as wide as without a causal cut,
+// and the staircase's largest operand wherever a causal cut may take it.
 constexpr int64_t kPairsWalked = int64_t(1) << 16;
 
 // A key band's scores and its staircase operand, for the band of queries
@@ -182,11 +183,12 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
   w.Rq = t.key_table || t.c2p ? rows * t.nb : 0;
   w.G = t.value_table ? rows * t.nb : 0;
   w.by_key = t.p2c ? rows * keys : 0;  // a tile's picks by key, forward and backward (indexed_rows.hpp)
+  const bool walked = groups * query_tiles <= kPairsWalked;
   int64_t group_keys_most = 0;
   for (int64_t group = 0; group < groups; ++group) {
     const auto [begin, end] = group_keys(lk, group, groups);
     group_keys_most = std::max(group_keys_most, end - begin);
-    for (int64_t i0 = 0; i0 < lq && groups * query_tiles <= kPairsWalked; i0 += kBackwardRows) {
+    for (int64_t i0 = 0; walked && i0 < lq; i0 += kBackwardRows) {
       const int64_t bq = std::min(kBackwardRows, lq - i0), seen = std::min(end, visited_keys(p, hd, i0, bq));
       if (seen <= begin) continue;  // as backward_key_group visits its tiles
       if (t.band) plan_band(p, hd, i0, bq, begin, seen, w.band, w.transposed);
@@ -194,7 +196,7 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
           w.transposed, staircase_of_tiles(p, hd, i0, bq, begin, seen, kBackwardKeys, std::max(d, dv)));
     }
   }
-  if (groups * query_tiles > kPairsWalked) {
+  if (!walked) {
     w.band = t.band ? rows * (group_keys_most + rows - 1) : 0;
     w.transposed = staircase_operand<S>(TileCut{.causal = p.causal, .staircase = p.causal}, std::max(d, dv),
                                         simd::kStaircaseMaxSize);

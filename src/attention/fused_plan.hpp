@@ -6,7 +6,10 @@
 // plan when it starts and the kernel's loops only fill them, so the plan is
 // what the kernel allocates: the scratch test checks each pass byte for byte
 // against the library's counters, and the scratch estimate that validation
-// refuses calls by is the larger pass.
+// refuses calls by is the larger pass. (A backward of more than 65,536 key
+// groups by query tiles takes a few bounds instead of walking them all,
+// fused_plan.cpp's kPairsWalked: at most a band's tile of rows and a
+// staircase operand more than its loops use.)
 //
 // A buffer's plan is the most any of the call's tiles or heads uses of it;
 // the small ones a causal staircase may use (simd::kStaircaseMaxSize wide)
