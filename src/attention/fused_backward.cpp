@@ -323,10 +323,10 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
 // go to per-thread partials added in thread order.
 template <class F, class T, class Stored>
 void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e) {
-  const int64_t batch = p.q.shape[0], heads = p.q.shape[1], count = batch * heads, groups = backward_key_groups(p);
+  const FusedPlan plan = fused::plan(data, &data.dpos);  // its key groups and threads, and every worker's buffers
+  const int64_t batch = p.q.shape[0], heads = p.q.shape[1], count = batch * heads, groups = plan.groups;
   const int64_t lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
-  const int threads = thread_count(p.num_threads, count * groups);
-  const FusedPlan plan = fused::plan(data, &data.dpos);
+  const int threads = plan.backward_threads;
   std::vector<BackwardScratch<T>> scratch(threads);
   std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
   std::vector<BandRowSum<T>> band_rows(threads);
@@ -359,7 +359,7 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
       const int64_t bh = item / parts;
       for (int64_t g = 1; g < groups; ++g) query[bh * groups].add_part(query[bh * groups + g], item % parts, parts);
     });
-    parallel_for(count, thread_count(p.num_threads, count), make_partials, [&](int t, int64_t item) {
+    parallel_for(count, plan.finishing_threads, make_partials, [&](int t, int64_t item) {
       const auto [b, h] = head_major(item, batch);
       const int64_t bh = b * heads + h;
       QueryGrads<T>& sum = query[bh * groups];

@@ -85,12 +85,12 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
 
 template <class T, class Stored>
 void run_forward(const AttentionForward<T>& p, const AttentionForward<Stored>& data) {
-  const FusedPlan plan = fused::plan(data);
+  const FusedPlan plan = fused::plan(data);  // its tiles and threads, and every worker's buffers
   const CallEmbeddings<T> e(p);
-  const tiles::ForwardTiles f = tiles::forward(p.q.shape[3], p.v.shape[3], e.indexed_queries() != nullptr);
+  const tiles::ForwardTiles& f = plan.tiles;
   const int64_t heads = p.q.shape[1], query_tiles = (p.q.shape[2] + f.rows - 1) / f.rows;
   const int64_t items = p.q.shape[0] * heads * query_tiles;
-  const int threads = thread_count(p.num_threads, items);
+  const int threads = plan.forward_threads;
   std::vector<ForwardScratch<T>> scratch(threads);
   with_tile_features(p, e, [&](auto features) {
     parallel_for(

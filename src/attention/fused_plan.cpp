@@ -134,9 +134,9 @@ bool splits(const AttentionForward<S>& p) {
 }
 
 template <class S>
-ForwardPlan forward_plan(const AttentionForward<S>& p, const Terms& t, const HeadPlan& head) {
+ForwardPlan forward_plan(const AttentionForward<S>& p, const tiles::ForwardTiles& f, const Terms& t,
+                         const HeadPlan& head) {
   const Head<S> hd = head_geometry(p, 0, 0);
-  const tiles::ForwardTiles f = tiles::forward(hd.d, hd.dv, t.p2c);
   ForwardPlan w;
   w.head = head;
   for (int64_t i0 = 0; i0 < hd.lq; i0 += f.rows) {  // as forward_tile sizes them
@@ -227,9 +227,9 @@ FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos) {
   f.compute_bytes = sizeof(C);
   f.heads = heads;
   const HeadPlan head = head_plan(p, t);
-  const int64_t tile_rows = tiles::forward(d, p.v.shape[3], t.p2c).rows;
-  f.forward_threads = thread_count(p.num_threads, heads * ((lq + tile_rows - 1) / tile_rows));
-  f.forward = forward_plan(p, t, head);
+  f.tiles = tiles::forward(d, p.v.shape[3], t.p2c);
+  f.forward_threads = thread_count(p.num_threads, heads * ((lq + f.tiles.rows - 1) / f.tiles.rows));
+  f.forward = forward_plan(p, f.tiles, t, head);
   f.groups = backward_key_groups(p);
   f.backward_threads = thread_count(p.num_threads, heads * f.groups);
   f.finishing_threads = f.groups == 1 ? f.backward_threads : thread_count(p.num_threads, heads);

@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "relpos/attention.hpp"
+#include "tiles.hpp"
 
 namespace relpos::fused {
 
@@ -85,6 +86,7 @@ struct BackwardPlan {
 
 struct FusedPlan {
   int64_t compute_bytes = 0;  // of an element of the compute type
+  tiles::ForwardTiles tiles;  // the forward's query rows and keys per step
   int forward_threads = 1;    // workers of the forward
   int backward_threads = 1;   // workers of the backward's key groups
   int finishing_threads = 1;  // threads that finish heads (per-thread gradient partials)
