@@ -2,7 +2,9 @@
 // forward or backward holds, sized from the call's shapes and the tile
 // constants (tiles.hpp) by the functions the kernel's loops call
 // (visited_keys, forward_key_block, cut_of, KeyBand::width_of and cut_of,
-// group_keys, backward_key_groups). Each worker reserves its buffers from the
+// group_keys). The kernel takes its forward tiles, key groups and thread
+// counts from the plan (tiles, groups, *_threads; backward_key_groups decides
+// the groups). Each worker reserves its buffers from the
 // plan when it starts and the kernel's loops only fill them, so the plan is
 // what the kernel allocates: the scratch test checks each pass byte for byte
 // against the library's counters, and the scratch estimate that validation

@@ -129,14 +129,16 @@ void sum_picks(const RowRuns& runs, int64_t m, int64_t count, const T* in, T alp
 
 // Keys ahead of the one being picked (or summed) whose windows are
 // prefetched: a key's row of scores (2 KiB for DeBERTa-v3's 512 rows) is
-// read or written in a window per tile, a row's jump from the key before,
-// which the hardware's prefetchers do not follow; a long call's rows
-// (Lk x rows, 4 MiB at L = 2048) live in L3. On Zen 4 (B = 2, H = 12,
-// L = 2048, 2 threads), with every key's picks reading one row instead (a
-// measuring build) the p2c picks took a quarter to a third of their time: the
-// rest waited on those rows. Prefetching 2 to 8 keys ahead measured alike;
-// 6 ahead, against none, in one process alternating: 900 -> 844 ms forward +
-// backward (minimum of 8), 3% at B = 1, H = 4.
+// read or written in a window per tile, a row's jump from the key before; a
+// long call's rows (Lk x rows, 4 MiB at L = 2048) live in L3. On Zen 4
+// (B = 2, H = 12, L = 2048, 2 threads), with every key's picks reading one
+// row instead (a measuring build) the p2c picks kept a quarter to a third of
+// their time: the rest waited on those rows, which the hardware's prefetchers
+// did not appear to cover. Against no prefetching, in one process alternating
+// a build with a switch (minimum of 8 calls): 900 -> 844 ms forward +
+// backward with 6 keys ahead, 3-6% at B = 1, H = 4; 2, 3, 4, 6 and 8 ahead
+// measured alike, and separate processes of the two builds differ by less
+// than that machine's noise (+-5%).
 constexpr int64_t kKeysAhead = 4;
 
 // Prefetches the rows that the distance indices [m, m + count) read in the
