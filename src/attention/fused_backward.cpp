@@ -37,9 +37,10 @@ namespace {
 template <class T>
 struct QueryGrads {
   Scratch<T> dqc, dqp;  // dL/d(q + u) and dL/d(q + v), (lq, d)
-  Scratch<T> dR, Pb;    // clipped tables: key-score gradients and value bucket sums of P, (lq, 2k+1)
+  Scratch<T> dR, Pb;    // clipped tables: key-score gradients and value bucket sums of P, (lq, 2k+1);
+                        // an indexed table read by the query: its scores' gradients, (nb, lq)
   Scratch<T> dE;        // a key band: gradients of its rows, (distances, d)
-  Scratch<T> dRk;       // an indexed table read by the key: gradients of the keys' scores, (lk, nb)
+  Scratch<T> dRk;       // an indexed table read by the key: gradients of the keys' scores, (nb, lk)
   Scratch<T> dbias;     // a bias per distance with learnable parameters: its gradient per distance
 
   void reserve(const QueryGradsPlan& plan) {
@@ -72,7 +73,7 @@ struct QueryGrads {
 template <class T>
 struct BackwardScratch {
   HeadContext<T> head;
-  Scratch<T> dout, out_row, D, P, dP, Rq, G, dband, transposed, by_key;
+  Scratch<T> dout, out_row, D, P, dP, Rq, G, dband, transposed, diagonals;
   KeyBand<T> band;
   QueryGrads<T> query;  // one head's, when a head is one group
   Scratch<T> dk, dv;
@@ -83,7 +84,7 @@ struct BackwardScratch {
     head.allocate(plan.head, p);
     for (auto [buffer, size] :
          {std::pair{&dout, plan.dout}, {&out_row, plan.out_row}, {&D, plan.D}, {&P, plan.P}, {&dP, plan.dP},
-          {&Rq, plan.Rq}, {&G, plan.G}, {&dband, plan.band}, {&transposed, plan.transposed}, {&by_key, plan.by_key},
+          {&Rq, plan.Rq}, {&G, plan.G}, {&dband, plan.band}, {&transposed, plan.transposed}, {&diagonals, plan.diagonals},
           {&dk, plan.dk}, {&dv, plan.dv}, {&dtable, plan.dtable}})
       buffer->reserve(size);
     band.reserve(plan.band);
@@ -139,11 +140,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
     if (split)
       w.split.start_query_tile(c.stored.q + i0 * c.stored.ldq, c.stored.ldq, c.stored.dout + i0 * c.stored.lddout,
                                c.stored.lddout, bq);
-    if constexpr (F::key_table || F::c2p) {  // the query tile's scores against the table's rows, (bq, nb)
-      w.Rq.resize(bq * nb);
-      gemm<T>(Trans::no, Trans::yes, bq, nb, d, T(1), hd.qp + i0 * d, d, c.query_side_table(), d, T(0), w.Rq.data(),
-              nb);
-    }
+    if constexpr (F::key_table || F::c2p) query_tile_scores<F>(c, i0, bq, w.Rq);
     if constexpr (F::value_table) {  // dout wv^T of the query tile, (bq, nb)
       w.G.resize(bq * nb);
       gemm<T>(Trans::no, Trans::yes, bq, nb, dvd, T(1), w.dout.data() + i0 * dvd, dvd, c.wv.data(), dvd, T(0),
@@ -169,7 +166,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
                                                w.dout.data() + i0 * dvd, dvd);
       if (split_tile)
         for (SplitTile* tile : {&w.split.P, &w.split.dS}) tile->reshape(bq, bk, SplitTile::Layout::interleaved);
-      tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, P, w.transposed, w.by_key);
+      tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, P, w.transposed, w.diagonals);
       const int64_t m0 = hd.diagonal(i0 + bq - 1, j0);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const T lse = data.lse(b, h, i0 + ii);
@@ -206,7 +203,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
           rows::add_scaled_reversed(w.dband.data() + w.band.at(ii, j0, shown), srow, scale, shown);
         }
       }
-      if constexpr (F::indexed) add_indexed_grads<F>(c, t, m0, dS, scale, q, w.by_key);
+      if constexpr (F::indexed) add_indexed_grads<F>(c, t, m0, dS, scale, q, w.diagonals);
       if (split_tile) {
         split_products(w.split, j0 - begin, bk, scale, q.dqc.data() + i0 * d);
         continue;
@@ -229,15 +226,15 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
 
 // The indexed tables' share of a tile's scale * dS (bq, bk), add_indexed_scores
 // backwards: into each query's c2p score gradients dR and each key's p2c
-// score gradients dRk by each pair's row. by_key: scratch.
+// score gradients dRk by each pair's row. diagonals: scratch.
 template <class F, class T>
 void add_indexed_grads(const HeadContext<T>& c, const Tile& t, int64_t m0, const T* dS, T scale, QueryGrads<T>& q,
-                       Scratch<T>& by_key) {
-  const int64_t bq = t.bq, bk = t.bk, nb = c.nb;
-  if constexpr (F::c2p)
-    for (int64_t ii = 0; ii < bq; ++ii)
-      sum_picks(*c.c2p_rows, m0 + (bq - 1 - ii), bk, dS + ii * bk, scale, &q.dR[(t.i0 + ii) * nb]);
-  if constexpr (F::p2c) sum_key_picks(*c.p2c_rows, m0, dS, bq, bk, scale, &q.dRk[t.j0 * nb], nb, by_key);
+                       Scratch<T>& diagonals) {
+  const Head<T>& hd = c.x.hd;
+  IndexedScores<T> c2p, p2c;
+  if constexpr (F::c2p) c2p = {c.c2p_rows, q.dR.data() + t.i0, hd.lq};
+  if constexpr (F::p2c) p2c = {c.p2c_rows, q.dRk.data() + t.j0, hd.lk};
+  sum_indexed_picks(c2p, p2c, m0, t.bq, t.bk, scale, dS, t.bk, diagonals);
 }
 
 // A key band's row gradients, summed over the batch entries of one head that
@@ -290,19 +287,19 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
       e.key_table()->add_slice_grad(g, hd.h, w.dtable.data());
     }
   }
-  if (!c.c2p.empty()) {  // dqp += dR c2p; dc2p += dR^T qp
-    weights_times<T>(Trans::no, lq, d, nb, T(1), q.dR.data(), nb, c.c2p.data(), d, T(1), q.dqp.data(), d);
+  if (!c.c2p.empty()) {  // dR (nb, lq) by distance: dqp += dR^T c2p; dc2p += dR qp
+    weights_times<T>(Trans::yes, lq, d, nb, T(1), q.dR.data(), lq, c.c2p.data(), d, T(1), q.dqp.data(), d);
     if (e.indexed_keys()->wants_grad(g)) {
       w.dtable.resize(nb * d);
-      weights_times<T>(Trans::yes, nb, d, lq, T(1), q.dR.data(), nb, hd.qp, d, T(0), w.dtable.data(), d);
+      weights_times<T>(Trans::no, nb, d, lq, T(1), q.dR.data(), lq, hd.qp, d, T(0), w.dtable.data(), d);
       e.indexed_keys()->add_slice_grad(g, hd.h, w.dtable.data());
     }
   }
-  if (!c.p2c.empty()) {  // dk += dRk p2c; dp2c += dRk^T k (a padded key's row of k is zero or finite: load_head)
-    weights_times<T>(Trans::no, hd.lk, d, nb, T(1), q.dRk.data(), nb, c.p2c.data(), d, T(1), dk.data(), d);
+  if (!c.p2c.empty()) {  // dRk (nb, lk): dk += dRk^T p2c; dp2c += dRk k (a padded key's row of k is zero or finite: load_head)
+    weights_times<T>(Trans::yes, hd.lk, d, nb, T(1), q.dRk.data(), hd.lk, c.p2c.data(), d, T(1), dk.data(), d);
     if (e.indexed_queries()->wants_grad(g)) {
       w.dtable.resize(nb * d);
-      weights_times<T>(Trans::yes, nb, d, hd.lk, T(1), q.dRk.data(), nb, c.x.kp, c.x.ldk, T(0), w.dtable.data(), d);
+      weights_times<T>(Trans::no, nb, d, hd.lk, T(1), q.dRk.data(), hd.lk, c.x.kp, c.x.ldk, T(0), w.dtable.data(), d);
       e.indexed_queries()->add_slice_grad(g, hd.h, w.dtable.data());
     }
   }

@@ -16,7 +16,7 @@ using tiles::forward_key_block;
 template <class T>
 struct ForwardScratch {
   HeadContext<T> head;
-  Scratch<T> S, O, Rq, Pb, transposed, by_key;
+  Scratch<T> S, O, Rq, Pb, transposed, diagonals;
   OnlineSoftmax<T> softmax;
   KeyBand<T> band;
   SplitTile split;  // P, where split_row splits it
@@ -24,7 +24,7 @@ struct ForwardScratch {
   void allocate(const ForwardPlan& plan, const AttentionForward<T>& p) {
     head.allocate(plan.head, p);
     for (auto [buffer, size] : {std::pair{&S, plan.S}, {&O, plan.O}, {&Rq, plan.Rq}, {&Pb, plan.Pb},
-                                {&transposed, plan.transposed}, {&by_key, plan.by_key}})
+                                {&transposed, plan.transposed}, {&diagonals, plan.diagonals}})
       buffer->reserve(size);
     softmax.reserve(plan.softmax_rows);
     band.reserve(plan.band);
@@ -39,15 +39,11 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
   HeadContext<T>& c = w.head;
   prepare(p, data, e, b, h, c);
   const Head<T>& hd = c.x.hd;
-  const int64_t d = hd.d, dv = hd.dv, bq = std::min(f.rows, hd.lq - i0);
+  const int64_t dv = hd.dv, bq = std::min(f.rows, hd.lq - i0);
   const T scale = T(effective_scale(p));
   w.O.assign(bq * dv, T(0));
   w.softmax.reset(bq);
-  if constexpr (F::key_table || F::c2p) {  // the query tile's scores against the table's rows
-    w.Rq.resize(bq * c.nb);
-    gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, c.query_side_table(), d, T(0), w.Rq.data(),
-            c.nb);
-  }
+  if constexpr (F::key_table || F::c2p) query_tile_scores<F>(c, i0, bq, w.Rq);
   if constexpr (F::value_table) w.Pb.assign(bq * c.nb, T(0));
   const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(f, bq), keys);
   w.S.resize(bq * block);
@@ -56,7 +52,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
     const Tile t{i0, bq, j0, std::min(block, keys - j0)};
     T* S = w.S.data();
     const TileCut cut = cut_of(p, hd, t);
-    tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, S, w.transposed, w.by_key);
+    tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, S, w.transposed, w.diagonals);
     if (c.stored.split) w.split.reshape(bq, t.bk, SplitTile::Layout::stacked);
     for (int64_t ii = 0; ii < bq; ++ii) {  // S becomes P; O and Pb rescaled where the row's maximum rose
       T* row = S + ii * t.bk;

@@ -145,8 +145,8 @@ ForwardPlan forward_plan(const AttentionForward<S>& p, const tiles::ForwardTiles
     w.S = std::max(w.S, bq * block);
     w.transposed = std::max(w.transposed, staircase_of_tiles(p, hd, i0, bq, 0, keys, block, hd.d));  // q k^T
     if (t.band && keys) plan_band(p, hd, i0, bq, 0, keys, w.band, w.transposed);
-    if (t.p2c)  // add_key_picks: a column of one row's scores, or a chunk of keys by the tile's rows
-      w.by_key = std::max({w.by_key, block, std::min(tiles::kKeyPickChunk, block) * bq});
+    if (t.c2p || t.p2c)  // add_indexed_picks: two blocks by distance and by query
+      w.diagonals = std::max(w.diagonals, 2 * bq * (bq + std::min(tiles::kDiagonalKeys, block) - 1));
   }
   const int64_t rows = std::min(f.rows, hd.lq);
   w.O = rows * hd.dv, w.softmax_rows = rows;
@@ -182,7 +182,8 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
   w.P = w.dP = kBackwardRows * kBackwardKeys;
   w.Rq = t.key_table || t.c2p ? rows * t.nb : 0;
   w.G = t.value_table ? rows * t.nb : 0;
-  w.by_key = t.p2c ? rows * keys : 0;  // a tile's picks by key, forward and backward (indexed_rows.hpp)
+  // A tile's indexed picks, forward and backward: two blocks by distance and by query (indexed_rows.hpp).
+  w.diagonals = t.c2p || t.p2c ? 2 * rows * (rows + std::min(tiles::kDiagonalKeys, keys) - 1) : 0;
   const bool walked = groups * query_tiles <= kPairsWalked;
   int64_t group_keys_most = 0;
   for (int64_t group = 0; group < groups; ++group) {
@@ -240,10 +241,10 @@ FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos) {
   f.partials = grads;
   // CallEmbeddings: a key band's rows per head and the embedding's own
   // (Transformer-XL's sinusoids, per_distance each); an indexed table's
-  // RowRuns, an int32 row and run end and an int8 step per distance.
+  // RowRuns, an int32 row and run end per distance.
   const EmbeddingSizes e = embedding_sizes(p);
   if (t.band) f.call_bytes += (p.q.shape[1] * d + e.per_distance) * distances * int64_t(sizeof(C));
-  f.call_bytes += (int64_t(t.c2p) + int64_t(t.p2c)) * distances * int64_t(2 * sizeof(int32_t) + sizeof(int8_t));
+  f.call_bytes += (int64_t(t.c2p) + int64_t(t.p2c)) * distances * int64_t(2 * sizeof(int32_t));
   if constexpr (is_half_v<S>) {  // half_storage.cpp's WideParams and WideGrads
     f.wide_params_bytes = parameter_elements(p) * int64_t(sizeof(float));
     f.wide_grads_bytes = grads * int64_t(sizeof(float));

@@ -44,12 +44,12 @@ struct HeadPlan {
 // A forward worker (fused_forward.cpp's ForwardScratch).
 struct ForwardPlan {
   HeadPlan head;
-  int64_t S = 0, O = 0, Rq = 0, Pb = 0, transposed = 0, by_key = 0;
+  int64_t S = 0, O = 0, Rq = 0, Pb = 0, transposed = 0, diagonals = 0;
   int64_t softmax_rows = 0;  // the online softmax's running maximum and sum, each
   int64_t band = 0;          // a key band's scores
   int64_t split = 0;         // P's bfloat16 parts, where the head splits it
 
-  int64_t elements() const { return head.elements() + S + O + Rq + Pb + transposed + by_key + 2 * softmax_rows + band; }
+  int64_t elements() const { return head.elements() + S + O + Rq + Pb + transposed + diagonals + 2 * softmax_rows + band; }
 };
 
 // The query-side gradients of one head's key group (fused_backward.cpp's QueryGrads).
@@ -73,7 +73,7 @@ struct SplitBackwardPlan {
 // A backward worker (fused_backward.cpp's BackwardScratch).
 struct BackwardPlan {
   HeadPlan head;
-  int64_t dout = 0, out_row = 0, D = 0, P = 0, dP = 0, Rq = 0, G = 0, transposed = 0, by_key = 0;
+  int64_t dout = 0, out_row = 0, D = 0, P = 0, dP = 0, Rq = 0, G = 0, transposed = 0, diagonals = 0;
   int64_t band = 0;    // a key band's scores, and as many of their gradients (dband)
   int64_t dtable = 0;  // a table's gradient of the head before it is added
   QueryGradsPlan query;        // the worker's own where a head is one key group; else empty
@@ -81,7 +81,7 @@ struct BackwardPlan {
   SplitBackwardPlan split;
 
   int64_t elements() const {
-    return head.elements() + dout + out_row + D + P + dP + Rq + G + transposed + by_key + 2 * band + dtable +
+    return head.elements() + dout + out_row + D + P + dP + Rq + G + transposed + diagonals + 2 * band + dtable +
            query.elements() + dk + dv;
   }
 };

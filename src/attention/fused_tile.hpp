@@ -72,7 +72,7 @@ struct HeadContext {
   Scratch<T> wk, wv;        // the clipped tables' slices of this head (nb, d), (nb, dv)
   const T* E = nullptr;     // a key band's rows per distance (distances, d), falling, from CallEmbeddings
   Scratch<T> c2p, p2c;      // indexed tables: this head's slices (nb, d), read by the query and by the key
-  Scratch<T> Rk;            // p2c: every key's scores against its rows, (lk, nb)
+  Scratch<T> Rk;            // p2c: every key's scores against its rows, (nb, lk)
   const RowRuns* c2p_rows = nullptr;  // indexed tables: the table row of each distance index, from CallEmbeddings
   const RowRuns* p2c_rows = nullptr;
   StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
@@ -92,7 +92,6 @@ struct HeadContext {
   bool key_table() const { return !wk.empty(); }
   // The table whose scores a query tile multiplies out first, (nb, d): Shaw's
   // key table or DeBERTa's c2p; null without one.
-  const T* query_side_table() const { return !wk.empty() ? wk.data() : !c2p.empty() ? c2p.data() : nullptr; }
   bool value_table() const { return !wv.empty(); }
   bool band() const { return E != nullptr; }
 };
@@ -240,9 +239,9 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
     const Head<T>& hd = c.x.hd;
     c.nb = table->table_rows();
     c.p2c.resize(c.nb * hd.d), table->slice(h, c.p2c.data());
-    c.Rk.resize(hd.lk * c.nb);
-    gemm<T>(Trans::no, Trans::yes, hd.lk, c.nb, hd.d, T(1), c.x.kp, c.x.ldk, c.p2c.data(), hd.d, T(0), c.Rk.data(),
-            c.nb);
+    c.Rk.resize(c.nb * hd.lk);  // (nb, lk): read by distance (indexed_rows.hpp)
+    gemm<T>(Trans::no, Trans::yes, c.nb, hd.lk, hd.d, T(1), c.p2c.data(), hd.d, c.x.kp, c.x.ldk, T(0), c.Rk.data(),
+            hd.lk);
   }
   c.stored = stored_bf16_rows(p, data, b, h, c.x.padded_keys_zeroed);
 }
@@ -276,34 +275,48 @@ BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t compute
   }
 }
 
+// The query tile's scores against a table's rows: (bq, nb) for a clipped key
+// table (read row by row), (nb, bq) for an indexed one (c2p, read by
+// distance: indexed_rows.hpp).
+template <class F, class T>
+void query_tile_scores(const HeadContext<T>& c, int64_t i0, int64_t bq, Scratch<T>& Rq) {
+  const Head<T>& hd = c.x.hd;
+  const int64_t d = hd.d;
+  Rq.resize(bq * c.nb);
+  if constexpr (F::c2p)
+    gemm<T>(Trans::no, Trans::yes, c.nb, bq, d, T(1), c.c2p.data(), d, hd.qp + i0 * d, d, T(0), Rq.data(), bq);
+  else
+    gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), Rq.data(), c.nb);
+}
+
 // Adds the indexed tables' scores to the tile's logits S (bq, bk): scale
-// times Rq[ii, c2p row] (Rq the query tile's scores against the c2p rows,
-// (bq, nb)) and Rk[j, p2c row], each pair's row that of its distance
-// (distance index of (ii, jj): m0 + (bq - 1 - ii) + jj). by_key: scratch.
+// times RqT[c2p row, ii] (the query tile's scores against the c2p rows,
+// (nb, bq): query_tile_scores) and Rk[p2c row, j], each pair's rows those of
+// its distance (distance index of (ii, jj): m0 + (bq - 1 - ii) + jj).
+// diagonals: scratch.
 template <class F, class T>
 void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t m0, const T* Rq, T* S,
-                        Scratch<T>& by_key) {
-  const int64_t bq = t.bq, bk = t.bk;
-  if constexpr (F::c2p)
-    for (int64_t ii = 0; ii < bq; ++ii)
-      add_picks(*c.c2p_rows, m0 + (bq - 1 - ii), bk, Rq + ii * c.nb, c.nb, scale, S + ii * bk);
-  if constexpr (F::p2c) add_key_picks(*c.p2c_rows, m0, c.Rk.data() + t.j0 * c.nb, c.nb, bq, bk, scale, S, by_key);
+                        Scratch<T>& diagonals) {
+  IndexedScores<const T> c2p, p2c;
+  if constexpr (F::c2p) c2p = {c.c2p_rows, Rq, t.bq};
+  if constexpr (F::p2c) p2c = {c.p2c_rows, c.Rk.data() + t.j0, c.x.hd.lk};
+  add_indexed_picks(c2p, p2c, m0, t.bq, t.bk, scale, S, t.bk, diagonals);
 }
 
 // S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
 // table's edge scores (bucketed_row). Rq: the key table's scores of the tile's queries, (bq, nb).
-// band: the query tile's key band scores. transposed, by_key: scratch of the products and of
-// the picks by key.
+// band: the query tile's key band scores. transposed, diagonals: scratch of the products and of
+// the indexed tables' picks.
 template <class F, class T>
 void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale, const Tile& t, const TileCut& cut,
-                 const T* Rq, KeyBand<T>& band, T* S, Scratch<T>& transposed, Scratch<T>& by_key) {
+                 const T* Rq, KeyBand<T>& band, T* S, Scratch<T>& transposed, Scratch<T>& diagonals) {
   const Head<T>& hd = c.x.hd;
   if constexpr (F::band) band.reach_keys(t.j0, t.bk);
   const int64_t d = hd.d, bq = t.bq, bk = t.bk;
   product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
                   bq, bk, d, scale, S, cut, transposed);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
-  if constexpr (F::indexed) add_indexed_scores<F>(c, scale, t, m0, Rq, S, by_key);
+  if constexpr (F::indexed) add_indexed_scores<F>(c, scale, t, m0, Rq, S, diagonals);
   const Scratch<T>& bias = c.x.bias;
   for (int64_t ii = 0; ii < bq; ++ii) {
     T* row = S + ii * bk;

@@ -62,10 +62,11 @@ constexpr int64_t kAssumedL2 = 1 << 20;  // where the CPU reports no L2: the siz
 // are -inf logits and come out 0 (causal_cut.hpp).
 constexpr int64_t kCausalKeyRounding = 16;
 
-// Keys per chunk of a table read by the key (DeBERTa's p2c): a tile's picks by
-// key are made this many keys at a time into a (keys, rows) scratch, then added
-// transposed (indexed_rows.hpp; the scratch plan, fused_plan.hpp, sizes that buffer).
-constexpr int64_t kKeyPickChunk = 128;
+// Keys per step of an indexed table's picks (DeBERTa's c2p and p2c): a tile's
+// pairs are laid out by distance this many keys at a time, in two blocks of
+// rows x (rows + keys - 1) (indexed_rows.hpp; the scratch plan, fused_plan.hpp,
+// sizes them): 127 KiB each in float32 at 128 rows, within every L2.
+constexpr int64_t kDiagonalKeys = 128;
 
 // Keys per step of a forward query tile of bq rows: a full query tile takes
 // the keys of its tiles, a query tile of few rows (a decode step)

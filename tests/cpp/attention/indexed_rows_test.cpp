@@ -1,8 +1,9 @@
-// An indexed table's row per distance cut into runs, and the fused kernel's
-// picks through them (src/attention/indexed_rows.hpp), against a load and a
-// store per pair: DeBERTa's maps (exact, log and edge buckets, c2p rising and
-// p2c falling), maps with jumps and short runs, windows starting inside a
-// run, in float32 and float64.
+// An indexed table's row per distance and its runs, and the fused kernel's
+// picks and sums of a tile's pairs through them by distance
+// (src/attention/indexed_rows.hpp), against a load and a store per pair:
+// DeBERTa's maps (exact, log and edge buckets, c2p rising and p2c falling),
+// maps with jumps and short runs, tiles starting inside a run, each term alone
+// and both, in float32 and float64.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -67,77 +68,81 @@ void expect_close(const std::vector<T>& got, const std::vector<double>& want, co
     ASSERT_NEAR(double(got[i]), want[i], tolerance * (1.0 + std::abs(want[i]))) << what << " at " << i;
 }
 
-template <class T>
-void check_row_picks(const std::vector<int32_t>& rows, int64_t nb, const std::string& name) {
+// A RowRuns' single_row against the rows themselves, for every window of up to 40 distances.
+void check_single_row(const std::vector<int32_t>& rows, const std::string& name) {
   const RowRuns runs(relpos::Scratch<int32_t>(rows.begin(), rows.end()));
   const int64_t count = int64_t(rows.size());
-  const std::vector<T> R = random_values<T>(nb, 7), in = random_values<T>(count, 8);
-  const T alpha = T(0.75);
-  for (const auto& [m, n] : {std::pair<int64_t, int64_t>{0, count}, {3, count - 3}, {count / 2 - 5, 37}, {1, 1}}) {
-    if (m < 0 || n < 1 || m + n > count) continue;  // a window the map is too short for
-    const std::string what = name + " m " + std::to_string(m) + " n " + std::to_string(n);
-    std::vector<T> out = random_values<T>(n, 9), dR = random_values<T>(nb, 10);
-    std::vector<double> want_out(out.begin(), out.end()), want_dR(dR.begin(), dR.end());
-    for (int64_t t = 0; t < n; ++t) {
-      want_out[t] += double(alpha) * double(R[rows[m + t]]);
-      want_dR[rows[m + t]] += double(alpha) * double(in[t]);
+  for (int64_t m = 0; m < count; ++m)
+    for (int64_t n = 1; n <= 40 && m + n <= count; ++n) {
+      const bool one = std::all_of(rows.begin() + m, rows.begin() + m + n, [&](int32_t r) { return r == rows[m]; });
+      ASSERT_EQ(runs.single_row(m, n), one ? rows[m] : -1) << name << " m " << m << " n " << n;
     }
-    add_picks(runs, m, n, R.data(), nb, alpha, out.data());
-    sum_picks(runs, m, n, in.data(), alpha, dR.data());
-    expect_close(out, want_out, "add_picks " + what);
-    expect_close(dR, want_dR, "sum_picks " + what);
-  }
 }
 
-// A tile (bq, bk) whose pair (ii, jj) sits at distance index m0 + (bq - 1 - ii) + jj.
+// A tile (bq, bk; its rows lds apart) whose pair (ii, jj) sits at distance
+// index m0 + (bq - 1 - ii) + jj, c2p reading RqT (nb x (bq + 3): a row stride
+// past the tile's queries) and p2c RkT (nb x (bk + 5)), either or both, against
+// a load and a store per pair in double.
 template <class T>
-void check_key_picks(const std::vector<int32_t>& rows, int64_t nb, int64_t bq, int64_t bk, int64_t m0,
-                     const std::string& name) {
-  const RowRuns runs(relpos::Scratch<int32_t>(rows.begin(), rows.end()));
-  const std::vector<T> Rk = random_values<T>(bk * nb, 11), dS = random_values<T>(bq * bk, 12);
-  std::vector<T> S = random_values<T>(bq * bk, 13), dRk = random_values<T>(bk * nb, 14);
-  std::vector<double> want_S(S.begin(), S.end()), want_dRk(dRk.begin(), dRk.end());
+void check_tile_picks(const std::vector<int32_t>& c2p_rows, const std::vector<int32_t>& p2c_rows, int64_t nb,
+                      int64_t bq, int64_t bk, int64_t m0, const std::string& name) {
+  const RowRuns c2p_runs(relpos::Scratch<int32_t>(c2p_rows.begin(), c2p_rows.end()));
+  const RowRuns p2c_runs(relpos::Scratch<int32_t>(p2c_rows.begin(), p2c_rows.end()));
+  const int64_t ldq = bq + 3, ldk = bk + 5, lds = bk + 2;
+  const std::vector<T> RqT = random_values<T>(nb * ldq, 11), RkT = random_values<T>(nb * ldk, 12);
+  const std::vector<T> dS = random_values<T>(bq * lds, 13);
   const T alpha = T(-1.25);
-  for (int64_t ii = 0; ii < bq; ++ii)
-    for (int64_t jj = 0; jj < bk; ++jj) {
-      const int64_t row = rows[m0 + (bq - 1 - ii) + jj];
-      want_S[ii * bk + jj] += double(alpha) * double(Rk[jj * nb + row]);
-      want_dRk[jj * nb + row] += double(alpha) * double(dS[ii * bk + jj]);
-    }
-  Scratch<T> by_key;
-  add_key_picks(runs, m0, Rk.data(), nb, bq, bk, alpha, S.data(), by_key);
-  sum_key_picks(runs, m0, dS.data(), bq, bk, alpha, dRk.data(), nb, by_key);
-  const std::string what = name + " tile " + std::to_string(bq) + " x " + std::to_string(bk);
-  expect_close(S, want_S, "add_key_picks " + what);
-  expect_close(dRk, want_dRk, "sum_key_picks " + what);
+  for (const auto& [with_c2p, with_p2c] : {std::pair{true, false}, {false, true}, {true, true}}) {
+    std::vector<T> S = random_values<T>(bq * lds, 14), dRqT = random_values<T>(nb * ldq, 15);
+    std::vector<T> dRkT = random_values<T>(nb * ldk, 16);
+    std::vector<double> want_S(S.begin(), S.end()), want_dRqT(dRqT.begin(), dRqT.end());
+    std::vector<double> want_dRkT(dRkT.begin(), dRkT.end());
+    for (int64_t ii = 0; ii < bq; ++ii)
+      for (int64_t jj = 0; jj < bk; ++jj) {
+        const int64_t m = m0 + (bq - 1 - ii) + jj, c2p_at = c2p_rows[m] * ldq + ii, p2c_at = p2c_rows[m] * ldk + jj;
+        const double g = double(alpha) * double(dS[ii * lds + jj]);
+        if (with_c2p) want_S[ii * lds + jj] += double(alpha) * double(RqT[c2p_at]), want_dRqT[c2p_at] += g;
+        if (with_p2c) want_S[ii * lds + jj] += double(alpha) * double(RkT[p2c_at]), want_dRkT[p2c_at] += g;
+      }
+    IndexedScores<const T> c2p, p2c;
+    IndexedScores<T> dc2p, dp2c;
+    if (with_c2p) c2p = {&c2p_runs, RqT.data(), ldq}, dc2p = {&c2p_runs, dRqT.data(), ldq};
+    if (with_p2c) p2c = {&p2c_runs, RkT.data(), ldk}, dp2c = {&p2c_runs, dRkT.data(), ldk};
+    Scratch<T> scratch;
+    add_indexed_picks(c2p, p2c, m0, bq, bk, alpha, S.data(), lds, scratch);
+    sum_indexed_picks(dc2p, dp2c, m0, bq, bk, alpha, dS.data(), lds, scratch);
+    const std::string what = name + (with_c2p ? " c2p" : "") + (with_p2c ? " p2c" : "") + " tile " +
+                             std::to_string(bq) + " x " + std::to_string(bk) + " m0 " + std::to_string(m0);
+    expect_close(S, want_S, "add_indexed_picks " + what);
+    expect_close(dRqT, want_dRqT, "sum_indexed_picks c2p " + what);
+    expect_close(dRkT, want_dRkT, "sum_indexed_picks p2c " + what);
+  }
 }
 
 template <class T>
 void check_every_map() {
-  // DeBERTa-v3's 256 buckets to 512 over distances -1000..1000 (exact, log, edge); 8 buckets to 20; no buckets.
-  for (const bool by_key : {false, true}) {
-    const std::string side = by_key ? "p2c " : "c2p ";
-    check_row_picks<T>(deberta_rows(2001, 256, 512, by_key), 512, side + "256/512");
-    check_row_picks<T>(deberta_rows(301, 8, 20, by_key), 16, side + "8/20");
-    check_row_picks<T>(deberta_rows(301, -1, 64, by_key), 128, side + "none/64");
-    // Tiles of 1 to 300 keys (several chunks of tiles::kKeyPickChunk) at the diagonal and far from it.
-    const std::vector<int32_t> rows = deberta_rows(2001, 256, 512, by_key);
-    for (const auto& [bq, bk, m0] : {std::tuple<int64_t, int64_t, int64_t>{128, 128, 873}, {16, 300, 100},
-                                     {7, 1, 0}, {128, 257, 1500}, {33, 130, 600}, {16, 300, 1680}})
-      check_key_picks<T>(rows, 512, bq, bk, m0, side + "256/512");
-    // Tiles of one row (past the last bucket) and tiles ending at, or one past, the edge run's end.
-    for (int64_t m0 = 470; m0 <= 500; ++m0) check_key_picks<T>(rows, 512, 8, 9, m0, side + "edge run");
-    for (int64_t m0 = 1490; m0 <= 1520; ++m0) check_key_picks<T>(rows, 512, 9, 8, m0, side + "edge run");
-  }
-  // Maps shorter than a long run, and of one distance.
-  check_row_picks<T>(deberta_rows(7, 8, 20, false), 16, "7 distances");
-  check_row_picks<T>({3}, 4, "1 distance");
-  for (const uint32_t seed : {1u, 2u, 3u}) {
-    check_row_picks<T>(ragged_rows(400, seed), 80, "ragged " + std::to_string(seed));
-    check_key_picks<T>(ragged_rows(400, seed), 80, 64, 200, 90, "ragged " + std::to_string(seed));
-  }
+  // DeBERTa-v3's 256 buckets to 512 over distances -1000..1000 (exact, log, edge); 8 buckets to 20.
+  const std::vector<int32_t> c2p = deberta_rows(2001, 256, 512, false), p2c = deberta_rows(2001, 256, 512, true);
+  // Tiles of 1 to 300 keys (several steps of tiles::kDiagonalKeys) at the diagonal and far from it.
+  for (const auto& [bq, bk, m0] : {std::tuple<int64_t, int64_t, int64_t>{128, 128, 873}, {16, 300, 100},
+                                   {7, 1, 0}, {128, 257, 1500}, {33, 130, 600}, {16, 300, 1680}, {1, 129, 1000}})
+    check_tile_picks<T>(c2p, p2c, 512, bq, bk, m0, "256/512");
+  // Tiles of one row (past the last bucket) and tiles ending at, or one past, the edge run's end.
+  for (int64_t m0 = 470; m0 <= 500; ++m0) check_tile_picks<T>(c2p, p2c, 512, 8, 9, m0, "edge run");
+  for (int64_t m0 = 1490; m0 <= 1520; ++m0) check_tile_picks<T>(c2p, p2c, 512, 9, 8, m0, "edge run");
+  check_tile_picks<T>(deberta_rows(301, 8, 20, false), deberta_rows(301, 8, 20, true), 16, 40, 70, 100, "8/20");
+  check_tile_picks<T>(deberta_rows(301, -1, 64, false), deberta_rows(301, -1, 64, true), 128, 40, 70, 100, "none/64");
+  for (const uint32_t seed : {1u, 2u, 3u})
+    check_tile_picks<T>(ragged_rows(400, seed), ragged_rows(400, seed + 10), 80, 64, 200, 90,
+                        "ragged " + std::to_string(seed));
 }
 
+TEST(IndexedRows, SingleRowFindsEveryWindowOfOneRow) {
+  check_single_row(deberta_rows(2001, 256, 512, false), "256/512");
+  check_single_row(deberta_rows(7, 8, 20, true), "7 distances");
+  check_single_row({3}, "1 distance");
+  for (const uint32_t seed : {1u, 2u, 3u}) check_single_row(ragged_rows(400, seed), "ragged " + std::to_string(seed));
+}
 TEST(IndexedRows, PicksAndSumsAgreeWithOnePairAtATimeFloat) { check_every_map<float>(); }
 TEST(IndexedRows, PicksAndSumsAgreeWithOnePairAtATimeDouble) { check_every_map<double>(); }
 
