@@ -51,9 +51,9 @@ struct QueryGrads {
   void reset(const HeadContext<T>& c, bool bias_grads) {
     const Head<T>& hd = c.x.hd;
     dqc.assign(hd.lq * hd.d, T(0)), dqp.assign(hd.lq * hd.d, T(0));
-    dR.assign(c.key_table() || !c.c2p.empty() ? hd.lq * c.nb : 0, T(0));
+    dR.assign(c.key_table() ? hd.lq * c.nb : !c.c2p.empty() ? c.nb * indexed_stride(hd.lq) : 0, T(0));
     Pb.assign(c.value_table() ? hd.lq * c.nb : 0, T(0));
-    dRk.assign(c.p2c.empty() ? 0 : hd.lk * c.nb, T(0));
+    dRk.assign(c.p2c.empty() ? 0 : c.nb * indexed_stride(hd.lk), T(0));
     dE.assign(c.band() ? hd.distances() * hd.d : 0, T(0));
     dbias.assign(c.x.bias.empty() || !bias_grads ? 0 : hd.distances(), T(0));
   }
@@ -232,8 +232,8 @@ void add_indexed_grads(const HeadContext<T>& c, const Tile& t, int64_t m0, const
                        Scratch<T>& diagonals) {
   const Head<T>& hd = c.x.hd;
   IndexedScores<T> c2p, p2c;
-  if constexpr (F::c2p) c2p = {c.c2p_rows, q.dR.data() + t.i0, hd.lq};
-  if constexpr (F::p2c) p2c = {c.p2c_rows, q.dRk.data() + t.j0, hd.lk};
+  if constexpr (F::c2p) c2p = {c.c2p_rows, q.dR.data() + t.i0, indexed_stride(hd.lq)};
+  if constexpr (F::p2c) p2c = {c.p2c_rows, q.dRk.data() + t.j0, indexed_stride(hd.lk)};
   sum_indexed_picks(c2p, p2c, m0, t.bq, t.bk, scale, dS, t.bk, diagonals);
 }
 
@@ -288,18 +288,20 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
     }
   }
   if (!c.c2p.empty()) {  // dR (nb, lq) by distance: dqp += dR^T c2p; dc2p += dR qp
-    weights_times<T>(Trans::yes, lq, d, nb, T(1), q.dR.data(), lq, c.c2p.data(), d, T(1), q.dqp.data(), d);
+    const int64_t ld = indexed_stride(lq);
+    weights_times<T>(Trans::yes, lq, d, nb, T(1), q.dR.data(), ld, c.c2p.data(), d, T(1), q.dqp.data(), d);
     if (e.indexed_keys()->wants_grad(g)) {
       w.dtable.resize(nb * d);
-      weights_times<T>(Trans::no, nb, d, lq, T(1), q.dR.data(), lq, hd.qp, d, T(0), w.dtable.data(), d);
+      weights_times<T>(Trans::no, nb, d, lq, T(1), q.dR.data(), ld, hd.qp, d, T(0), w.dtable.data(), d);
       e.indexed_keys()->add_slice_grad(g, hd.h, w.dtable.data());
     }
   }
   if (!c.p2c.empty()) {  // dRk (nb, lk): dk += dRk^T p2c; dp2c += dRk k (a padded key's row of k is zero or finite: load_head)
-    weights_times<T>(Trans::yes, hd.lk, d, nb, T(1), q.dRk.data(), hd.lk, c.p2c.data(), d, T(1), dk.data(), d);
+    const int64_t ld = indexed_stride(hd.lk);
+    weights_times<T>(Trans::yes, hd.lk, d, nb, T(1), q.dRk.data(), ld, c.p2c.data(), d, T(1), dk.data(), d);
     if (e.indexed_queries()->wants_grad(g)) {
       w.dtable.resize(nb * d);
-      weights_times<T>(Trans::no, nb, d, hd.lk, T(1), q.dRk.data(), hd.lk, c.x.kp, c.x.ldk, T(0), w.dtable.data(), d);
+      weights_times<T>(Trans::no, nb, d, hd.lk, T(1), q.dRk.data(), ld, c.x.kp, c.x.ldk, T(0), w.dtable.data(), d);
       e.indexed_queries()->add_slice_grad(g, hd.h, w.dtable.data());
     }
   }

@@ -11,6 +11,7 @@
 #include "causal_cut.hpp"
 #include "fused.hpp"
 #include "head.hpp"
+#include "indexed_rows.hpp"
 #include "key_band.hpp"
 #include "tiles.hpp"
 #include "../schemes/registry.hpp"
@@ -74,7 +75,7 @@ HeadPlan head_plan(const AttentionForward<S>& p, const Terms& t) {
   h.k = copies_keys ? lk * d : 0, h.v = copies_keys ? lk * dv : 0;
   h.bias = t.bias ? distances : 0;
   h.wk = t.key_table ? t.nb * d : 0, h.wv = t.value_table ? t.nb * dv : 0;
-  h.c2p = t.c2p ? t.nb * d : 0, h.p2c = t.p2c ? t.nb * d : 0, h.Rk = t.p2c ? lk * t.nb : 0;
+  h.c2p = t.c2p ? t.nb * d : 0, h.p2c = t.p2c ? t.nb * d : 0, h.Rk = t.p2c ? indexed_stride(lk) * t.nb : 0;
   if (t.rotation) {  // RoPE's cosines and sines of every query's and key's position (rope.hpp's Angles)
     const int64_t rotated = p.pos.rope.rotary_dims ? p.pos.rope.rotary_dims : d;
     h.scheme_bytes += (lq + lk) * 2 * (rotated / 2) * int64_t(sizeof(C));
@@ -161,9 +162,9 @@ QueryGradsPlan query_grads_plan(const AttentionForward<S>& p, const Terms& t, bo
   const int64_t lq = p.q.shape[2], lk = p.k.shape[2], d = p.q.shape[3], distances = lq + lk - 1;
   QueryGradsPlan q;
   q.dqc = q.dqp = lq * d;
-  q.dR = t.key_table || t.c2p ? lq * t.nb : 0;
+  q.dR = t.key_table ? lq * t.nb : t.c2p ? indexed_stride(lq) * t.nb : 0;
   q.Pb = t.value_table ? lq * t.nb : 0;
-  q.dRk = t.p2c ? lk * t.nb : 0;
+  q.dRk = t.p2c ? indexed_stride(lk) * t.nb : 0;
   q.dE = t.band ? distances * d : 0;
   q.dbias = t.bias && bias_grads ? distances : 0;
   return q;

@@ -239,9 +239,9 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
     const Head<T>& hd = c.x.hd;
     c.nb = table->table_rows();
     c.p2c.resize(c.nb * hd.d), table->slice(h, c.p2c.data());
-    c.Rk.resize(c.nb * hd.lk);  // (nb, lk): read by distance (indexed_rows.hpp)
+    c.Rk.resize(c.nb * indexed_stride(hd.lk));  // (nb, lk): read by distance (indexed_rows.hpp)
     gemm<T>(Trans::no, Trans::yes, c.nb, hd.lk, hd.d, T(1), c.p2c.data(), hd.d, c.x.kp, c.x.ldk, T(0), c.Rk.data(),
-            hd.lk);
+            indexed_stride(hd.lk));
   }
   c.stored = stored_bf16_rows(p, data, b, h, c.x.padded_keys_zeroed);
 }
@@ -299,7 +299,7 @@ void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t
                         Scratch<T>& diagonals) {
   IndexedScores<const T> c2p, p2c;
   if constexpr (F::c2p) c2p = {c.c2p_rows, Rq, t.bq};
-  if constexpr (F::p2c) p2c = {c.p2c_rows, c.Rk.data() + t.j0, c.x.hd.lk};
+  if constexpr (F::p2c) p2c = {c.p2c_rows, c.Rk.data() + t.j0, indexed_stride(c.x.hd.lk)};
   add_indexed_picks(c2p, p2c, m0, t.bq, t.bk, scale, S, t.bk, diagonals);
 }
 

@@ -42,16 +42,6 @@ void add_constant(T* y, T c, int64_t n) {
   }
 }
 
-// y[i] += alpha * x[rows[i]], x of nx entries
-template <class T>
-void add_picked(T* y, const T* x, int64_t nx, const int32_t* rows, T alpha, int64_t n) {
-  if constexpr (std::is_same_v<T, float>) {
-    return simd::add_picked(y, x, nx, rows, alpha, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[rows[i]];
-  }
-}
-
 // y[i] *= alpha
 template <class T>
 void scale(T* y, T alpha, int64_t n) {

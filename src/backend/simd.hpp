@@ -65,10 +65,6 @@ bool all_finite(const float* x, int64_t rows, int64_t n, int64_t ld);
 void add_scaled(float* y, const float* x, float alpha, int64_t n);
 void add_scaled_reversed(float* y, const float* x, float alpha, int64_t n);  // y[i] += alpha x[n - 1 - i]
 void add_constant(float* y, float c, int64_t n);
-// y[i] += alpha x[rows[i]], x of nx entries: DeBERTa's picks between its long
-// runs (attention/indexed_rows.hpp), a permutation of a vector of x where a
-// vector's rows lie within a vector's width.
-void add_picked(float* y, const float* x, int64_t nx, const int32_t* rows, float alpha, int64_t n);
 void scale(float* y, float alpha, int64_t n);
 float sum_of(const float* x, int64_t n);
 void softmax_grad(const float* p, float* ds, float D, int64_t n);

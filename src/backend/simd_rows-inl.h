@@ -44,30 +44,6 @@ static void AddConstant(float* y, float c, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Add(hn::LoadU(d, y + i), hn::Set(d, c)), d, y + i); });
 }
 
-// y[i] += alpha x[rows[i]], x of nx entries: where a vector's rows lie
-// within one vector's width, one load of x and a permutation of its lanes;
-// elsewhere (and in the tail) lane by lane.
-static void AddPicked(float* y, const float* x, int64_t nx, const int32_t* rows, float alpha, int64_t n) {
-  const hn::ScalableTag<float> d;
-  const hn::RebindToSigned<decltype(d)> di;
-  const int64_t lanes = int64_t(hn::Lanes(d));
-  int64_t i = 0;
-  if (nx >= lanes)
-    for (; i + lanes <= n; i += lanes) {
-      const auto at = hn::LoadU(di, rows + i);
-      const int64_t lo = hn::GetLane(hn::MinOfLanes(di, at)), hi = hn::GetLane(hn::MaxOfLanes(di, at));
-      const int64_t base = std::min(lo, nx - lanes);
-      if (hi - base < lanes) {
-        const auto lanes_of_x = hn::IndicesFromVec(d, hn::Sub(at, hn::Set(di, int32_t(base))));
-        const auto picked = hn::TableLookupLanes(hn::LoadU(d, x + base), lanes_of_x);
-        hn::StoreU(hn::MulAdd(hn::Set(d, alpha), picked, hn::LoadU(d, y + i)), d, y + i);
-      } else {
-        for (int64_t u = i; u < i + lanes; ++u) y[u] += alpha * x[rows[u]];
-      }
-    }
-  for (; i < n; ++i) y[i] += alpha * x[rows[i]];
-}
-
 static void Scale(float* y, float alpha, int64_t n) {
   ForEachLane(n, [&](auto d, int64_t i) { hn::StoreU(hn::Mul(hn::LoadU(d, y + i), hn::Set(d, alpha)), d, y + i); });
 }

@@ -19,7 +19,6 @@ HWY_EXPORT(Multiply);
 HWY_EXPORT(AddScaled);
 HWY_EXPORT(AddScaledReversed);
 HWY_EXPORT(AddConstant);
-HWY_EXPORT(AddPicked);
 HWY_EXPORT(Scale);
 HWY_EXPORT(SumOf);
 HWY_EXPORT(AddColumnSums);
@@ -35,9 +34,6 @@ void add_scaled_reversed(float* y, const float* x, float alpha, int64_t n) {
   RELPOS_SIMD_DISPATCH(AddScaledReversed)(y, x, alpha, n);
 }
 void add_constant(float* y, float c, int64_t n) { RELPOS_SIMD_DISPATCH(AddConstant)(y, c, n); }
-void add_picked(float* y, const float* x, int64_t nx, const int32_t* rows, float alpha, int64_t n) {
-  RELPOS_SIMD_DISPATCH(AddPicked)(y, x, nx, rows, alpha, n);
-}
 void scale(float* y, float alpha, int64_t n) { RELPOS_SIMD_DISPATCH(Scale)(y, alpha, n); }
 float sum_of(const float* x, int64_t n) { return RELPOS_SIMD_DISPATCH(SumOf)(x, n); }
 void add_column_sums(const float* x, int64_t rows, int64_t cols, float* sums) {

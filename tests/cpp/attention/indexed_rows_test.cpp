@@ -137,6 +137,16 @@ void check_every_map() {
                         "ragged " + std::to_string(seed));
 }
 
+TEST(IndexedRows, ScoreStridesHoldTheirValuesInWholeLinesOffTheCachesSets) {
+  for (int64_t n = 1; n <= 5000; ++n) {
+    const int64_t stride = indexed_stride(n);
+    ASSERT_GE(stride, n);
+    ASSERT_LT(stride, n + 32) << n;
+    ASSERT_EQ(stride % 16, 0) << n;    // whole 64-byte lines of float32
+    ASSERT_NE(stride % 256, 0) << n;   // rows not a multiple of 1 KiB apart
+  }
+}
+
 TEST(IndexedRows, SingleRowFindsEveryWindowOfOneRow) {
   check_single_row(deberta_rows(2001, 256, 512, false), "256/512");
   check_single_row(deberta_rows(7, 8, 20, true), "7 distances");

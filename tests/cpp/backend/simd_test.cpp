@@ -57,7 +57,6 @@ struct SimdOps {
   void (*add_scaled)(float*, const float*, float, int64_t);
   void (*add_scaled_reversed)(float*, const float*, float, int64_t);
   void (*add_constant)(float*, float, int64_t);
-  void (*add_picked)(float*, const float*, int64_t, const int32_t*, float, int64_t);
   void (*scale)(float*, float, int64_t);
   float (*sum_of)(const float*, int64_t);
   void (*multiply)(const float*, const float*, float*, int64_t);
@@ -96,7 +95,6 @@ SimdOps TargetOps() {
           .add_scaled = &s::AddScaled,
           .add_scaled_reversed = &s::AddScaledReversed,
           .add_constant = &s::AddConstant,
-          .add_picked = &s::AddPicked,
           .scale = &s::Scale,
           .sum_of = &s::SumOf,
           .multiply = &s::Multiply,
@@ -171,19 +169,6 @@ void check_row_ops(const SimdOps& ops, int64_t n) {
     exact_sum += double(x[i]);
   }
   EXPECT_NEAR(ops.sum_of(x.data(), n), exact_sum, 1e-6 * double(n));
-  // Picks by row (DeBERTa's tables): rows near each other (a vector's within
-  // a vector's width: permuted), far apart, and from fewer entries than lanes.
-  for (const auto& [nx, near] : {std::pair<int64_t, bool>{40, true}, {40, false}, {5, true}}) {
-    const std::vector<float> table = random_row(nx, -2.0f, 2.0f, uint64_t(n + nx) + 700);
-    std::vector<int32_t> rows(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) rows[i] = int32_t(near ? std::min<int64_t>(nx - 1, i / 3) : (i * 17) % nx);
-    std::vector<float> picked = y0;
-    ops.add_picked(picked.data(), table.data(), nx, rows.data(), 0.6f, n);
-    for (int64_t i = 0; i < n; ++i)  // a vector's multiply-add, or a lane's, which the compiler may not fuse
-      EXPECT_TRUE(picked[i] == relpos::multiply_add<true>(0.6f, table[rows[i]], y0[i]) ||
-                  picked[i] == relpos::multiply_add<false>(0.6f, table[rows[i]], y0[i]))
-          << "add_picked " << nx << (near ? " near " : " far ") << i;
-  }
   ops.scale(z.data(), 0.5f, n);
   ops.softmax_grad(x.data(), y.data(), 0.3f, n);
   for (int64_t i = 0; i < n; ++i) {
@@ -625,7 +610,6 @@ SimdOps dispatched_ops() {
           .add_scaled = &s::add_scaled,
           .add_scaled_reversed = &s::add_scaled_reversed,
           .add_constant = &s::add_constant,
-          .add_picked = &s::add_picked,
           .scale = &s::scale,
           .sum_of = &s::sum_of,
           .multiply = &s::multiply,
