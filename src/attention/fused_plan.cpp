@@ -147,7 +147,7 @@ ForwardPlan forward_plan(const AttentionForward<S>& p, const tiles::ForwardTiles
     w.transposed = std::max(w.transposed, staircase_of_tiles(p, hd, i0, bq, 0, keys, block, hd.d));  // q k^T
     if (t.band && keys) plan_band(p, hd, i0, bq, 0, keys, w.band, w.transposed);
     if (t.c2p || t.p2c)  // add_indexed_picks: two blocks by distance and by query
-      w.diagonals = std::max(w.diagonals, 2 * bq * (bq + std::min(tiles::kDiagonalKeys, block) - 1));
+      w.diagonals = std::max(w.diagonals, diagonal_scratch(bq, std::min(tiles::kDiagonalKeys, block)));
   }
   const int64_t rows = std::min(f.rows, hd.lq);
   w.O = rows * hd.dv, w.softmax_rows = rows;
@@ -184,7 +184,7 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
   w.Rq = t.key_table || t.c2p ? rows * t.nb : 0;
   w.G = t.value_table ? rows * t.nb : 0;
   // A tile's indexed picks, forward and backward: two blocks by distance and by query (indexed_rows.hpp).
-  w.diagonals = t.c2p || t.p2c ? 2 * rows * (rows + std::min(tiles::kDiagonalKeys, keys) - 1) : 0;
+  w.diagonals = t.c2p || t.p2c ? diagonal_scratch(rows, std::min(tiles::kDiagonalKeys, keys)) : 0;
   const bool walked = groups * query_tiles <= kPairsWalked;
   int64_t group_keys_most = 0;
   for (int64_t group = 0; group < groups; ++group) {

@@ -36,7 +36,7 @@ void rows_by_rows(const TileCut& cut, int64_t bq, int64_t bk, int64_t width, T a
   if constexpr (std::is_same_v<T, float>)
     if (cut.staircase) {
       transposed.resize(width * bk);
-      simd::transpose(b, bk, width, ldb, transposed.data());
+      simd::transpose(b, bk, width, ldb, transposed.data(), bk);
       return simd::staircase_product({bq, bk, width, alpha, 0.0f, a, lda, 1, transposed.data(), bk, c, bk,
                                       simd::Staircase::columns, cut.delta});
     }

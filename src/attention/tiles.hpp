@@ -63,9 +63,9 @@ constexpr int64_t kAssumedL2 = 1 << 20;  // where the CPU reports no L2: the siz
 constexpr int64_t kCausalKeyRounding = 16;
 
 // Keys per step of an indexed table's picks (DeBERTa's c2p and p2c): a tile's
-// pairs are laid out by distance this many keys at a time, in two blocks of
+// pairs are laid out by distance this many keys at a time, in a block of
 // rows x (rows + keys - 1) (indexed_rows.hpp; the scratch plan, fused_plan.hpp,
-// sizes them): 127 KiB each in float32 at 128 rows, within every L2.
+// sizes it): 127 KiB in float32 at 128 rows, within every L2.
 constexpr int64_t kDiagonalKeys = 128;
 
 // Keys per step of a forward query tile of bq rows: a full query tile takes

@@ -89,15 +89,15 @@ bool rows_finite(const T* x, int64_t rows, int64_t n, int64_t ld) {
   }
 }
 
-// out (cols x rows, row stride rows) = the transpose of x (rows x cols, row
-// stride ldx); ldx may be negative.
+// out (cols x rows, row stride ldo) = the transpose of x (rows x cols, row
+// stride ldx); strides may be negative.
 template <class T>
-void transpose(const T* x, int64_t rows, int64_t cols, int64_t ldx, T* out) {
+void transpose(const T* x, int64_t rows, int64_t cols, int64_t ldx, T* out, int64_t ldo) {
   if constexpr (std::is_same_v<T, float>) {
-    return simd::transpose(x, rows, cols, ldx, out);
+    return simd::transpose(x, rows, cols, ldx, out, ldo);
   } else {
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = x[r * ldx + c];
+      for (int64_t c = 0; c < cols; ++c) out[c * ldo + r] = x[r * ldx + c];
   }
 }
 

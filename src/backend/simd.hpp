@@ -112,10 +112,10 @@ struct StaircaseProductArgs {
   int64_t delta = 0;
 };
 void staircase_product(const StaircaseProductArgs& args);
-// out (cols x rows, row stride rows) = the transpose of x (rows x cols, row
-// stride ldx); and out (row stride ldo) += it. A stride may be negative (rows
-// taken or put in reverse).
-void transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out);
+// out (cols x rows, row stride ldo) = the transpose of x (rows x cols, row
+// stride ldx); or out += it. A stride may be negative (rows taken or put in
+// reverse).
+void transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out, int64_t ldo);
 void add_transposed(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out, int64_t ldo);
 
 // One row of LayerNorm (nn/layer_norm.hpp): the mean and the biased variance

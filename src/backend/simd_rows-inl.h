@@ -161,9 +161,9 @@ void TransposeBy(const float* x, int64_t rows, int64_t cols, int64_t ldx, int64_
   one_by_one(r, rows, 0);
 }
 
-static void Transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out) {
+static void Transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out, int64_t ldo) {
   TransposeBy(
-      x, rows, cols, ldx, rows, [&](auto d, auto v, int64_t at) { hn::StoreU(v, d, out + at); },
+      x, rows, cols, ldx, ldo, [&](auto d, auto v, int64_t at) { hn::StoreU(v, d, out + at); },
       [&](int64_t at, float value) { out[at] = value; });
 }
 

@@ -46,8 +46,8 @@ double sum_of_squares(const float* x, int64_t n) { return RELPOS_SIMD_DISPATCH(S
 void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n) {
   RELPOS_SIMD_DISPATCH(RotatePairs)(a, b, c, s, sign, n);
 }
-void transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out) {
-  RELPOS_SIMD_DISPATCH(Transpose)(x, rows, cols, ldx, out);
+void transpose(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out, int64_t ldo) {
+  RELPOS_SIMD_DISPATCH(Transpose)(x, rows, cols, ldx, out, ldo);
 }
 void add_transposed(const float* x, int64_t rows, int64_t cols, int64_t ldx, float* out, int64_t ldo) {
   RELPOS_SIMD_DISPATCH(AddTransposed)(x, rows, cols, ldx, out, ldo);

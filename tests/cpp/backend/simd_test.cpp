@@ -64,7 +64,7 @@ struct SimdOps {
   void (*add_column_sums)(const float*, int64_t, int64_t, float*);
   void (*add_column_sums_bf16)(const uint16_t*, int64_t, int64_t, float*);
   double (*sum_of_squares)(const float*, int64_t);
-  void (*transpose)(const float*, int64_t, int64_t, int64_t, float*);
+  void (*transpose)(const float*, int64_t, int64_t, int64_t, float*, int64_t);
   void (*add_transposed)(const float*, int64_t, int64_t, int64_t, float*, int64_t);
   void (*staircase_product)(const relpos::simd::StaircaseProductArgs&);
   void (*gelu_forward)(const float*, float*, float*, int64_t);
@@ -305,15 +305,21 @@ void check_transposes(const SimdOps& ops) {
     const int64_t ldx = cols + 5;
     const std::vector<float> x = random_row(rows * ldx, -1.0f, 1.0f, uint64_t(rows * 131 + cols));
     std::vector<float> out(rows * cols, -7.0f);
-    ops.transpose(x.data(), rows, cols, ldx, out.data());
+    ops.transpose(x.data(), rows, cols, ldx, out.data(), rows);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(out[c * rows + r], x[r * ldx + c]) << rows << "x" << cols;
     // x's rows taken in reverse (a negative stride).
     std::vector<float> reversed(rows * cols, -7.0f);
-    ops.transpose(x.data() + (rows - 1) * ldx, rows, cols, -ldx, reversed.data());
+    ops.transpose(x.data() + (rows - 1) * ldx, rows, cols, -ldx, reversed.data(), rows);
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
         EXPECT_EQ(reversed[c * rows + r], x[(rows - 1 - r) * ldx + c]) << "reversed " << rows << "x" << cols;
+    // Into the columns of a wider output (row stride rows + 5), its other entries kept.
+    std::vector<float> wide(cols * (rows + 5), -7.0f);
+    ops.transpose(x.data(), rows, cols, ldx, wide.data(), rows + 5);
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < rows + 5; ++r)
+        EXPECT_EQ(wide[c * (rows + 5) + r], r < rows ? x[r * ldx + c] : -7.0f) << "wide " << rows << "x" << cols;
     // Added, x's rows taken and the output's rows put in reverse (negative strides), the output's padding kept.
     const int64_t ldo = rows + 3;
     const std::vector<float> before = random_row(cols * ldo, -1.0f, 1.0f, uint64_t(rows * 7 + cols));
