@@ -115,39 +115,62 @@ void prefetch_stretch(const T* at, int64_t count, bool write) {
     write ? __builtin_prefetch(line, 1) : __builtin_prefetch(line, 0);
 }
 
+// One step of a tile (bq rows) through its keys [j, j + n), n at most
+// tiles::kDiagonalKeys: its distances, each term's one row (-1 where the
+// step reads more), and where distance t's stretch of a term lies in its
+// scores (U: T, or const T for the forward's scores).
+template <class U>
+struct KeyStep {
+  const IndexedScores<U>& c2p;
+  const IndexedScores<U>& p2c;
+  int64_t bq, j, n, m, distances;
+  int32_t c2p_row, p2c_row;
+
+  KeyStep(const IndexedScores<U>& c2p, const IndexedScores<U>& p2c, int64_t m0, int64_t bq, int64_t bk, int64_t j)
+      : c2p(c2p), p2c(p2c), bq(bq), j(j), n(std::min(tiles::kDiagonalKeys, bk - j)), m(m0 + j),
+        distances(bq + n - 1), c2p_row(c2p.runs ? c2p.runs->single_row(m, distances) : -1),
+        p2c_row(p2c.runs ? p2c.runs->single_row(m, distances) : -1) {}
+
+  bool c2p_by_distance() const { return c2p.runs && c2p_row < 0; }
+  bool p2c_by_distance() const { return p2c.runs && p2c_row < 0; }
+  // Query lo's pair of distance t, in each term's scores.
+  U* c2p_at(int64_t t, int64_t lo) const { return c2p.scores + c2p.runs->rows_from(m)[t] * c2p.ld + lo; }
+  U* p2c_at(int64_t t, int64_t lo) const {
+    return p2c.scores + p2c.runs->rows_from(m)[t] * p2c.ld + j + lo + t - (bq - 1);
+  }
+  // Prefetches distance t's stretches of the terms read by distance (for writing where `write`).
+  void prefetch(int64_t t, bool write) const {
+    if (t >= distances) return;
+    const auto [lo, hi] = diagonal_queries(t, bq, n);
+    if (c2p_by_distance()) prefetch_stretch(c2p_at(t, lo), hi - lo, write);
+    if (p2c_by_distance()) prefetch_stretch(p2c_at(t, lo), hi - lo, write);
+  }
+};
+
 // S (bq rows of row stride lds, keys [0, bk)) += alpha * (c2p's and p2c's
 // scores of each pair's rows); scratch: the blocks.
 template <class T>
 void add_indexed_picks(const IndexedScores<const T>& c2p, const IndexedScores<const T>& p2c, int64_t m0, int64_t bq,
                        int64_t bk, T alpha, T* S, int64_t lds, Scratch<T>& scratch) {
   for (int64_t j = 0; j < bk; j += tiles::kDiagonalKeys) {
-    const int64_t n = std::min(tiles::kDiagonalKeys, bk - j), m = m0 + j, distances = bq + n - 1;
-    const int32_t c2p_row = c2p.runs ? c2p.runs->single_row(m, distances) : -1;
-    const int32_t p2c_row = p2c.runs ? p2c.runs->single_row(m, distances) : -1;
-    for (int64_t ii = 0; ii < bq; ++ii) {
-      if (c2p_row >= 0) rows::add_constant(S + ii * lds + j, alpha * c2p.scores[c2p_row * c2p.ld + ii], n);
-      if (p2c_row >= 0) rows::add_scaled(S + ii * lds + j, p2c.scores + p2c_row * p2c.ld + j, alpha, n);
+    const KeyStep<const T> step(c2p, p2c, m0, bq, bk, j);
+    const int64_t n = step.n, distances = step.distances;
+    for (int64_t ii = 0; ii < bq; ++ii) {  // a one-row term: its row's scores
+      if (step.c2p_row >= 0) rows::add_constant(S + ii * lds + j, alpha * c2p.scores[step.c2p_row * c2p.ld + ii], n);
+      if (step.p2c_row >= 0) rows::add_scaled(S + ii * lds + j, p2c.scores + step.p2c_row * p2c.ld + j, alpha, n);
     }
-    const bool c2p_diagonal = c2p.runs && c2p_row < 0, p2c_diagonal = p2c.runs && p2c_row < 0;
-    if ((!c2p_diagonal && !p2c_diagonal)) continue;
+    const bool with_c2p = step.c2p_by_distance(), with_p2c = step.p2c_by_distance();
+    if (!with_c2p && !with_p2c) continue;
     auto [by_distance, by_query] = diagonal_blocks(scratch, bq, n);
-    const auto c2p_at = [&](int64_t t, int64_t lo) { return c2p.scores + c2p.runs->rows_from(m)[t] * c2p.ld + lo; };
-    const auto p2c_at = [&](int64_t t, int64_t lo) {
-      return p2c.scores + p2c.runs->rows_from(m)[t] * p2c.ld + j + lo + t - (bq - 1);
-    };
     for (int64_t t = 0; t < distances; ++t) {
-      if (const int64_t ahead = t + kDistancesAhead; ahead < distances) {
-        const auto [lo, hi] = diagonal_queries(ahead, bq, n);
-        if (c2p_diagonal) prefetch_stretch(c2p_at(ahead, lo), hi - lo, false);
-        if (p2c_diagonal) prefetch_stretch(p2c_at(ahead, lo), hi - lo, false);
-      }
+      step.prefetch(t + kDistancesAhead, /*write=*/false);
       const auto [lo, hi] = diagonal_queries(t, bq, n);
       const int64_t t0 = t / kDistanceGroup * kDistanceGroup;
       T* g = by_distance + (t - t0) * bq + lo;
-      if (c2p_diagonal) std::copy(c2p_at(t, lo), c2p_at(t, lo) + (hi - lo), g);
-      if (p2c_diagonal) {
-        if (c2p_diagonal) rows::add_scaled(g, p2c_at(t, lo), T(1), hi - lo);
-        else std::copy(p2c_at(t, lo), p2c_at(t, lo) + (hi - lo), g);
+      if (with_c2p) std::copy(step.c2p_at(t, lo), step.c2p_at(t, lo) + (hi - lo), g);
+      if (with_p2c) {
+        if (with_c2p) rows::add_scaled(g, step.p2c_at(t, lo), T(1), hi - lo);
+        else std::copy(step.p2c_at(t, lo), step.p2c_at(t, lo) + (hi - lo), g);
       }
       if (t + 1 == distances || t + 1 - t0 == kDistanceGroup)  // the group's distances into their columns
         rows::transpose(by_distance, t + 1 - t0, bq, bq, by_query + t0, distances);
@@ -164,36 +187,27 @@ template <class T>
 void sum_indexed_picks(const IndexedScores<T>& c2p, const IndexedScores<T>& p2c, int64_t m0, int64_t bq, int64_t bk,
                        T alpha, const T* dS, int64_t lds, Scratch<T>& scratch) {
   for (int64_t j = 0; j < bk; j += tiles::kDiagonalKeys) {
-    const int64_t n = std::min(tiles::kDiagonalKeys, bk - j), m = m0 + j, distances = bq + n - 1;
-    const int32_t c2p_row = c2p.runs ? c2p.runs->single_row(m, distances) : -1;
-    const int32_t p2c_row = p2c.runs ? p2c.runs->single_row(m, distances) : -1;
+    const KeyStep<T> step(c2p, p2c, m0, bq, bk, j);
+    const int64_t n = step.n, distances = step.distances;
     for (int64_t ii = 0; ii < bq; ++ii) {  // a one-row term: its row's sums, query by query or key by key
-      if (c2p_row >= 0) c2p.scores[c2p_row * c2p.ld + ii] += alpha * rows::sum_of(dS + ii * lds + j, n);
-      if (p2c_row >= 0) rows::add_scaled(p2c.scores + p2c_row * p2c.ld + j, dS + ii * lds + j, alpha, n);
+      if (step.c2p_row >= 0) c2p.scores[step.c2p_row * c2p.ld + ii] += alpha * rows::sum_of(dS + ii * lds + j, n);
+      if (step.p2c_row >= 0) rows::add_scaled(p2c.scores + step.p2c_row * p2c.ld + j, dS + ii * lds + j, alpha, n);
     }
-    const bool c2p_diagonal = c2p.runs && c2p_row < 0, p2c_diagonal = p2c.runs && p2c_row < 0;
-    if ((!c2p_diagonal && !p2c_diagonal)) continue;
+    const bool with_c2p = step.c2p_by_distance(), with_p2c = step.p2c_by_distance();
+    if (!with_c2p && !with_p2c) continue;
     auto [by_distance, by_query] = diagonal_blocks(scratch, bq, n);
     // Row ii's pairs from distance bq - 1 - ii on; the block's other entries are never read.
     for (int64_t ii = 0; ii < bq; ++ii)
       std::copy(dS + ii * lds + j, dS + ii * lds + j + n, by_query + ii * distances + (bq - 1 - ii));
-    const auto c2p_at = [&](int64_t t, int64_t lo) { return c2p.scores + c2p.runs->rows_from(m)[t] * c2p.ld + lo; };
-    const auto p2c_at = [&](int64_t t, int64_t lo) {
-      return p2c.scores + p2c.runs->rows_from(m)[t] * p2c.ld + j + lo + t - (bq - 1);
-    };
     for (int64_t t = 0; t < distances; ++t) {
-      if (const int64_t ahead = t + kDistancesAhead; ahead < distances) {
-        const auto [lo, hi] = diagonal_queries(ahead, bq, n);
-        if (c2p_diagonal) prefetch_stretch(c2p_at(ahead, lo), hi - lo, true);
-        if (p2c_diagonal) prefetch_stretch(p2c_at(ahead, lo), hi - lo, true);
-      }
+      step.prefetch(t + kDistancesAhead, /*write=*/true);
       const auto [lo, hi] = diagonal_queries(t, bq, n);
       const int64_t t0 = t / kDistanceGroup * kDistanceGroup;
       if (t == t0)  // the group's columns into its distances' rows
         rows::transpose(by_query + t, bq, std::min(kDistanceGroup, distances - t), distances, by_distance, bq);
       const T* g = by_distance + (t - t0) * bq + lo;
-      if (c2p_diagonal) rows::add_scaled(c2p_at(t, lo), g, alpha, hi - lo);
-      if (p2c_diagonal) rows::add_scaled(p2c_at(t, lo), g, alpha, hi - lo);
+      if (with_c2p) rows::add_scaled(step.c2p_at(t, lo), g, alpha, hi - lo);
+      if (with_p2c) rows::add_scaled(step.p2c_at(t, lo), g, alpha, hi - lo);
     }
   }
 }
