@@ -19,11 +19,12 @@
 //                       as the key tiles reach it and read skewed by each;
 //                       under a causal mask a cut tile of its own (key_band.hpp)
 //   indexed tables      a table read at a row per distance (DeBERTa's buckets),
-//                       by the query (c2p: R = qp c2p^T per query tile) or by
-//                       the key (p2c: k p2c^T once per head), each pair's
-//                       score picked by its distance's row, run by run of
-//                       rows (indexed_rows.hpp); the backward sums dS into
-//                       the same shapes
+//                       by the query (c2p: c2p qp^T, rows x queries, per query
+//                       tile) or by the key (p2c: p2c k^T, rows x keys, once
+//                       per head), a tile's pairs picked by distance, each
+//                       distance's stretch of one row contiguous
+//                       (indexed_rows.hpp); the backward sums dS into the
+//                       same shapes
 //
 // Backward recomputes P from the saved logsumexp, query tiles outer and key
 // tiles inner; positional gradients go to per-thread partials summed in
@@ -90,8 +91,6 @@ struct HeadContext {
   }
 
   bool key_table() const { return !wk.empty(); }
-  // The table whose scores a query tile multiplies out first, (nb, d): Shaw's
-  // key table or DeBERTa's c2p; null without one.
   bool value_table() const { return !wv.empty(); }
   bool band() const { return E != nullptr; }
 };
@@ -304,7 +303,8 @@ void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t
 }
 
 // S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
-// table's edge scores (bucketed_row). Rq: the key table's scores of the tile's queries, (bq, nb).
+// table's edge scores (bucketed_row). Rq: the table's scores of the tile's queries
+// (query_tile_scores: (bq, nb) for a clipped key table, (nb, bq) for c2p).
 // band: the query tile's key band scores. transposed, diagonals: scratch of the products and of
 // the indexed tables' picks.
 template <class F, class T>

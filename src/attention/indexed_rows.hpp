@@ -47,15 +47,16 @@ class RowRuns {
 // offsets, transpose a group of columns at a time, and add each distance's
 // stretch into the score gradients' rows. Every step is a
 // contiguous vector loop: no pair is picked by its row, whatever the rows'
-// runs (log buckets, exact buckets, jumps). A term whose tile reads one
-// row (past the last bucket, most tiles of a long call) adds that row's
-// stretch straight to every tile row, and sums its rows or columns back.
-// Keys are taken tiles::kDiagonalKeys at a time, so that the two blocks stay in L2.
+// runs (log buckets, exact buckets, jumps). A term whose step (the keys of a
+// tile, tiles::kDiagonalKeys at a time) reads one row (past the last bucket,
+// most tiles of a long call) adds that row's stretch straight to every tile
+// row, and sums its rows or columns back.
+// Keys are taken tiles::kDiagonalKeys at a time, so that the blocks stay in L2.
 
 // The row stride of a table's scores or score gradients over n queries or keys:
-// n rounded up to a cache line of float32, and a line more where that is a
-// multiple of 1 KiB. A tile reads a stretch of up to 512 rows at once, and
-// rows a power of two apart (L = 2048: 8 KiB) fall into a few of the caches'
+// n rounded up to a multiple of 16 (64 bytes of float32), and 16 more where
+// that is a multiple of 1 KiB. A step of a tile reads stretches of up to
+// bq + keys - 1 rows (255 at 128 x 128) at once, and rows a power of two apart (L = 2048: 8 KiB) fall into a few of the caches'
 // sets and evict each other (Zen 4, B = 2, H = 12, L = 2048, one process
 // alternating: 829 against 838 ms forward + backward, minimum of 8 calls;
 // within that machine's noise, and free).
@@ -107,12 +108,14 @@ std::pair<T*, T*> diagonal_blocks(Scratch<T>& scratch, int64_t bq, int64_t bk) {
 // 16 distances ahead alike.
 constexpr int64_t kDistancesAhead = 8;
 
-// Prefetches the cache lines of count values at `at` (for writing where `write`).
+// Prefetches the cache lines that hold the count values at `at` (for writing
+// where `write`), the first line from its start: a stretch rarely starts on one.
 template <class T>
 void prefetch_stretch(const T* at, int64_t count, bool write) {
-  const char* end = reinterpret_cast<const char*>(at + count);
-  for (const char* line = reinterpret_cast<const char*>(at); line < end; line += 64)
-    write ? __builtin_prefetch(line, 1) : __builtin_prefetch(line, 0);
+  const uintptr_t last = reinterpret_cast<uintptr_t>(at + count - 1);
+  for (uintptr_t line = reinterpret_cast<uintptr_t>(at) & ~uintptr_t(63); line <= last; line += 64)
+    write ? __builtin_prefetch(reinterpret_cast<const void*>(line), 1)
+          : __builtin_prefetch(reinterpret_cast<const void*>(line), 0);
 }
 
 // One step of a tile (bq rows) through its keys [j, j + n), n at most
@@ -159,17 +162,17 @@ void add_indexed_picks(const IndexedScores<const T>& c2p, const IndexedScores<co
       if (step.c2p_row >= 0) rows::add_constant(S + ii * lds + j, alpha * c2p.scores[step.c2p_row * c2p.ld + ii], n);
       if (step.p2c_row >= 0) rows::add_scaled(S + ii * lds + j, p2c.scores + step.p2c_row * p2c.ld + j, alpha, n);
     }
-    const bool with_c2p = step.c2p_by_distance(), with_p2c = step.p2c_by_distance();
-    if (!with_c2p && !with_p2c) continue;
+    const bool c2p_by_distance = step.c2p_by_distance(), p2c_by_distance = step.p2c_by_distance();
+    if (!c2p_by_distance && !p2c_by_distance) continue;
     auto [by_distance, by_query] = diagonal_blocks(scratch, bq, n);
     for (int64_t t = 0; t < distances; ++t) {
       step.prefetch(t + kDistancesAhead, /*write=*/false);
       const auto [lo, hi] = diagonal_queries(t, bq, n);
       const int64_t t0 = t / kDistanceGroup * kDistanceGroup;
       T* g = by_distance + (t - t0) * bq + lo;
-      if (with_c2p) std::copy(step.c2p_at(t, lo), step.c2p_at(t, lo) + (hi - lo), g);
-      if (with_p2c) {
-        if (with_c2p) rows::add_scaled(g, step.p2c_at(t, lo), T(1), hi - lo);
+      if (c2p_by_distance) std::copy(step.c2p_at(t, lo), step.c2p_at(t, lo) + (hi - lo), g);
+      if (p2c_by_distance) {
+        if (c2p_by_distance) rows::add_scaled(g, step.p2c_at(t, lo), T(1), hi - lo);
         else std::copy(step.p2c_at(t, lo), step.p2c_at(t, lo) + (hi - lo), g);
       }
       if (t + 1 == distances || t + 1 - t0 == kDistanceGroup)  // the group's distances into their columns
@@ -193,8 +196,8 @@ void sum_indexed_picks(const IndexedScores<T>& c2p, const IndexedScores<T>& p2c,
       if (step.c2p_row >= 0) c2p.scores[step.c2p_row * c2p.ld + ii] += alpha * rows::sum_of(dS + ii * lds + j, n);
       if (step.p2c_row >= 0) rows::add_scaled(p2c.scores + step.p2c_row * p2c.ld + j, dS + ii * lds + j, alpha, n);
     }
-    const bool with_c2p = step.c2p_by_distance(), with_p2c = step.p2c_by_distance();
-    if (!with_c2p && !with_p2c) continue;
+    const bool c2p_by_distance = step.c2p_by_distance(), p2c_by_distance = step.p2c_by_distance();
+    if (!c2p_by_distance && !p2c_by_distance) continue;
     auto [by_distance, by_query] = diagonal_blocks(scratch, bq, n);
     // Row ii's pairs from distance bq - 1 - ii on; the block's other entries are never read.
     for (int64_t ii = 0; ii < bq; ++ii)
@@ -206,8 +209,8 @@ void sum_indexed_picks(const IndexedScores<T>& c2p, const IndexedScores<T>& p2c,
       if (t == t0)  // the group's columns into its distances' rows
         rows::transpose(by_query + t, bq, std::min(kDistanceGroup, distances - t), distances, by_distance, bq);
       const T* g = by_distance + (t - t0) * bq + lo;
-      if (with_c2p) rows::add_scaled(step.c2p_at(t, lo), g, alpha, hi - lo);
-      if (with_p2c) rows::add_scaled(step.p2c_at(t, lo), g, alpha, hi - lo);
+      if (c2p_by_distance) rows::add_scaled(step.c2p_at(t, lo), g, alpha, hi - lo);
+      if (p2c_by_distance) rows::add_scaled(step.p2c_at(t, lo), g, alpha, hi - lo);
     }
   }
 }

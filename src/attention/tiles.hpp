@@ -14,10 +14,12 @@
 //     (docs/benchmarks.md, "Forward tiles").
 // The backward's tiles stay 128 x 128 (its P and dP, 64 KiB each, fit every L2).
 // A call with a table read by the key (DeBERTa's p2c) takes 128 keys whatever
-// the L2: a step also reads its keys' scores against the table's rows (keys x
-// rows, 1 MiB for 512 keys of DeBERTa-v3's 512 rows; indexed_rows.hpp). On Zen 5 (B = 2, H = 12, L = 2048, d = 64, 2 threads)
-// DeBERTa's forward took 144-150 ms with 128 keys, 180-188 with 256 and 208
-// with 512.
+// the L2. When its pairs were picked key by key from the keys' scores (keys x
+// rows, 1 MiB for 512 keys of DeBERTa-v3's 512 rows), on Zen 5 (B = 2, H = 12,
+// L = 2048, d = 64, 2 threads) its forward took 144-150 ms with 128 keys,
+// 180-188 with 256 and 208 with 512. With the picks by distance
+// (indexed_rows.hpp) on Zen 4, 256 and 512 keys measured within the noise of
+// 128 (795-822 ms forward + backward, separate processes), so the rule stayed.
 //
 // The rule is deterministic per machine, and so are the results: the tile
 // decides where the online softmax rescales, which changes the last bits of
@@ -65,7 +67,7 @@ constexpr int64_t kCausalKeyRounding = 16;
 // Keys per step of an indexed table's picks (DeBERTa's c2p and p2c): a tile's
 // pairs are laid out by distance this many keys at a time, in a block of
 // rows x (rows + keys - 1) (indexed_rows.hpp; the scratch plan, fused_plan.hpp,
-// sizes it): 127 KiB in float32 at 128 rows, within every L2.
+// sizes it): 127 KiB in float32 at 128 rows (the rule's rows), within every L2.
 constexpr int64_t kDiagonalKeys = 128;
 
 // Keys per step of a forward query tile of bq rows: a full query tile takes

@@ -112,11 +112,11 @@ TEST(FusedMultiTile, NineTilesEachWay) {
   }
 }
 
-// DeBERTa in float32, where its picks take the vector paths (the log
-// buckets permuted, p2c by key added transposed): every variant across tiles,
-// and a decode-like call (3 queries, 700 keys) whose forward steps hold more
-// keys than one chunk of picks by key. Against the reference in double,
-// within float32's rounding.
+// DeBERTa in float32, where its picks by distance take the vector paths
+// (transposes by 8 x 8 blocks): every variant across tiles, and a decode-like
+// call (3 queries, 700 keys) whose forward steps hold several steps of
+// tiles::kDiagonalKeys keys. Against the reference in double, within
+// float32's rounding.
 TEST(FusedMultiTile, DeBERTaInFloat32) {
   const Geometry decode{"decode_3x700", [](Spec& s) { s.Lq = 3, s.Lk = 700, s.q_offset = 697, s.k_offset = 0; }};
   for (const Spec& variant : scheme_variants()) {

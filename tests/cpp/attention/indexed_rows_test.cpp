@@ -135,14 +135,18 @@ void check_every_map() {
   for (const uint32_t seed : {1u, 2u, 3u})
     check_tile_picks<T>(ragged_rows(400, seed), ragged_rows(400, seed + 10), 80, 64, 200, 90,
                         "ragged " + std::to_string(seed));
+  // One term of one row, the other by distance, over several groups of distances and a partial last one.
+  const std::vector<int32_t> one_row(400, 5), ragged = ragged_rows(400, 4);
+  check_tile_picks<T>(one_row, ragged, 80, 40, 70, 90, "c2p one row, p2c ragged");
+  check_tile_picks<T>(ragged, one_row, 80, 40, 70, 90, "c2p ragged, p2c one row");
 }
 
-TEST(IndexedRows, ScoreStridesHoldTheirValuesInWholeLinesOffTheCachesSets) {
+TEST(IndexedRows, ScoreStridesAreMultiplesOf64BytesButNotOf1KiB) {
   for (int64_t n = 1; n <= 5000; ++n) {
     const int64_t stride = indexed_stride(n);
     ASSERT_GE(stride, n);
     ASSERT_LT(stride, n + 32) << n;
-    ASSERT_EQ(stride % 16, 0) << n;    // whole 64-byte lines of float32
+    ASSERT_EQ(stride % 16, 0) << n;    // 64 bytes of float32
     ASSERT_NE(stride % 256, 0) << n;   // rows not a multiple of 1 KiB apart
   }
 }
