@@ -84,8 +84,8 @@ struct BackwardScratch {
     head.allocate(plan.head, p);
     for (auto [buffer, size] :
          {std::pair{&dout, plan.dout}, {&out_row, plan.out_row}, {&D, plan.D}, {&P, plan.P}, {&dP, plan.dP},
-          {&Rq, plan.Rq}, {&G, plan.G}, {&dband, plan.band}, {&transposed, plan.transposed}, {&diagonals, plan.diagonals},
-          {&dk, plan.dk}, {&dv, plan.dv}, {&dtable, plan.dtable}})
+          {&Rq, plan.Rq}, {&G, plan.G}, {&dband, plan.band}, {&transposed, plan.transposed},
+          {&diagonals, plan.diagonals}, {&dk, plan.dk}, {&dv, plan.dv}, {&dtable, plan.dtable}})
       buffer->reserve(size);
     band.reserve(plan.band);
     query.reserve(plan.query);
@@ -296,7 +296,8 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
       e.indexed_keys()->add_slice_grad(g, hd.h, w.dtable.data());
     }
   }
-  if (!c.p2c.empty()) {  // dRk (nb, lk): dk += dRk^T p2c; dp2c += dRk k (a padded key's row of k is zero or finite: load_head)
+  // dRk (nb, lk): dk += dRk^T p2c; dp2c += dRk k (a padded key's row of k is zero or finite: load_head)
+  if (!c.p2c.empty()) {
     const int64_t ld = indexed_stride(hd.lk);
     weights_times<T>(Trans::yes, hd.lk, d, nb, T(1), q.dRk.data(), ld, c.p2c.data(), d, T(1), dk.data(), d);
     if (e.indexed_queries()->wants_grad(g)) {

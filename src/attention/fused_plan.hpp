@@ -49,7 +49,9 @@ struct ForwardPlan {
   int64_t band = 0;          // a key band's scores
   int64_t split = 0;         // P's bfloat16 parts, where the head splits it
 
-  int64_t elements() const { return head.elements() + S + O + Rq + Pb + transposed + diagonals + 2 * softmax_rows + band; }
+  int64_t elements() const {
+    return head.elements() + S + O + Rq + Pb + transposed + diagonals + 2 * softmax_rows + band;
+  }
 };
 
 // The query-side gradients of one head's key group (fused_backward.cpp's QueryGrads).

@@ -47,19 +47,20 @@ class RowRuns {
 // offsets, transpose a group of columns at a time, and add each distance's
 // stretch into the score gradients' rows. Every step is a
 // contiguous vector loop: no pair is picked by its row, whatever the rows'
-// runs (log buckets, exact buckets, jumps). A term whose step (the keys of a
-// tile, tiles::kDiagonalKeys at a time) reads one row (past the last bucket,
-// most tiles of a long call) adds that row's stretch straight to every tile
-// row, and sums its rows or columns back.
-// Keys are taken tiles::kDiagonalKeys at a time, so that the blocks stay in L2.
+// runs (log buckets, exact buckets, jumps). The keys of a tile are taken
+// tiles::kDiagonalKeys at a time (a step), so that the blocks stay in L2; a
+// term whose step reads one row (past the last bucket, most tiles of a long
+// call) adds that row's stretch straight to every tile row, and sums its rows
+// or columns back.
 
 // The row stride of a table's scores or score gradients over n queries or keys:
 // n rounded up to a multiple of 16 (64 bytes of float32), and 16 more where
 // that is a multiple of 1 KiB. A step of a tile reads stretches of up to
-// bq + keys - 1 rows (255 at 128 x 128) at once, and rows a power of two apart (L = 2048: 8 KiB) fall into a few of the caches'
-// sets and evict each other (Zen 4, B = 2, H = 12, L = 2048, one process
-// alternating: 829 against 838 ms forward + backward, minimum of 8 calls;
-// within that machine's noise, and free).
+// bq + keys - 1 rows (255 at 128 x 128) at once, and rows a power of two
+// apart (L = 2048: 8 KiB) fall into a few of the caches' sets and evict each
+// other (Zen 4, B = 2, H = 12, L = 2048, one process alternating: 829 against
+// 838 ms forward + backward, minimum of 8 calls; within that machine's noise,
+// and free).
 inline int64_t indexed_stride(int64_t n) {
   const int64_t rounded = (n + 15) / 16 * 16;
   return rounded % 256 == 0 ? rounded + 16 : rounded;
