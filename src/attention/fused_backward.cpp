@@ -237,6 +237,28 @@ void add_indexed_grads(const HeadContext<T>& c, const Tile& t, int64_t m0, const
   sum_indexed_picks(c2p, p2c, m0, t.bq, t.bk, scale, dS, t.bk, diagonals);
 }
 
+// An indexed table's share of a head's gradients from its scores' gradients
+// dS (nb rows by query, c2p's dR, or by key, p2c's dRk; row stride
+// indexed_stride of the columns), tile by tile of columns over the rows each
+// reaches (reached_rows; dS is 0 elsewhere): dx (columns, d) += dS^T table,
+// and, where dtable, dtable (nb, d) = dS x (x: (columns, d), row stride ldx),
+// its tiles added in column order.
+template <class T>
+void indexed_table_grads(const RowRuns& runs, bool by_query, const Head<T>& hd, int64_t nb, const T* dS,
+                         const T* table, const T* x, int64_t ldx, T* dx, T* dtable) {
+  const int64_t columns = by_query ? hd.lq : hd.lk, ld = indexed_stride(columns), d = hd.d;
+  if (dtable) std::fill(dtable, dtable + nb * d, T(0));
+  for (int64_t c0 = 0; c0 < columns; c0 += kReachedColumns) {
+    const int64_t n = std::min(kReachedColumns, columns - c0);
+    const ReachedRows rows = reached_rows(runs, by_query, hd.lq, hd.lk, c0, n);
+    const T* tile = dS + rows.first * ld + c0;
+    weights_times<T>(Trans::yes, n, d, rows.count(), T(1), tile, ld, table + rows.first * d, d, T(1), dx + c0 * d, d);
+    if (dtable)
+      weights_times<T>(Trans::no, rows.count(), d, n, T(1), tile, ld, x + c0 * ldx, ldx, T(1),
+                       dtable + rows.first * d, d);
+  }
+}
+
 // A key band's row gradients, summed over the batch entries of one head that
 // a thread finishes in a row before they become the embedding's parameter
 // gradient (W_R's: a (rows, d)^T (rows, pos_dim) product per head and thread,
@@ -287,24 +309,20 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
       e.key_table()->add_slice_grad(g, hd.h, w.dtable.data());
     }
   }
-  if (!c.c2p.empty()) {  // dR (nb, lq) by distance: dqp += dR^T c2p; dc2p += dR qp
-    const int64_t ld = indexed_stride(lq);
-    weights_times<T>(Trans::yes, lq, d, nb, T(1), q.dR.data(), ld, c.c2p.data(), d, T(1), q.dqp.data(), d);
-    if (e.indexed_keys()->wants_grad(g)) {
-      w.dtable.resize(nb * d);
-      weights_times<T>(Trans::no, nb, d, lq, T(1), q.dR.data(), ld, hd.qp, d, T(0), w.dtable.data(), d);
-      e.indexed_keys()->add_slice_grad(g, hd.h, w.dtable.data());
-    }
+  if (!c.c2p.empty()) {  // dR (nb, lq) by distance: dqp += dR^T c2p; dc2p = dR qp
+    const bool table_grad = e.indexed_keys()->wants_grad(g);
+    if (table_grad) w.dtable.resize(nb * d);
+    indexed_table_grads(*c.c2p_rows, /*by_query=*/true, hd, nb, q.dR.data(), c.c2p.data(), hd.qp, d, q.dqp.data(),
+                        table_grad ? w.dtable.data() : nullptr);
+    if (table_grad) e.indexed_keys()->add_slice_grad(g, hd.h, w.dtable.data());
   }
-  // dRk (nb, lk): dk += dRk^T p2c; dp2c += dRk k (a padded key's row of k is zero or finite: load_head)
+  // dRk (nb, lk): dk += dRk^T p2c; dp2c = dRk k (a padded key's row of k is zero or finite: load_head)
   if (!c.p2c.empty()) {
-    const int64_t ld = indexed_stride(hd.lk);
-    weights_times<T>(Trans::yes, hd.lk, d, nb, T(1), q.dRk.data(), ld, c.p2c.data(), d, T(1), dk.data(), d);
-    if (e.indexed_queries()->wants_grad(g)) {
-      w.dtable.resize(nb * d);
-      weights_times<T>(Trans::no, nb, d, hd.lk, T(1), q.dRk.data(), ld, c.x.kp, c.x.ldk, T(0), w.dtable.data(), d);
-      e.indexed_queries()->add_slice_grad(g, hd.h, w.dtable.data());
-    }
+    const bool table_grad = e.indexed_queries()->wants_grad(g);
+    if (table_grad) w.dtable.resize(nb * d);
+    indexed_table_grads(*c.p2c_rows, /*by_query=*/false, hd, nb, q.dRk.data(), c.p2c.data(), c.x.kp, c.x.ldk,
+                        dk.data(), table_grad ? w.dtable.data() : nullptr);
+    if (table_grad) e.indexed_queries()->add_slice_grad(g, hd.h, w.dtable.data());
   }
   if (c.value_table() && e.value_table()->wants_grad(g)) {  // dwv += Pb^T dout
     w.dtable.resize(nb * dvd);

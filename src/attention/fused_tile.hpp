@@ -238,9 +238,14 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
     const Head<T>& hd = c.x.hd;
     c.nb = table->table_rows();
     c.p2c.resize(c.nb * hd.d), table->slice(h, c.p2c.data());
-    c.Rk.resize(c.nb * indexed_stride(hd.lk));  // (nb, lk): read by distance (indexed_rows.hpp)
-    gemm<T>(Trans::no, Trans::yes, c.nb, hd.lk, hd.d, T(1), c.p2c.data(), hd.d, c.x.kp, c.x.ldk, T(0), c.Rk.data(),
-            indexed_stride(hd.lk));
+    const int64_t ld = indexed_stride(hd.lk);
+    c.Rk.resize(c.nb * ld);  // (nb, lk): read by distance (indexed_rows.hpp), each key tile's reached rows alone
+    for (int64_t j0 = 0; j0 < hd.lk; j0 += kReachedColumns) {
+      const int64_t n = std::min(kReachedColumns, hd.lk - j0);
+      const ReachedRows rows = reached_rows(*c.p2c_rows, /*by_query=*/false, hd.lq, hd.lk, j0, n);
+      gemm<T>(Trans::no, Trans::yes, rows.count(), n, hd.d, T(1), c.p2c.data() + rows.first * hd.d, hd.d,
+              c.x.kp + j0 * c.x.ldk, c.x.ldk, T(0), c.Rk.data() + rows.first * ld + j0, ld);
+    }
   }
   c.stored = stored_bf16_rows(p, data, b, h, c.x.padded_keys_zeroed);
 }
@@ -282,9 +287,14 @@ void query_tile_scores(const HeadContext<T>& c, int64_t i0, int64_t bq, Scratch<
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d;
   Rq.resize(bq * c.nb);
-  if constexpr (F::c2p)
-    gemm<T>(Trans::no, Trans::yes, c.nb, bq, d, T(1), c.c2p.data(), d, hd.qp + i0 * d, d, T(0), Rq.data(), bq);
-  else
+  if constexpr (F::c2p) {  // the rows the tile's queries reach; the others are never read
+    for (int64_t c0 = 0; c0 < bq; c0 += kReachedColumns) {
+      const int64_t n = std::min(kReachedColumns, bq - c0);
+      const ReachedRows rows = reached_rows(*c.c2p_rows, /*by_query=*/true, hd.lq, hd.lk, i0 + c0, n);
+      gemm<T>(Trans::no, Trans::yes, rows.count(), n, d, T(1), c.c2p.data() + rows.first * d, d,
+              hd.qp + (i0 + c0) * d, d, T(0), Rq.data() + rows.first * bq + c0, bq);
+    }
+  } else
     gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), Rq.data(), c.nb);
 }
 

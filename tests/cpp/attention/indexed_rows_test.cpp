@@ -1,6 +1,7 @@
 // An indexed table's row per distance and its runs, and the fused kernel's
 // picks and sums of a tile's pairs through them by distance
-// (src/attention/indexed_rows.hpp), against a load and a store per pair:
+// (src/attention/indexed_rows.hpp), against a load and a store per pair, and
+// the rows a tile of columns reaches, against its pairs:
 // DeBERTa's maps (exact, log and edge buckets, c2p rising and p2c falling),
 // maps with jumps and short runs, tiles starting inside a run, each term alone
 // and both, in float32 and float64.
@@ -156,6 +157,33 @@ TEST(IndexedRows, SingleRowFindsEveryWindowOfOneRow) {
   check_single_row(deberta_rows(7, 8, 20, true), "7 distances");
   check_single_row({3}, "1 distance");
   for (const uint32_t seed : {1u, 2u, 3u}) check_single_row(ragged_rows(400, seed), "ragged " + std::to_string(seed));
+}
+// reached_rows against every pair of each tile of columns: the least and the
+// greatest row that a pair (i, j) of the tile's queries (c2p) or keys (p2c)
+// reads at distance index j - i + lq - 1, self- and cross-attention.
+TEST(IndexedRows, ReachedRowsAreThoseOfEveryPairOfATile) {
+  for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{1, 1}, {130, 130}, {600, 600}, {300, 77}, {5, 700}})
+    for (const bool ragged : {false, true}) {
+      const std::vector<int32_t> rows =
+          ragged ? ragged_rows(lq + lk - 1, uint32_t(lq)) : deberta_rows(lq + lk - 1, 256, 512, false);
+      const RowRuns runs(relpos::Scratch<int32_t>(rows.begin(), rows.end()));
+      for (const bool by_query : {true, false}) {
+        const int64_t columns = by_query ? lq : lk;
+        for (int64_t c0 = 0; c0 < columns; c0 += 50) {
+          const int64_t n = std::min<int64_t>(kReachedColumns, columns - c0);
+          int32_t least = INT32_MAX, greatest = INT32_MIN;
+          for (int64_t c = c0; c < c0 + n; ++c)
+            for (int64_t other = 0; other < (by_query ? lk : lq); ++other) {
+              const int64_t i = by_query ? c : other, j = by_query ? other : c;
+              least = std::min(least, rows[j - i + lq - 1]), greatest = std::max(greatest, rows[j - i + lq - 1]);
+            }
+          const ReachedRows reached = reached_rows(runs, by_query, lq, lk, c0, n);
+          ASSERT_EQ(reached.first, least) << lq << " x " << lk << " ragged " << ragged << " by query " << by_query
+                                          << " from " << c0;
+          ASSERT_EQ(reached.end, int64_t(greatest) + 1) << lq << " x " << lk << " from " << c0;
+        }
+      }
+    }
 }
 TEST(IndexedRows, PicksAndSumsAgreeWithOnePairAtATimeFloat) { check_every_map<float>(); }
 TEST(IndexedRows, PicksAndSumsAgreeWithOnePairAtATimeDouble) { check_every_map<double>(); }
