@@ -51,9 +51,9 @@ struct QueryGrads {
   void reset(const HeadContext<T>& c, bool bias_grads) {
     const Head<T>& hd = c.x.hd;
     dqc.assign(hd.lq * hd.d, T(0)), dqp.assign(hd.lq * hd.d, T(0));
-    dR.assign(c.key_table() ? hd.lq * c.nb : !c.c2p.empty() ? c.nb * indexed_stride(hd.lq) : 0, T(0));
+    dR.assign(c.key_table() ? hd.lq * c.nb : !c.c2p.empty() ? c.nb * c.by_query_ld : 0, T(0));
     Pb.assign(c.value_table() ? hd.lq * c.nb : 0, T(0));
-    dRk.assign(c.p2c.empty() ? 0 : c.nb * indexed_stride(hd.lk), T(0));
+    dRk.assign(c.p2c.empty() ? 0 : c.nb * c.by_key_ld, T(0));
     dE.assign(c.band() ? hd.distances() * hd.d : 0, T(0));
     dbias.assign(c.x.bias.empty() || !bias_grads ? 0 : hd.distances(), T(0));
   }
@@ -230,27 +230,27 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
 template <class F, class T>
 void add_indexed_grads(const HeadContext<T>& c, const Tile& t, int64_t m0, const T* dS, T scale, QueryGrads<T>& q,
                        Scratch<T>& diagonals) {
-  const Head<T>& hd = c.x.hd;
   IndexedScores<T> c2p, p2c;
-  if constexpr (F::c2p) c2p = {c.c2p_rows, q.dR.data() + t.i0, indexed_stride(hd.lq)};
-  if constexpr (F::p2c) p2c = {c.p2c_rows, q.dRk.data() + t.j0, indexed_stride(hd.lk)};
+  if constexpr (F::c2p) c2p = {c.c2p_rows, q.dR.data() + t.i0, c.by_query_ld};
+  if constexpr (F::p2c) p2c = {c.p2c_rows, q.dRk.data() + t.j0, c.by_key_ld};
   sum_indexed_picks(c2p, p2c, m0, t.bq, t.bk, scale, dS, t.bk, diagonals);
 }
 
 // An indexed table's share of a head's gradients from its scores' gradients
-// dS (nb rows by query, c2p's dR, or by key, p2c's dRk; row stride
-// indexed_stride of the columns), tile by tile of columns over the rows each
-// reaches (reached_rows; dS is 0 elsewhere): dx (columns, d) += dS^T table,
-// and, where dtable, dtable (nb, d) = dS x (x: (columns, d), row stride ldx),
-// its tiles added in column order.
+// dS (nb rows by query, c2p's dR, or by key, p2c's dRk), tile by tile of
+// columns over the rows each reaches (reached_rows; dS is 0 elsewhere): dx
+// (columns, d) += dS^T table, and, where dtable, dtable (nb, d) = dS x (x:
+// the queries qp or the keys k), its tiles added in column order.
 template <class T>
-void indexed_table_grads(const RowRuns& runs, bool by_query, const Head<T>& hd, int64_t nb, const T* dS,
-                         const T* table, const T* x, int64_t ldx, T* dx, T* dtable) {
-  const int64_t columns = by_query ? hd.lq : hd.lk, ld = indexed_stride(columns), d = hd.d;
-  if (dtable) std::fill(dtable, dtable + nb * d, T(0));
+void indexed_table_grads(const HeadContext<T>& c, bool by_query, const T* dS, T* dx, T* dtable) {
+  const Head<T>& hd = c.x.hd;
+  const int64_t columns = by_query ? hd.lq : hd.lk, ld = by_query ? c.by_query_ld : c.by_key_ld, d = hd.d;
+  const T *table = by_query ? c.c2p.data() : c.p2c.data(), *x = by_query ? hd.qp : c.x.kp;
+  const int64_t ldx = by_query ? d : c.x.ldk;
+  if (dtable) std::fill(dtable, dtable + c.nb * d, T(0));
   for (int64_t c0 = 0; c0 < columns; c0 += kReachedColumns) {
     const int64_t n = std::min(kReachedColumns, columns - c0);
-    const ReachedRows rows = reached_rows(runs, by_query, hd.lq, hd.lk, c0, n);
+    const ReachedRows rows = reached_rows(by_query ? *c.c2p_rows : *c.p2c_rows, by_query, hd.lq, hd.lk, c0, n);
     const T* tile = dS + rows.first * ld + c0;
     weights_times<T>(Trans::yes, n, d, rows.count(), T(1), tile, ld, table + rows.first * d, d, T(1), dx + c0 * d, d);
     if (dtable)
@@ -312,16 +312,14 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
   if (!c.c2p.empty()) {  // dR (nb, lq) by distance: dqp += dR^T c2p; dc2p = dR qp
     const bool table_grad = e.indexed_keys()->wants_grad(g);
     if (table_grad) w.dtable.resize(nb * d);
-    indexed_table_grads(*c.c2p_rows, /*by_query=*/true, hd, nb, q.dR.data(), c.c2p.data(), hd.qp, d, q.dqp.data(),
-                        table_grad ? w.dtable.data() : nullptr);
+    indexed_table_grads(c, /*by_query=*/true, q.dR.data(), q.dqp.data(), table_grad ? w.dtable.data() : nullptr);
     if (table_grad) e.indexed_keys()->add_slice_grad(g, hd.h, w.dtable.data());
   }
   // dRk (nb, lk): dk += dRk^T p2c; dp2c = dRk k (a padded key's row of k is zero or finite: load_head)
   if (!c.p2c.empty()) {
     const bool table_grad = e.indexed_queries()->wants_grad(g);
     if (table_grad) w.dtable.resize(nb * d);
-    indexed_table_grads(*c.p2c_rows, /*by_query=*/false, hd, nb, q.dRk.data(), c.p2c.data(), c.x.kp, c.x.ldk,
-                        dk.data(), table_grad ? w.dtable.data() : nullptr);
+    indexed_table_grads(c, /*by_query=*/false, q.dRk.data(), dk.data(), table_grad ? w.dtable.data() : nullptr);
     if (table_grad) e.indexed_queries()->add_slice_grad(g, hd.h, w.dtable.data());
   }
   if (c.value_table() && e.value_table()->wants_grad(g)) {  // dwv += Pb^T dout

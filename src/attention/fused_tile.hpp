@@ -76,6 +76,8 @@ struct HeadContext {
   Scratch<T> Rk;            // p2c: every key's scores against its rows, (nb, lk)
   const RowRuns* c2p_rows = nullptr;  // indexed tables: the table row of each distance index, from CallEmbeddings
   const RowRuns* p2c_rows = nullptr;
+  int64_t by_query_ld = 0;  // indexed tables: the row stride of scores and their gradients by query (c2p's dR)
+  int64_t by_key_ld = 0;    // and by key (p2c's Rk and dRk): indexed_stride of lq and of lk
   StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
 
   // Every buffer of the plan, and the scheme's objects for call p (their
@@ -230,6 +232,7 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
   c.c2p.clear(), c.p2c.clear(), c.Rk.clear();
   c.c2p_rows = e.key_rows.empty() ? nullptr : &e.key_rows;
   c.p2c_rows = e.query_rows.empty() ? nullptr : &e.query_rows;
+  c.by_query_ld = indexed_stride(c.x.hd.lq), c.by_key_ld = indexed_stride(c.x.hd.lk);
   if (const IndexedTable<T>* table = e.indexed_keys()) {
     c.nb = table->table_rows();
     c.c2p.resize(c.nb * table->width()), table->slice(h, c.c2p.data());
@@ -238,7 +241,7 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
     const Head<T>& hd = c.x.hd;
     c.nb = table->table_rows();
     c.p2c.resize(c.nb * hd.d), table->slice(h, c.p2c.data());
-    const int64_t ld = indexed_stride(hd.lk);
+    const int64_t ld = c.by_key_ld;
     c.Rk.resize(c.nb * ld);  // (nb, lk): read by distance (indexed_rows.hpp), each key tile's reached rows alone
     for (int64_t j0 = 0; j0 < hd.lk; j0 += kReachedColumns) {
       const int64_t n = std::min(kReachedColumns, hd.lk - j0);
@@ -308,7 +311,7 @@ void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t
                         Scratch<T>& diagonals) {
   IndexedScores<const T> c2p, p2c;
   if constexpr (F::c2p) c2p = {c.c2p_rows, Rq, t.bq};
-  if constexpr (F::p2c) p2c = {c.p2c_rows, c.Rk.data() + t.j0, indexed_stride(c.x.hd.lk)};
+  if constexpr (F::p2c) p2c = {c.p2c_rows, c.Rk.data() + t.j0, c.by_key_ld};
   add_indexed_picks(c2p, p2c, m0, t.bq, t.bk, scale, S, t.bk, diagonals);
 }
 
