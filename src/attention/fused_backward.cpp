@@ -248,15 +248,14 @@ void indexed_table_grads(const HeadContext<T>& c, bool by_query, const T* dS, T*
   const T *table = by_query ? c.c2p.data() : c.p2c.data(), *x = by_query ? hd.qp : c.x.kp;
   const int64_t ldx = by_query ? d : c.x.ldk;
   if (dtable) std::fill(dtable, dtable + c.nb * d, T(0));
-  for (int64_t c0 = 0; c0 < columns; c0 += kReachedColumns) {
-    const int64_t n = std::min(kReachedColumns, columns - c0);
-    const ReachedRows rows = reached_rows(by_query ? *c.c2p_rows : *c.p2c_rows, by_query, hd.lq, hd.lk, c0, n);
+  const RowRuns& runs = by_query ? *c.c2p_rows : *c.p2c_rows;
+  for_each_reached_tile(runs, by_query, hd.lq, hd.lk, 0, columns, [&](int64_t c0, int64_t n, RowSpan rows) {
     const T* tile = dS + rows.first * ld + c0;
     weights_times<T>(Trans::yes, n, d, rows.count(), T(1), tile, ld, table + rows.first * d, d, T(1), dx + c0 * d, d);
     if (dtable)
       weights_times<T>(Trans::no, rows.count(), d, n, T(1), tile, ld, x + c0 * ldx, ldx, T(1),
                        dtable + rows.first * d, d);
-  }
+  });
 }
 
 // A key band's row gradients, summed over the batch entries of one head that

@@ -73,11 +73,11 @@ struct HeadContext {
   Scratch<T> wk, wv;        // the clipped tables' slices of this head (nb, d), (nb, dv)
   const T* E = nullptr;     // a key band's rows per distance (distances, d), falling, from CallEmbeddings
   Scratch<T> c2p, p2c;      // indexed tables: this head's slices (nb, d), read by the query and by the key
-  Scratch<T> Rk;            // p2c: every key's scores against its rows, (nb, lk)
+  Scratch<T> Rk;            // p2c: the keys' scores against the rows each key tile reaches (reached_rows), (nb, lk)
   const RowRuns* c2p_rows = nullptr;  // indexed tables: the table row of each distance index, from CallEmbeddings
   const RowRuns* p2c_rows = nullptr;
-  int64_t by_query_ld = 0;  // indexed tables: the row stride of scores and their gradients by query (c2p's dR)
-  int64_t by_key_ld = 0;    // and by key (p2c's Rk and dRk): indexed_stride of lq and of lk
+  int64_t by_query_ld = 0;  // indexed tables: the row stride of the score gradients by query (c2p's dR)
+  int64_t by_key_ld = 0;    // and of the scores and score gradients by key (p2c's Rk, dRk): indexed_stride
   StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
 
   // Every buffer of the plan, and the scheme's objects for call p (their
@@ -243,12 +243,12 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
     c.p2c.resize(c.nb * hd.d), table->slice(h, c.p2c.data());
     const int64_t ld = c.by_key_ld;
     c.Rk.resize(c.nb * ld);  // (nb, lk): read by distance (indexed_rows.hpp), each key tile's reached rows alone
-    for (int64_t j0 = 0; j0 < hd.lk; j0 += kReachedColumns) {
-      const int64_t n = std::min(kReachedColumns, hd.lk - j0);
-      const ReachedRows rows = reached_rows(*c.p2c_rows, /*by_query=*/false, hd.lq, hd.lk, j0, n);
-      gemm<T>(Trans::no, Trans::yes, rows.count(), n, hd.d, T(1), c.p2c.data() + rows.first * hd.d, hd.d,
-              c.x.kp + j0 * c.x.ldk, c.x.ldk, T(0), c.Rk.data() + rows.first * ld + j0, ld);
-    }
+    for_each_reached_tile(*c.p2c_rows, /*by_query=*/false, hd.lq, hd.lk, 0, hd.lk,
+                          [&](int64_t j0, int64_t n, RowSpan rows) {
+                            gemm<T>(Trans::no, Trans::yes, rows.count(), n, hd.d, T(1),
+                                    c.p2c.data() + rows.first * hd.d, hd.d, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(0),
+                                    c.Rk.data() + rows.first * ld + j0, ld);
+                          });
   }
   c.stored = stored_bf16_rows(p, data, b, h, c.x.padded_keys_zeroed);
 }
@@ -291,12 +291,11 @@ void query_tile_scores(const HeadContext<T>& c, int64_t i0, int64_t bq, Scratch<
   const int64_t d = hd.d;
   Rq.resize(bq * c.nb);
   if constexpr (F::c2p) {  // the rows the tile's queries reach; the others are never read
-    for (int64_t c0 = 0; c0 < bq; c0 += kReachedColumns) {
-      const int64_t n = std::min(kReachedColumns, bq - c0);
-      const ReachedRows rows = reached_rows(*c.c2p_rows, /*by_query=*/true, hd.lq, hd.lk, i0 + c0, n);
-      gemm<T>(Trans::no, Trans::yes, rows.count(), n, d, T(1), c.c2p.data() + rows.first * d, d,
-              hd.qp + (i0 + c0) * d, d, T(0), Rq.data() + rows.first * bq + c0, bq);
-    }
+    for_each_reached_tile(*c.c2p_rows, /*by_query=*/true, hd.lq, hd.lk, i0, i0 + bq,
+                          [&](int64_t c0, int64_t n, RowSpan rows) {
+                            gemm<T>(Trans::no, Trans::yes, rows.count(), n, d, T(1), c.c2p.data() + rows.first * d,
+                                    d, hd.qp + c0 * d, d, T(0), Rq.data() + rows.first * bq + (c0 - i0), bq);
+                          });
   } else
     gemm<T>(Trans::no, Trans::yes, bq, c.nb, d, T(1), hd.qp + i0 * d, d, c.wk.data(), d, T(0), Rq.data(), c.nb);
 }

@@ -12,6 +12,12 @@
 
 namespace relpos::fused {
 
+// Table rows [first, end).
+struct RowSpan {
+  int64_t first, end;
+  int64_t count() const { return end - first; }
+};
+
 // The rows step by one per distance near the diagonal (exact buckets), stay
 // on one row for a run of distances beyond (log buckets, then the edge row).
 class RowRuns {
@@ -27,9 +33,9 @@ class RowRuns {
   // The one row of the distance indices [m, m + count), or -1 where they read more.
   int32_t single_row(int64_t m, int64_t count) const { return run_end_[m] >= m + count ? row_[m] : -1; }
   const int32_t* rows_from(int64_t m) const { return &row_[m]; }
-  // The rows [first, end) from the least to the greatest that the distance
-  // indices [m, m + count) read (count > 0), a run at a time.
-  std::pair<int64_t, int64_t> row_span(int64_t m, int64_t count) const {
+  // The rows from the least to the greatest that the distance indices
+  // [m, m + count) read (count > 0), a run at a time.
+  RowSpan row_span(int64_t m, int64_t count) const {
     int32_t least = row_[m], greatest = row_[m];
     for (int64_t x = m; x < m + count; x = run_end_[x])
       least = std::min(least, row_[x]), greatest = std::max(greatest, row_[x]);
@@ -74,22 +80,26 @@ inline int64_t indexed_stride(int64_t n) {
   return rounded % 256 == 0 ? rounded + 16 : rounded;
 }
 
-// The rows [first, end) of a table that a tile of n of its columns from c0
-// reaches: c2p's columns are queries (a query tile against every key), p2c's
-// keys (a key tile against every query). The products of a table's scores
-// and of their gradients are taken tile by tile of kReachedColumns columns
-// over those rows alone: at L = 512 a tile of 128 reaches about four fifths
-// of DeBERTa's 512 rows, and a row no pair of the tile reads is neither
-// computed nor summed.
-struct ReachedRows {
-  int64_t first, end;
-  int64_t count() const { return end - first; }
-};
+// The rows of a table that a tile of n of its columns from c0 reaches, from
+// the least to the greatest its pairs read: c2p's columns are queries (a
+// query tile against every key), p2c's keys (a key tile against every
+// query). The products of a table's scores and of their gradients are taken
+// tile by tile of kReachedColumns columns over those rows alone: at L = 512 a
+// tile of 128 reaches about four fifths of DeBERTa's 512 rows, and a row
+// outside the span is neither computed nor summed.
 constexpr int64_t kReachedColumns = 128;
-inline ReachedRows reached_rows(const RowRuns& runs, bool by_query, int64_t lq, int64_t lk, int64_t c0, int64_t n) {
+inline RowSpan reached_rows(const RowRuns& runs, bool by_query, int64_t lq, int64_t lk, int64_t c0, int64_t n) {
   // Distance index of (i, j): j - i + lq - 1 (Head::diagonal).
-  const auto [first, end] = by_query ? runs.row_span(lq - c0 - n, n + lk - 1) : runs.row_span(c0, n + lq - 1);
-  return {first, end};
+  return by_query ? runs.row_span(lq - c0 - n, n + lk - 1) : runs.row_span(c0, n + lq - 1);
+}
+// f(c0, n, rows) for the tiles of kReachedColumns of the columns [begin, end).
+template <class F>
+void for_each_reached_tile(const RowRuns& runs, bool by_query, int64_t lq, int64_t lk, int64_t begin, int64_t end,
+                           F&& f) {
+  for (int64_t c0 = begin; c0 < end; c0 += kReachedColumns) {
+    const int64_t n = std::min(kReachedColumns, end - c0);
+    f(c0, n, reached_rows(runs, by_query, lq, lk, c0, n));
+  }
 }
 
 // One term's view: the table row of each distance index, and the scores

@@ -169,21 +169,41 @@ TEST(IndexedRows, ReachedRowsAreThoseOfEveryPairOfATile) {
       const RowRuns runs(relpos::Scratch<int32_t>(rows.begin(), rows.end()));
       for (const bool by_query : {true, false}) {
         const int64_t columns = by_query ? lq : lk;
-        for (int64_t c0 = 0; c0 < columns; c0 += 50) {
-          const int64_t n = std::min<int64_t>(kReachedColumns, columns - c0);
-          int32_t least = INT32_MAX, greatest = INT32_MIN;
-          for (int64_t c = c0; c < c0 + n; ++c)
-            for (int64_t other = 0; other < (by_query ? lk : lq); ++other) {
-              const int64_t i = by_query ? c : other, j = by_query ? other : c;
-              least = std::min(least, rows[j - i + lq - 1]), greatest = std::max(greatest, rows[j - i + lq - 1]);
-            }
-          const ReachedRows reached = reached_rows(runs, by_query, lq, lk, c0, n);
-          ASSERT_EQ(reached.first, least) << lq << " x " << lk << " ragged " << ragged << " by query " << by_query
-                                          << " from " << c0;
-          ASSERT_EQ(reached.end, int64_t(greatest) + 1) << lq << " x " << lk << " from " << c0;
-        }
+        for (int64_t c0 = 0; c0 < columns; c0 += 50)
+          for (const int64_t width : {int64_t(1), int64_t(32), kReachedColumns}) {
+            const int64_t n = std::min(width, columns - c0);
+            int32_t least = INT32_MAX, greatest = INT32_MIN;
+            for (int64_t c = c0; c < c0 + n; ++c)
+              for (int64_t other = 0; other < (by_query ? lk : lq); ++other) {
+                const int64_t m = by_query ? other - c + lq - 1 : c - other + lq - 1;  // (i, j): j - i + lq - 1
+                least = std::min(least, rows[m]), greatest = std::max(greatest, rows[m]);
+              }
+            const RowSpan reached = reached_rows(runs, by_query, lq, lk, c0, n);
+            ASSERT_EQ(reached.first, least) << lq << " x " << lk << " ragged " << ragged << " by query " << by_query
+                                            << " from " << c0 << " width " << n;
+            ASSERT_EQ(reached.end, int64_t(greatest) + 1) << lq << " x " << lk << " from " << c0 << " width " << n;
+          }
       }
     }
+}
+
+// for_each_reached_tile covers the columns [begin, end) once, in tiles of at
+// most kReachedColumns, each with its reached_rows.
+TEST(IndexedRows, ReachedTilesCoverTheirColumnsOnce) {
+  const std::vector<int32_t> rows = deberta_rows(2 * 700 - 1, 256, 512, false);
+  const RowRuns runs(relpos::Scratch<int32_t>(rows.begin(), rows.end()));
+  for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 700}, {128, 384}, {300, 301}, {650, 700}}) {
+    int64_t next = begin;
+    for_each_reached_tile(runs, /*by_query=*/true, 700, 700, begin, end, [&](int64_t c0, int64_t n, RowSpan span) {
+      ASSERT_EQ(c0, next);
+      ASSERT_TRUE(n >= 1 && n <= kReachedColumns);
+      const RowSpan want = reached_rows(runs, true, 700, 700, c0, n);
+      ASSERT_EQ(span.first, want.first);
+      ASSERT_EQ(span.end, want.end);
+      next = c0 + n;
+    });
+    ASSERT_EQ(next, end) << begin << " .. " << end;
+  }
 }
 TEST(IndexedRows, PicksAndSumsAgreeWithOnePairAtATimeFloat) { check_every_map<float>(); }
 TEST(IndexedRows, PicksAndSumsAgreeWithOnePairAtATimeDouble) { check_every_map<double>(); }
