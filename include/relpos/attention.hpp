@@ -5,7 +5,9 @@
 //   logits(i,j) = scale * (q_i . k_j + score terms) + bias terms, masked to -inf
 //   out_i       = sum_j softmax_j(logits)(i, j) * (v_j + value terms)
 //   lse_i       = log sum_j exp(logits(i, j))             (-inf for a fully masked row)
-// A fully masked row outputs zeros and receives zero gradients.
+// A fully masked row outputs zeros and receives zero gradients. With dropout
+// (relpos/dropout.hpp), out_i sums softmax(i, j) * z(i, j) instead, z the
+// entry's keep bit / (1 - p); lse is the softmax's, before dropout.
 //
 // T, the type the tensors are stored in, is float, double, bfloat16 or
 // float16 (relpos/half.hpp). A call computes in compute_t<T>: T itself, or
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "relpos/dropout.hpp"
 #include "relpos/half.hpp"
 #include "relpos/position.hpp"
 #include "relpos/tensor.hpp"
@@ -162,6 +165,7 @@ struct AttentionForward {
   int64_t q_offset = 0, k_offset = 0; // absolute positions of q row 0 and k row 0
   std::optional<double> scale;        // default: the scheme's (effective_scale below)
   PositionParams<T> pos;
+  AttentionDropout dropout;  // on the probabilities; a backward draws its forward's mask again from it
   Algorithm algorithm = Algorithm::automatic;
   int num_threads = 0;  // OpenMP threads over (batch, head); 0 = omp_get_max_threads()
 };

@@ -164,6 +164,16 @@ struct BucketedRow {
     return s;
   }
 
+  // The sums of the three parts of a row of exponentials (P, or P times
+  // dropout's multipliers), where exp_shifted did not make them.
+  Sums sums_of(const T* row) const {
+    Sums s;
+    if (hi > lo) s.window = rows::sum_of(row + lo, hi - lo);
+    if (lo > 0) s.below = rows::sum_of(row, lo);
+    if (hi < n) s.above = rows::sum_of(row + hi, n - hi);
+    return s;
+  }
+
   // table[c(r)] += the row's P by bucket, from exponentials' sums of it; table: 2k+1 entries.
   void add_bucket_sums(T* table, int64_t k, bool clip, const T* row, const Sums& sums) const {
     if (clip) table[0] += sums.below, table[2 * k] += sums.above;

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "dropout_rows.hpp"
 #include "fused.hpp"
 #include "fused_tile.hpp"
 #include "grad_partials.hpp"
@@ -73,7 +74,7 @@ struct QueryGrads {
 template <class T>
 struct BackwardScratch {
   HeadContext<T> head;
-  Scratch<T> dout, out_row, D, P, dP, Rq, G, dband, transposed, diagonals;
+  Scratch<T> dout, out_row, D, P, dP, Z, Pz, Rq, G, dband, transposed, diagonals;  // Z, Pz: dropout's
   KeyBand<T> band;
   QueryGrads<T> query;  // one head's, when a head is one group
   Scratch<T> dk, dv;
@@ -84,6 +85,7 @@ struct BackwardScratch {
     head.allocate(plan.head, p);
     for (auto [buffer, size] :
          {std::pair{&dout, plan.dout}, {&out_row, plan.out_row}, {&D, plan.D}, {&P, plan.P}, {&dP, plan.dP},
+          {&Z, plan.Z}, {&Pz, plan.Pz},
           {&Rq, plan.Rq}, {&G, plan.G}, {&dband, plan.band}, {&transposed, plan.transposed},
           {&diagonals, plan.diagonals}, {&dk, plan.dk}, {&dv, plan.dv}, {&dtable, plan.dtable}})
       buffer->reserve(size);
@@ -130,6 +132,9 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   const T scale = T(effective_scale(p));
   const auto [begin, end] = group_keys(hd.lk, group, groups);
   w.P.resize(kBackwardRows * kBackwardKeys), w.dP.resize(kBackwardRows * kBackwardKeys);
+  // With dropout the values' products take P z, the softmax's gradient P and z dP (z = 1 without).
+  const DropoutRows<T> dropout(p, b, h);
+  if (dropout.active()) w.Z.resize(kBackwardRows * kBackwardKeys), w.Pz.resize(kBackwardRows * kBackwardKeys);
   const bool split = std::is_same_v<T, float> && c.stored.splits_backward();
   if (split) w.split.start_group(end - begin, kBackwardKeys, c.stored.k + begin * c.stored.ldk, c.stored.ldk, d, dvd);
   const bool bias_grad = F::bias && !q.dbias.empty();  // a bias per distance whose gradient is asked for
@@ -154,6 +159,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       const Tile t{i0, bq, j0, std::min(kBackwardKeys, keys - j0)};
       const int64_t bk = t.bk;
       T *P = w.P.data(), *dS = w.dP.data();
+      T* kept = dropout.active() ? w.Pz.data() : P;  // P z
       const TileCut cut = cut_of(p, hd, t);
       // Keys before p.key_grads_from get no gradient: dv and dk of the tile's later keys only.
       const int64_t skip = std::clamp<int64_t>(p.key_grads_from - j0, 0, bk), graded = bk - skip;
@@ -176,12 +182,22 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         const auto sums = buckets.exp_shifted(row, lse);
         std::fill(row + computed, row + bk, T(0));
         if (std::isnan(lse)) zero_masked<F>(p, hd, j0, cut.shown(ii), row, computed);
-        if constexpr (F::value_table) buckets.add_bucket_sums(&q.Pb[(i0 + ii) * nb], c.k, c.clip, row, sums);
-        if (split_tile) split_row(w.split.P, ii, row);
+        T* kept_row = kept + ii * bk;
+        if (dropout.active()) {
+          T* z = w.Z.data() + ii * bk;
+          dropout.fill(i0 + ii, j0, computed, z);
+          std::fill(z + computed, z + bk, T(0));  // a fully masked row's too: dS reads them below
+          rows::multiply(row, z, kept_row, computed);
+          std::fill(kept_row + computed, kept_row + bk, T(0));
+        }
+        if constexpr (F::value_table)
+          buckets.add_bucket_sums(&q.Pb[(i0 + ii) * nb], c.k, c.clip, kept_row,
+                                  dropout.active() ? buckets.sums_of(kept_row) : sums);
+        if (split_tile) split_row(w.split.P, ii, kept_row);
       }
       const TileCut graded_cut = cut_of(p, hd, Tile{i0, bq, j0 + skip, graded});
       if (graded > 0 && !split_tile)
-        tile_transposed_times(graded_cut, bq, dvd, graded, T(1), P + skip, bk, w.dout.data() + i0 * dvd, dvd, T(1),
+        tile_transposed_times(graded_cut, bq, dvd, graded, T(1), kept + skip, bk, w.dout.data() + i0 * dvd, dvd, T(1),
                               dv.data() + (j0 + skip) * dvd, dvd);
       product_of_rows(c.stored.dout, c.stored.lddout, c.stored.v, c.stored.ldv, w.dout.data(), dvd, c.x.vp, c.x.ldv,
                       i0, j0, bq, bk, dvd, T(1), dS, cut, w.transposed);
@@ -193,6 +209,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         if constexpr (F::value_table)
           add_by_row(srow, bk, r0, k, c.clip, &w.G[ii * nb], T(1));
         const int64_t computed = cut.computed(ii);
+        if (dropout.active()) rows::multiply(srow, w.Z.data() + ii * bk, srow, computed);
         rows::softmax_grad(prow, srow, w.D[i], computed);
         std::fill(srow + computed, srow + bk, T(0));
         if (split_tile) split_row(w.split.dS, ii, srow);

@@ -144,6 +144,7 @@ ForwardPlan forward_plan(const AttentionForward<S>& p, const tiles::ForwardTiles
     const int64_t bq = std::min(f.rows, hd.lq - i0), keys = visited_keys(p, hd, i0, bq);
     const int64_t block = std::min(tiles::forward_key_block(f, bq), keys);
     w.S = std::max(w.S, bq * block);
+    if (p.dropout.active()) w.z = std::max(w.z, block);
     w.transposed = std::max(w.transposed, staircase_of_tiles(p, hd, i0, bq, 0, keys, block, hd.d));  // q k^T
     if (t.band && keys) plan_band(p, hd, i0, bq, 0, keys, w.band, w.transposed);
     if (t.c2p || t.p2c)  // add_indexed_picks: two blocks by distance and by query
@@ -181,6 +182,7 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
   w.head = head;
   w.dout = lq * dv, w.out_row = dv, w.D = lq;
   w.P = w.dP = kBackwardRows * kBackwardKeys;
+  if (p.dropout.active()) w.Z = w.Pz = kBackwardRows * kBackwardKeys;
   w.Rq = t.key_table || t.c2p ? rows * t.nb : 0;
   w.G = t.value_table ? rows * t.nb : 0;
   // A tile's indexed picks, forward and backward: two blocks by distance and by query (indexed_rows.hpp).

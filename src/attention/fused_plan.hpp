@@ -45,12 +45,13 @@ struct HeadPlan {
 struct ForwardPlan {
   HeadPlan head;
   int64_t S = 0, O = 0, Rq = 0, Pb = 0, transposed = 0, diagonals = 0;
+  int64_t z = 0;             // a tile row's dropout multipliers
   int64_t softmax_rows = 0;  // the online softmax's running maximum and sum, each
   int64_t band = 0;          // a key band's scores
   int64_t split = 0;         // P's bfloat16 parts, where the head splits it
 
   int64_t elements() const {
-    return head.elements() + S + O + Rq + Pb + transposed + diagonals + 2 * softmax_rows + band;
+    return head.elements() + S + O + Rq + Pb + transposed + diagonals + z + 2 * softmax_rows + band;
   }
 };
 
@@ -76,6 +77,7 @@ struct SplitBackwardPlan {
 struct BackwardPlan {
   HeadPlan head;
   int64_t dout = 0, out_row = 0, D = 0, P = 0, dP = 0, Rq = 0, G = 0, transposed = 0, diagonals = 0;
+  int64_t Z = 0, Pz = 0;  // dropout: a tile's multipliers z and P z
   int64_t band = 0;    // a key band's scores, and as many of their gradients (dband)
   int64_t dtable = 0;  // a table's gradient of the head before it is added
   QueryGradsPlan query;        // the worker's own where a head is one key group; else empty
@@ -83,7 +85,7 @@ struct BackwardPlan {
   SplitBackwardPlan split;
 
   int64_t elements() const {
-    return head.elements() + dout + out_row + D + P + dP + Rq + G + transposed + diagonals + 2 * band + dtable +
+    return head.elements() + dout + out_row + D + P + dP + Z + Pz + Rq + G + transposed + diagonals + 2 * band + dtable +
            query.elements() + dk + dv;
   }
 };

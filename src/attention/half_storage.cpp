@@ -138,6 +138,7 @@ AttentionForward<float> twin(const AttentionForward<S>& p, const PositionParams<
   f.q_offset = p.q_offset, f.k_offset = p.k_offset;
   f.scale = p.scale;
   f.pos = pos;
+  f.dropout = p.dropout;
   f.algorithm = p.algorithm;
   f.num_threads = p.num_threads;
   return f;
@@ -169,6 +170,7 @@ AttentionForward<float> chunk_call(const AttentionForward<S>& p, const PositionP
   f.out = View4<float>::contiguous(buffers[3].data(), out_shape);
   f.lse = rows(p.lse, b0, n);
   f.key_padding = rows(p.key_padding, b0, n);
+  f.dropout.batch_offset += b0;  // the mask of the call's batch rows, not the chunk's
   return f;
 }
 

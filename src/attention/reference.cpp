@@ -5,7 +5,9 @@
 //
 // All schemes are one formula here:
 //   logits(i,j) = scale * (qc_i . k_j + qp_i . rk(i,j) + k_j . rq(i,j)) + bias(i,j)
-//   out_i       = sum_j P(i,j) * (v_j + rv(i,j))
+//   out_i       = sum_j P(i,j) z(i,j) * (v_j + rv(i,j))
+// with z the dropout multiplier (keep bit / (1 - p), entry by entry from
+// relpos/dropout.hpp's dropout_keeps; 1 without dropout)
 // with the scheme's terms (src/schemes/scheme.hpp): qc = q + u and qp = q + v
 // for query biases (qc = qp = q otherwise), rk, rq and rv its key, query and
 // value embeddings per distance (Shaw's A^K, A^V; Transformer-XL's W_R R(-r);
@@ -46,6 +48,14 @@ struct HeadTerms {
 template <class T>
 int64_t rel(const AttentionForward<T>& p, int64_t i, int64_t j) {
   return (p.k_offset + j) - (p.q_offset + i);
+}
+
+// The dropout multiplier of (b, h, i, j): 1 without dropout.
+template <class T>
+T dropout_multiplier(const AttentionForward<T>& p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  if (!p.dropout.active()) return T(1);
+  const bool kept = dropout_keeps(p.dropout, p.q.shape[1], b, h, p.q_offset + i, p.k_offset + j);
+  return kept ? T(dropout_scale(p.dropout)) : T(0);
 }
 
 template <class T>
@@ -157,7 +167,7 @@ void forward(const AttentionForward<T>& p) {
         p.lse(b, h, i) = lse;
         for (int64_t j = 0; j < t.lk; ++j) {
           if (t.masked[i * t.lk + j]) continue;
-          const T pij = std::exp(row[j] - lse);
+          const T pij = std::exp(row[j] - lse) * dropout_multiplier(p, b, h, i, j);
           for (int64_t x = 0; x < t.dv; ++x) {
             T val = t.v[j * t.dv + x];
             if (!t.rv.empty()) val += t.rv[(i * t.lk + j) * t.dv + x];
@@ -182,30 +192,32 @@ void backward(const AttentionBackward<T>& p) {
       // un-rotated at the end.
       const int64_t n = t.lq + t.lk - 1;
       Scratch<T> dqc(t.lq * d, T(0)), dqp(t.lq * d, T(0)), dk(t.lk * d, T(0));
-      Scratch<T> P(t.lk), dS(t.lk);
+      Scratch<T> P(t.lk), Pd(t.lk), dS(t.lk);  // P, P after dropout, the logits' gradient
       Scratch<T> dkey_rows(t.key_embedding ? n * d : 0), dvalue_rows(t.value_embedding ? n * dv : 0);
       Scratch<T> dquery_rows(t.query_embedding ? n * d : 0);
       Scratch<T> dbias(t.distance_bias ? t.lq + t.lk - 1 : 0, T(0));  // gradient of the bias per distance
       for (int64_t i = 0; i < t.lq; ++i) {
         const T lse = p.lse(b, h, i);
         if (lse == -std::numeric_limits<T>::infinity()) continue;  // fully masked: zero gradients
-        // D_i = sum_j P_ij dP_ij = dout_i . out_i
+        // D_i = sum_j P_ij z_ij dP_ij = dout_i . out_i
         T D = 0;
         for (int64_t x = 0; x < dv; ++x) D += p.dout(b, h, i, x) * p.out(b, h, i, x);
         for (int64_t j = 0; j < t.lk; ++j) {
           const int64_t ij = i * t.lk + j;
           if (t.masked[ij]) {
-            P[j] = dS[j] = 0;
+            P[j] = Pd[j] = dS[j] = 0;
             continue;
           }
           P[j] = std::exp(logit(t, scale, i, j) - lse);
+          const T z = dropout_multiplier(p, b, h, i, j);
+          Pd[j] = P[j] * z;
           T dP = 0;  // dout_i . (v_j + rv_ij)
           for (int64_t x = 0; x < dv; ++x) {
             T val = t.v[j * dv + x];
             if (!t.rv.empty()) val += t.rv[ij * dv + x];
             dP += p.dout(b, h, i, x) * val;
           }
-          dS[j] = P[j] * (dP - D);
+          dS[j] = P[j] * (z * dP - D);
         }
         const int64_t r0 = rel(p, i, 0);
         for (int64_t j = 0; j < t.lk; ++j) {
@@ -217,7 +229,7 @@ void backward(const AttentionBackward<T>& p) {
             dk[j * d + x] += ds * t.qc[i * d + x];
           }
           if (!p.dv.empty())
-            for (int64_t x = 0; x < dv; ++x) p.dv(b, h, j, x) += P[j] * p.dout(b, h, i, x);
+            for (int64_t x = 0; x < dv; ++x) p.dv(b, h, j, x) += Pd[j] * p.dout(b, h, i, x);
           if (!t.rk.empty())
             for (int64_t x = 0; x < d; ++x) {
               dqp[i * d + x] += ds * t.rk[ij * d + x];
@@ -229,7 +241,7 @@ void backward(const AttentionBackward<T>& p) {
               dquery_rows[(r - t.rmin) * d + x] += ds * t.k[j * d + x];
             }
           if (!t.rv.empty())
-            for (int64_t x = 0; x < dv; ++x) dvalue_rows[(r - t.rmin) * dv + x] += P[j] * p.dout(b, h, i, x);
+            for (int64_t x = 0; x < dv; ++x) dvalue_rows[(r - t.rmin) * dv + x] += Pd[j] * p.dout(b, h, i, x);
           if (t.distance_bias) dbias[r - t.rmin] += dS[j];
         }
       }

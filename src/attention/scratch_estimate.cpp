@@ -32,6 +32,7 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
   // Relative tensors (Lq, Lk, width) that reference and split materialise.
   const double relative_terms = double(sizes.key_width + sizes.value_width);
   const double pairs = Lq * Lk;
+  const double dropout_pairs = p.dropout.active() ? 2.0 : 0.0;  // the unfused backward's P after dropout, and z
   double elements = 0;  // of compute_t<T>
   double fused_bytes = 0;
   switch (resolve_algorithm(p)) {
@@ -39,7 +40,7 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       elements = pairs * (relative_terms + 8.0);
       break;
     case Algorithm::split:
-      elements = threads * pairs * (relative_terms + 8.0);
+      elements = threads * pairs * (relative_terms + 8.0 + dropout_pairs);
       break;
     case Algorithm::fused: {  // its plan's bytes, of the larger pass
       const fused::FusedPlan plan = fused::plan(p);
@@ -47,7 +48,7 @@ double estimated_scratch_bytes(const AttentionForward<T>& p) {
       break;
     }
     default:  // gather, skew, generalized_skew, relshift: a few (Lq, Lk) matrices and (Lq, 2k+1) buckets
-      elements = threads * (pairs * 8.0 + Lq * table_rows * 2.0 + (Lq + Lk) * (d + dv) * 2.0);
+      elements = threads * (pairs * (8.0 + dropout_pairs) + Lq * table_rows * 2.0 + (Lq + Lk) * (d + dv) * 2.0);
       break;
   }
   // Grouped-query backward: every query head's dk, dv until summed per group.

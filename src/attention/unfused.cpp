@@ -10,6 +10,7 @@
 #include "relpos/gemm.hpp"
 #include "../backend/parallel.hpp"
 #include "../backend/vexp.hpp"
+#include "dropout_rows.hpp"
 #include "grad_partials.hpp"
 #include "tile_products.hpp"
 
@@ -57,7 +58,7 @@ void zero_masked_pairs(const AttentionForward<T>& p, const Head<T>& hd, int64_t 
 template <class T>
 struct ForwardScratch {
   HeadData<T> x;
-  Scratch<T> S, out;
+  Scratch<T> S, out, z;  // z: a row's dropout multipliers
 };
 
 template <class T>
@@ -81,6 +82,14 @@ void forward_head(const AttentionForward<T>& p, RelativeTerm<T>& term, int64_t b
     if (std::isnan(sum)) zero_masked_pairs(p, hd, i, row);
     p.lse(b, h, i) = m + std::log(sum);
   }
+  const DropoutRows<T> dropout(p, b, h);
+  if (dropout.active()) {  // S becomes P z, each row times its multipliers
+    w.z.resize(hd.lk);
+    for (int64_t i = 0; i < hd.lq; ++i) {
+      dropout.fill(i, 0, hd.lk, w.z.data());
+      rows::multiply(&S[i * hd.lk], w.z.data(), &S[i * hd.lk], hd.lk);
+    }
+  }
   w.out.resize(hd.lq * hd.dv);
   tile_times(head_cut(p, hd), hd.lq, hd.dv, hd.lk, T(1), S.data(), x.v.data(), hd.dv, T(0), w.out.data(), hd.dv);
   term.add_values(hd, S.data(), w.out.data());
@@ -93,6 +102,7 @@ template <class T>
 struct BackwardScratch {
   HeadData<T> x;
   Scratch<T> P, dS, dout, dv, dqc, dqp, dk, dbias;
+  Scratch<T> Z, Pz;  // with dropout: the multipliers z and P z, (lq, lk)
 };
 
 // Gradients of one head; positional parameter gradients go to g (this
@@ -101,7 +111,7 @@ template <class T>
 void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const PositionGrads<T>& g, int64_t b,
                    int64_t h, BackwardScratch<T>& w) {
   const T scale = T(effective_scale(p));
-  auto& [x, P, dS, dout, dv, dqc, dqp, dk, dbias] = w;
+  auto& [x, P, dS, dout, dv, dqc, dqp, dk, dbias, Z, Pz] = w;
   load_head(p, b, h, x);
   const Head<T>& hd = x.hd;
   const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dvd = hd.dv;
@@ -114,16 +124,26 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
       exp_shifted_sum(&P[i * lk], lse, &P[i * lk], lk);
     if (std::isnan(lse)) zero_masked_pairs(p, hd, i, &P[i * lk]);
   }
+  // The forward's output took P z (z = 1 without dropout): the values' products take it too.
+  const DropoutRows<T> dropout(p, b, h);
+  const T* kept = P.data();
+  if (dropout.active()) {
+    Z.resize(lq * lk), Pz.resize(lq * lk);
+    for (int64_t i = 0; i < lq; ++i) dropout.fill(i, 0, lk, &Z[i * lk]);
+    rows::multiply(P.data(), Z.data(), Pz.data(), lq * lk);
+    kept = Pz.data();
+  }
   dout.resize(lq * dvd);
   for (int64_t i = 0; i < lq; ++i)
     for (int64_t c = 0; c < dvd; ++c) dout[i * dvd + c] = p.dout(b, h, i, c);
-  // dP = dout (v + rv)^T, then dS = P * (dP - rowsum(dout * out))
+  // dP = dout (v + rv)^T, then dS = P * (z dP - rowsum(dout * out))
   dS.resize(lq * lk);
   gemm<T>(Trans::no, Trans::yes, lq, lk, dvd, T(1), dout.data(), dvd, x.v.data(), dvd, T(0), dS.data(), lk);
-  term.backward_values(hd, P.data(), dout.data(), dS.data());
+  term.backward_values(hd, kept, dout.data(), dS.data());
+  if (dropout.active()) rows::multiply(dS.data(), Z.data(), dS.data(), lq * lk);
   dv.resize(lk * dvd);
   const TileCut cut = head_cut(p, hd);
-  tile_transposed_times(cut, lq, dvd, lk, T(1), P.data(), lk, dout.data(), dvd, T(0), dv.data(), dvd);
+  tile_transposed_times(cut, lq, dvd, lk, T(1), kept, lk, dout.data(), dvd, T(0), dv.data(), dvd);
   for (int64_t i = 0; i < lq; ++i) {
     T D = 0;
     for (int64_t c = 0; c < dvd; ++c) D += dout[i * dvd + c] * p.out(b, h, i, c);

@@ -146,6 +146,21 @@ void check_optional_grad(const char* name, const View<T, N>& g, const std::array
   check_output(name, g, shape, "equal to its parameter's " + shape_str<N>(shape));
 }
 
+// Dropout's probability, and the batch rows and heads its counter word
+// (batch_offset + b) * H + h numbers in 32 bits (relpos/dropout.hpp).
+template <class T>
+void check_dropout(const AttentionForward<T>& p) {
+  const AttentionDropout& d = p.dropout;
+  if (!(d.p >= 0 && d.p < 1))
+    fail("dropout.p: must be in [0, 1) (the probability of dropping an entry), got " + shortest_text(d.p));
+  if (!d.active()) return;
+  const int64_t B = p.q.shape[0], H = p.q.shape[1];
+  if (d.batch_offset < 0 || d.batch_offset > (int64_t(1) << 32) / H - B)
+    fail("dropout.batch_offset: (batch_offset + B) x H must be <= 2^32 (the mask's counter numbers batch rows "
+         "and heads in 32 bits), got batch_offset " + std::to_string(d.batch_offset) + " with B=" +
+         std::to_string(B) + ", H=" + std::to_string(H));
+}
+
 template <class T>
 void check_position(const AttentionForward<T>& p) {
   check_scheme_options(p);
@@ -184,6 +199,7 @@ void validate_forward(const AttentionForward<T>& p) {
   if (p.num_threads < 0 || p.num_threads > kMaxThreads)
     fail("num_threads: must be in [0, " + std::to_string(kMaxThreads) + "] (0 = OpenMP's maximum), got " +
          std::to_string(p.num_threads));
+  check_dropout(p);
   check_position(p);
   check_algorithm(p);
   check_scratch_fits(p);

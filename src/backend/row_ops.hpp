@@ -52,6 +52,16 @@ void scale(T* y, T alpha, int64_t n) {
   }
 }
 
+// out[i] = a[i] * b[i]; out may be a or b
+template <class T>
+void multiply(const T* a, const T* b, T* out, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    return simd::multiply(a, b, out, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+  }
+}
+
 // x[0] + ... + x[n-1], in a fixed order
 template <class T>
 T sum_of(const T* x, int64_t n) {

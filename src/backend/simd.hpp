@@ -15,7 +15,7 @@
 // targets, to test or measure a lesser CPU's path on a better one.
 //
 // The loops live one family per file, gemma.cpp's way: the per-target code
-// in simd_softmax-inl.h, simd_rows-inl.h, simd_convert-inl.h,
+// in simd_softmax-inl.h, simd_rows-inl.h, simd_convert-inl.h, simd_dropout-inl.h,
 // simd_staircase-inl.h and simd_trainer-inl.h, each compiled once per target
 // by its .cpp (for this header's functions) and again by the tests
 // (tests/cpp/backend/simd_test.cpp), which call every target's functions
@@ -69,6 +69,16 @@ void scale(float* y, float alpha, int64_t n);
 float sum_of(const float* x, int64_t n);
 void softmax_grad(const float* p, float* ds, float D, int64_t n);
 void rotate_pairs(float* a, float* b, const float* c, const float* s, float sign, int64_t n);
+// Attention dropout's multipliers of one row (relpos/dropout.hpp's layout):
+// z[jj] = scale where the entry at key position kp0 + jj (mod 2^32) is kept,
+// else 0, for jj < n. The row's Philox key (k0, k1) and counter words c1
+// (query position), c2 (batch row and head), c3 (offset); threshold: the
+// smallest word that keeps. Every target draws the same bits.
+struct DropoutRow {
+  uint32_t k0 = 0, k1 = 0, c1 = 0, c2 = 0, c3 = 0, threshold = 0;
+  float scale = 1;
+};
+void dropout_row(const DropoutRow& r, uint32_t kp0, float* z, int64_t n);
 // y = gelu(x), the erf form, and where slope is given, slope = gelu'(x)
 // (slope may be x: each lane is read before it is written); GELU's backward is
 // then multiply(dy, slope, dx): out = a * b.

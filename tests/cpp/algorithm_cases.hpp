@@ -153,6 +153,23 @@ inline std::vector<Spec> odd_size_cases() {
   return out;
 }
 
+// Dropout on every scheme variant, unmasked and causal with padding, in
+// self-attention, against a KV cache (strided) and with the queries before
+// the keys; on skew's causal self-attention and on Transformer-XL's memory
+// (rel-shift's).
+inline std::vector<Spec> dropout_cases() {
+  std::vector<Spec> out;
+  for (const Spec& variant : scheme_variants())
+    for (const NamedMask& m : {masks()[0], masks()[3]})
+      for (int g = 0; g < 3; ++g) out.push_back(with_dropout(with_mask_and_geometry(variant, m, geometries()[g])));
+  for (const Spec& s : causal_self_cases())
+    if (s.label.rfind("shaw_kv_per_head_zero", 0) == 0 || s.label.rfind("shaw_k_only", 0) == 0)
+      out.push_back(with_dropout(s));
+  for (const Spec& s : xl_memory_cases())
+    if (s.Lq < 97) out.push_back(with_dropout(s));
+  return out;
+}
+
 // ---- groups of cases, one test each -------------------------------------------------
 // ctest runs every test in a process of its own, which costs more than a small
 // case under the sanitizers: the algorithm tests take their cases in groups
@@ -188,14 +205,14 @@ inline std::function<std::string(const Spec&)> label_prefix(const std::string& s
 // Every case, the generator's plus the extra geometries, in groups: the
 // generator's by scheme variant, the causal self-attention cases by Shaw
 // variant, the Transformer-XL memory cases, the L = 97 cases of the other
-// schemes. They run on one thread: an OpenMP region per call costs
-// milliseconds when ctest runs two processes on two cores;
+// schemes, the dropout cases by scheme variant. They run on one thread: an
+// OpenMP region per call costs milliseconds when ctest runs two processes on two cores;
 // attention/algorithms_test.cpp checks the thread count apart.
 inline std::vector<CaseGroup> algorithm_problem_groups() {
   std::vector<CaseGroup> out;
   for (const auto& [cases, suffix] :
        {std::pair{all_cases(), "__generator"}, std::pair{causal_self_cases(), "__causal_self"},
-        std::pair{xl_memory_cases(), ""}, std::pair{odd_size_cases(), ""}})
+        std::pair{xl_memory_cases(), ""}, std::pair{odd_size_cases(), ""}, std::pair{dropout_cases(), "__dropout"}})
     for (CaseGroup& g : group_by(cases, label_prefix(suffix))) {
       for (Spec& s : g.cases) s.num_threads = 1;
       out.push_back(std::move(g));

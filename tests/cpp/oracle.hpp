@@ -1,4 +1,5 @@
-// An independent restatement of docs/design.md section 1 for double problems,
+// An independent restatement of docs/design.md section 1 for double problems
+// (dropout's mask: dropout_oracle.hpp),
 // written from the formulas, not from the library: it shares no code with
 // src/ (no shaw_index, t5_bucket, alibi_slopes, rope_rotate or sinusoid), and
 // computes the softmax directly, one (b, h, i) row at a time.
@@ -9,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "dropout_oracle.hpp"
 #include "problem.hpp"
 
 namespace relpos_test::oracle {
@@ -201,7 +203,8 @@ inline Result attention(Problem<double>& p) {
         for (int64_t x = 0; x < s.dv; ++x) {
           double o = 0;
           for (int64_t j = 0; j < s.Lk; ++j)
-            if (w[j] > 0) o += w[j] / total * (p.v(b, h, j, x) + extra_value(p, h, i, j, x));
+            if (w[j] > 0)
+              o += w[j] / total * dropout_factor(s, b, h, i, j) * (p.v(b, h, j, x) + extra_value(p, h, i, j, x));
           res.out.push_back(o);
         }
       }

@@ -71,6 +71,8 @@ struct Spec {
   int64_t deberta_position_buckets = 4, deberta_max_relative_positions = 8;
   bool deberta_c2p = true, deberta_p2c = true, deberta_per_head = false;
   uint64_t seed = 1;
+  // Attention dropout (relpos/dropout.hpp); p = 0: none.
+  relpos::AttentionDropout dropout;
   // How the library computes it (every algorithm must give the reference's
   // result, with any number of threads; 0 = OpenMP's maximum).
   relpos::Algorithm algorithm = relpos::Algorithm::automatic;
@@ -305,6 +307,7 @@ class Problem {
     pos.kerple_power = {kerple_power_r1.cview(), kerple_power_r2.cview()};
     pos.deberta = {spec.deberta_position_buckets, spec.deberta_max_relative_positions, deberta_c2p.cview(),
                    deberta_p2c.cview()};
+    a.dropout = spec.dropout;
     a.algorithm = spec.algorithm;
     a.num_threads = spec.num_threads;
     return a;
@@ -512,6 +515,13 @@ inline Spec with_mask_and_geometry(Spec s, const NamedMask& m, const Geometry& g
   s.mask = m.kind;
   g.apply(s);
   s.label += std::string("__") + m.name + "__" + g.name;
+  return s;
+}
+
+// Attention dropout (p = 0.3 unless given; a seed and offset of its own) added to a case.
+inline Spec with_dropout(Spec s, double p = 0.3) {
+  s.dropout = {p, 0x9e3779b97f4a7c15ull ^ s.seed, 12345, 0};
+  s.label += "__dropout";
   return s;
 }
 

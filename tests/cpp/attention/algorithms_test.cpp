@@ -194,11 +194,14 @@ TEST(AvailableAlgorithms, RefuseAnInvalidCall) {
 // Heads run in parallel: with 2 and 4 threads every served algorithm gives
 // the single-threaded result, for every scheme variant over B x H = 6 heads
 // (4 threads: an uneven split), causal with key padding (skew and rel-shift
-// serve it). One head split over its query tiles: fused_multi_tile_test.cpp.
+// serve it), without and with dropout. One head split over its query tiles:
+// fused_multi_tile_test.cpp.
 TEST(EveryAlgorithmThreaded, ThreadCountDoesNotChangeTheResult) {
   std::vector<Spec> cases;
-  for (const Spec& variant : scheme_variants())
+  for (const Spec& variant : scheme_variants()) {
     cases.push_back(with_mask_and_geometry(variant, masks()[3], geometries()[0]));
+    cases.push_back(with_dropout(cases.back()));
+  }
   for (const Spec& c : cases) {
     for (Algorithm a : every_algorithm()) {
       if (!serves(a, c)) continue;

@@ -42,11 +42,16 @@ Spec multi_tile(Spec s) {
   return s;
 }
 
+// Every variant x mask x geometry, and with dropout under two masks on the
+// strided geometry with offsets.
 std::vector<Spec> multi_tile_cases() {
   std::vector<Spec> out;
-  for (const Spec& variant : scheme_variants())
+  for (const Spec& variant : scheme_variants()) {
     for (const NamedMask& m : masks())
       for (const Geometry& g : multi_tile_geometries()) out.push_back(with_mask_and_geometry(multi_tile(variant), m, g));
+    for (const NamedMask& m : {masks()[0], masks()[3]})
+      out.push_back(with_dropout(with_mask_and_geometry(multi_tile(variant), m, multi_tile_geometries()[1])));
+  }
   return out;
 }
 

@@ -1,12 +1,14 @@
 // Grouped-query attention in the C++ API: k and v with Hkv heads equal, in
 // double, multi-head attention on k and v repeated per query head, with dk and
-// dv the sums of that call's gradients over each group (multi-head attention
+// dv the sums of that call's gradients over each group, with dropout too (its
+// mask is keyed by the query head) (multi-head attention
 // is checked against the oracle everywhere else). Sizes span several tiles; the
 // Python suite checks every scheme and algorithm against the torch oracle.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "relpos/attention.hpp"
@@ -29,9 +31,10 @@ struct Result {
   std::vector<double> out, dq, dk, dv;
 };
 
-// Forward and backward with k, v of `hkv` heads; dout fixed.
+// Forward and backward with k, v of `hkv` heads, dropout at probability
+// `dropout` (its mask keyed by query head); dout fixed.
 Result run(Algorithm algorithm, Scheme scheme, int64_t hkv, const std::vector<double>& q, const std::vector<double>& k,
-           const std::vector<double>& v, int threads) {
+           const std::vector<double>& v, int threads, double dropout) {
   Result r{std::vector<double>(B * H * L * D), std::vector<double>(B * H * L * D, 0.0),
            std::vector<double>(B * hkv * L * D, 0.0), std::vector<double>(B * hkv * L * D, 0.0)};
   std::vector<double> lse(B * H * L);
@@ -44,6 +47,7 @@ Result run(Algorithm algorithm, Scheme scheme, int64_t hkv, const std::vector<do
   p.lse = View3<double>::contiguous(lse.data(), {B, H, L});
   p.causal = true;
   p.pos.scheme = scheme;
+  p.dropout = {dropout, 0xabcdef, 3, 0};
   p.algorithm = algorithm;
   p.num_threads = threads;
   attention_forward<double>(p);
@@ -88,17 +92,17 @@ TEST(GroupedQueryAttention, EqualsMultiHeadAttentionOnRepeatedKeys) {
     const int64_t group = H / hkv;
     for (Scheme scheme : {Scheme::none, Scheme::alibi})
       for (Algorithm algorithm : {Algorithm::reference, Algorithm::gather, Algorithm::fused})
-        for (int threads : {1, 2}) {
+        for (auto [threads, dropout] : {std::pair{1, 0.0}, {2, 0.0}, {2, 0.2}}) {
           SCOPED_TRACE(std::string(to_string(scheme)) + " " + to_string(algorithm) + " Hkv=" + std::to_string(hkv) +
-                       " threads=" + std::to_string(threads));
-          const Result grouped = run(algorithm, scheme, hkv, q, k, v, threads);
-          const Result full =
-              run(algorithm, scheme, H, q, repeat_heads(k, hkv, group), repeat_heads(v, hkv, group), threads);
+                       " threads=" + std::to_string(threads) + " dropout=" + std::to_string(dropout));
+          const Result grouped = run(algorithm, scheme, hkv, q, k, v, threads, dropout);
+          const Result full = run(algorithm, scheme, H, q, repeat_heads(k, hkv, group), repeat_heads(v, hkv, group),
+                                  threads, dropout);
           expect_near(grouped.out, full.out, "out");
           expect_near(grouped.dq, full.dq, "dq");
           expect_near(grouped.dk, sum_groups(full.dk, hkv, group), "dk");
           expect_near(grouped.dv, sum_groups(full.dv, hkv, group), "dv");
-          const Result again = run(algorithm, scheme, hkv, q, k, v, threads);
+          const Result again = run(algorithm, scheme, hkv, q, k, v, threads, dropout);
           EXPECT_EQ(again.dk, grouped.dk) << "a second run differs";
         }
   }

@@ -220,22 +220,25 @@ template <class H>
   return error_rule_holds<H>(h, s, e, spec.B * spec.H);
 }
 
-// Every scheme variant under every mask, on every algorithm that serves it.
+// Every scheme variant under every mask and with dropout, on every algorithm that serves it.
 std::vector<Spec> half_cases() {
   std::vector<Spec> out;
   for (const Spec& variant : scheme_variants())
-    for (const NamedMask& m : masks())
+    for (int m = 0; m <= int(masks().size()); ++m)  // the last: causal with padding, dropout
       for (Algorithm a : every_algorithm()) {
         Spec s = variant;
-        s.mask = m.kind;
-        s.label += std::string("__") + m.name;
+        const NamedMask& mask = masks()[std::min<std::size_t>(m, masks().size() - 1)];
+        s.mask = mask.kind;
+        s.label += std::string("__") + mask.name;
+        if (m == int(masks().size())) s = with_dropout(s);
         if (a != Algorithm::automatic && serves(a, s)) out.push_back(with_algorithm(s, a));
       }
   for (Spec s : xl_memory_cases()) out.push_back(with_algorithm(s, Algorithm::fused));
   return out;
 }
 
-// The fused kernel over several tiles each way, strided layouts and offsets.
+// The fused kernel over several tiles each way, strided layouts and offsets;
+// causal with dropout too.
 std::vector<Spec> half_multi_tile_cases() {
   std::vector<Spec> out;
   for (const Spec& variant : scheme_variants())
@@ -246,6 +249,7 @@ std::vector<Spec> half_multi_tile_cases() {
       s.mask = m.kind;
       s.label += std::string("__") + m.name + "__cross_200x330";
       out.push_back(s);
+      if (m.kind == MaskKind::causal) out.push_back(with_dropout(s));
     }
   return out;
 }
@@ -284,29 +288,31 @@ INSTANTIATE_TEST_SUITE_P(TwoThreads, HalfStorageTwoThreads, ::testing::ValuesIn(
 // reference runs on chunks, the fused kernel reads rows itself): the
 // parameter gradients accumulate over chunks in float32 and the rule holds.
 TEST(HalfStorageChunks, SeveralChunksMeetTheErrorRule) {
-  for (Scheme scheme : {Scheme::shaw, Scheme::t5, Scheme::xl, Scheme::kerple}) {
-    Spec spec;
-    spec.scheme = scheme, spec.B = 3, spec.Lq = spec.Lk = 9, spec.mask = MaskKind::causal_padding;
-    spec.algorithm = relpos::Algorithm::reference;
-    spec.label = relpos::to_string(scheme);
-    SameInputs<bfloat16> p(spec);
-    Problem<bfloat16>& half = p.half;
-    half.forward();  // validated and run in one chunk
-    const std::vector<double> one_chunk = half.out.values();
-    relpos::half_storage::forward(half.forward_args(), /*budget=*/1.0);
-    EXPECT_EQ(half.out.values(), one_chunk) << spec.label << ": out depends on the chunking";
-    half.fill_grads(bfloat16(0.0f));
-    relpos::half_storage::backward(half.backward_args(), 1.0);
-    Outcome h = {{"out", half.out.values()}, {"lse", half.lse.values()}};
-    for (Param<bfloat16>& param : half.params()) {
-      std::vector<double> g;
-      for (bfloat16* e : param.grad) g.push_back(double(float(*e)));
-      h.push_back({"d" + param.name, g});
+  for (Scheme scheme : {Scheme::shaw, Scheme::t5, Scheme::xl, Scheme::kerple})
+    for (double dropout : {0.0, 0.3}) {  // dropout: each chunk draws its batch rows' mask
+      Spec spec;
+      spec.scheme = scheme, spec.B = 3, spec.Lq = spec.Lk = 9, spec.mask = MaskKind::causal_padding;
+      spec.algorithm = relpos::Algorithm::reference;
+      spec.label = relpos::to_string(scheme);
+      if (dropout > 0) spec = with_dropout(spec, dropout);
+      SameInputs<bfloat16> p(spec);
+      Problem<bfloat16>& half = p.half;
+      half.forward();  // validated and run in one chunk
+      const std::vector<double> one_chunk = half.out.values();
+      relpos::half_storage::forward(half.forward_args(), /*budget=*/1.0);
+      EXPECT_EQ(half.out.values(), one_chunk) << spec.label << ": out depends on the chunking";
+      half.fill_grads(bfloat16(0.0f));
+      relpos::half_storage::backward(half.backward_args(), 1.0);
+      Outcome h = {{"out", half.out.values()}, {"lse", half.lse.values()}};
+      for (Param<bfloat16>& param : half.params()) {
+        std::vector<double> g;
+        for (bfloat16* e : param.grad) g.push_back(double(float(*e)));
+        h.push_back({"d" + param.name, g});
+      }
+      EXPECT_TRUE(error_rule_holds<bfloat16>(h, run_with_stored_out<bfloat16>(p.single),
+                                             run_forward_backward(p.exact), spec.B * spec.H))
+          << spec.label;
     }
-    EXPECT_TRUE(error_rule_holds<bfloat16>(h, run_with_stored_out<bfloat16>(p.single),
-                                           run_forward_backward(p.exact), spec.B * spec.H))
-        << spec.label;
-  }
 }
 
 // Gradients are added into what the caller's buffers hold, rounded once.

@@ -183,6 +183,23 @@ TEST(ScratchMemory, FusedAllocatesItsPlan) {
     expect_plan_is_what_fused_allocates<float>(s);
     expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
   }
+  // Dropout's multipliers: a tile row's in the forward, a tile's z and P z in the backward.
+  for (const Kind& kind : kinds)
+    for (MaskKind mask : {MaskKind::none, MaskKind::causal})
+      for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{300, 300}, {1, 700}})
+        for (int threads : {1, 2}) {
+          Spec s;
+          s.scheme = kind.scheme, s.shaw_tables = kind.tables, s.mask = mask;
+          s.B = 1, s.H = 2, s.Lq = lq, s.Lk = lk, s.d = s.dv = 64, s.num_threads = threads, s.q_offset = lk - lq;
+          s.shaw_k = 16, s.xl_pos_dim = 64, s.t5_num_buckets = 32, s.t5_max_distance = 128;
+          s.deberta_position_buckets = 64, s.deberta_max_relative_positions = 256;
+          s.label = std::string(kind.name) + " mask " + std::to_string(int(mask)) + " Lq=" + std::to_string(lq) +
+                    " threads=" + std::to_string(threads);
+          s = with_dropout(s);
+          expect_plan_is_what_fused_allocates<float>(s);
+          expect_plan_is_what_fused_allocates<double>(s);
+          expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
+        }
 }
 
 }  // namespace
