@@ -140,6 +140,9 @@ void fill_forward(const nb::dict& a, AttentionForward<T>& p) {
   if (has(a, "scale")) p.scale = option<double>(a, "scale", 0.0);
   p.algorithm = parse_algorithm(option<std::string>(a, "algorithm", "auto"));
   p.num_threads = option<int>(a, "threads", 0);
+  p.dropout.p = option<double>(a, "dropout_p", 0.0);
+  p.dropout.seed = option<uint64_t>(a, "dropout_seed", 0);
+  p.dropout.offset = option<uint32_t>(a, "dropout_offset", 0);
 
   PositionParams<T>& pos = p.pos;
   pos.scheme = parse_scheme(option<std::string>(a, "scheme", "none"));
@@ -300,6 +303,21 @@ NB_MODULE(_relpos, m) {
       nb::arg("array"),
       "(address, shape, strides in elements) of an array as the core receives it: lets tests check that "
       "NumPy arrays and torch tensors reach the core in place, not copied.");
+  m.def(
+      "dropout_mask",
+      [](uint64_t seed, uint32_t offset, double p, int64_t q_offset, int64_t k_offset, OutArray keep) {
+        if (keep.ndim() != 4 || keep.dtype() != nb::dtype<uint8_t>() || keep.stride(3) != 1 ||
+            keep.stride(2) != int64_t(keep.shape(3)) || keep.stride(1) != int64_t(keep.shape(2) * keep.shape(3)) ||
+            keep.stride(0) != int64_t(keep.shape(1) * keep.shape(2) * keep.shape(3)))
+          fail("dropout_mask: expected a contiguous uint8 array (B, H, Lq, Lk)");
+        uint8_t* out = static_cast<uint8_t*>(keep.data());
+        const AttentionDropout d{p, seed, offset, 0};
+        const int64_t B = keep.shape(0), H = keep.shape(1), Lq = keep.shape(2), Lk = keep.shape(3);
+        nb::gil_scoped_release release;
+        dropout_mask(d, B, H, Lq, Lk, q_offset, k_offset, out);
+      },
+      nb::arg("seed"), nb::arg("offset"), nb::arg("p"), nb::arg("q_offset"), nb::arg("k_offset"), nb::arg("keep"),
+      "Fill keep (B, H, Lq, Lk) uint8 with 1 where the dropout mask keeps an entry.");
   m.def("alibi_slopes", &alibi_slopes, nb::arg("num_heads"), "ALiBi head slopes of the paper, any head count.");
   m.def(
       "build_info",

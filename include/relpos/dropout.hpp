@@ -74,4 +74,12 @@ inline bool dropout_keeps(const AttentionDropout& d, int64_t heads, int64_t b, i
 // type rounds it once).
 inline double dropout_scale(const AttentionDropout& d) { return 1.0 / (1.0 - d.p); }
 
+// The mask of a call of B batch rows, H query heads, Lq queries from position
+// q_offset and Lk keys from k_offset: keep[((b * H + h) * Lq + i) * Lk + j] =
+// 1 where entry (b, h, i, j) is kept, else 0 (the kernels' bits, drawn as they
+// draw them). For tests and debugging: no call stores it. Throws
+// std::invalid_argument for a p outside [0, 1) or a negative size.
+void dropout_mask(const AttentionDropout& d, int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t q_offset,
+                  int64_t k_offset, uint8_t* keep);
+
 }  // namespace relpos

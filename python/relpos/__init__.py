@@ -63,6 +63,7 @@ __all__ = [
     "heads_first",
     "resolve_q_offset",
     "available_algorithms",
+    "dropout_mask",
     "info",
 ]
 
@@ -93,6 +94,9 @@ def forward(
     algorithm: str = "auto",
     threads: Optional[int] = None,
     layout: str = "bhld",
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+    dropout_offset: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attention with a relative position scheme.
 
@@ -118,9 +122,16 @@ def forward(
     backward's summation order of shared parameter gradients (and of dq, when
     a head's keys are split over threads) does, so a run repeats its bits for
     a given thread count.
+
+    ``dropout_p`` in [0, 1) drops attention probabilities after the softmax, each kept
+    one scaled by ``1 / (1 - dropout_p)`` (``lse`` stays the softmax's); entry
+    ``(b, h, i, j)`` is kept by a pure function of ``dropout_seed`` (64 bits),
+    ``dropout_offset`` (32 bits), b, h and the query and key positions
+    (``dropout_mask`` returns it): ``backward`` with the same three draws the same
+    mask, as does every algorithm, thread count, CPU and relpos.gpu.
     """
     args = _calls.call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads,
-                            layout)
+                            layout, dropout_p, dropout_seed, dropout_offset)
     zero_length = _calls.zero_length(args)
     out = _calls.forward_outputs(args, layout, zero=zero_length)
     if zero_length:  # rows that see no key: output 0, lse -inf (nothing at all without queries)
@@ -171,10 +182,14 @@ def backward(
     algorithm: str = "auto",
     threads: Optional[int] = None,
     layout: str = "bhld",
+    dropout_p: float = 0.0,
+    dropout_seed: int = 0,
+    dropout_offset: int = 0,
     add_into: Optional[dict] = None,
 ) -> dict[str, np.ndarray]:
     """Gradients of ``sum(dout * out)`` given ``forward``'s ``out`` and ``lse``
-    (options as in ``forward``; with ``layout="blhd"`` out, dout and the
+    (options as in ``forward``, dropout's included: the forward's mask is drawn again;
+    with ``layout="blhd"`` out, dout and the
     gradients of q, k, v are ``(B, L, H, d)`` too). ``add_into`` maps some of the
     names below to arrays of the gradients' kind, dtype and shape (views welcome):
     those gradients are added into them, in place, instead of into new zeros.
@@ -186,13 +201,43 @@ def backward(
     ``"deberta_c2p"``, ``"deberta_p2c"`` (the tables given); each gradient has its parameter's shape.
     """
     args = _calls.call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads,
-                            layout)
+                            layout, dropout_p, dropout_seed, dropout_offset)
     grads = _calls.backward_arrays(args, out, lse, dout, scheme, {} if add_into is None else add_into, layout)
     if _calls.zero_length(args):  # no term of sum(dout * out) depends on anything: every gradient is zero
         _calls.check_zero_length(args, _relpos.backward)
     else:
         _relpos.backward(_calls.core_args(args))
     return grads
+
+
+def dropout_mask(seed: int, offset: int, B: int, H: int, Lq: int, Lk: int, p: float, q_offset: int = 0,
+                 k_offset: int = 0) -> np.ndarray:
+    """The attention dropout mask of a call (``forward``'s ``dropout_seed``, ``dropout_offset``
+    and ``dropout_p``; B batch rows, H query heads, Lq queries from position ``q_offset``,
+    Lk keys from ``k_offset``): a bool array ``(B, H, Lq, Lk)``, True where an entry is
+    kept. Entries are keyed by their batch row, head and global positions, so a window of
+    queries or keys (a decode step, a key chunk of ring attention) draws that window of a
+    larger call's mask. The kernels never store it; this draws it as they do, for tests
+    and debugging. The counter layout: docs/design.md, "Attention dropout"."""
+    sizes = {name: integer(x, name) for name, x in (("B", B), ("H", H), ("Lq", Lq), ("Lk", Lk))}
+    for name, n in sizes.items():
+        if n < 0:
+            raise ValueError(f"relpos: {name}: must be >= 0, got {n}")
+    if sizes["B"] * sizes["H"] >= 2**32:
+        raise ValueError("relpos: B x H must be below 2^32 (the mask's counter numbers batch rows and heads "
+                         "in 32 bits)")
+    args = _calls.dropout_args(p, seed, offset)
+    q_offset, k_offset = integer(q_offset, "q_offset"), integer(k_offset, "k_offset")
+    for name, x in (("q_offset", q_offset), ("k_offset", k_offset)):
+        if not 0 <= x <= 2**40:
+            raise ValueError(f"relpos: {name}: must be in [0, 2^40], got {x}")
+    keep = np.empty((sizes["B"], sizes["H"], sizes["Lq"], sizes["Lk"]), dtype=np.uint8)
+    if not args:  # p = 0
+        keep[...] = 1
+    elif keep.size:
+        _relpos.dropout_mask(args["dropout_seed"], args["dropout_offset"], args["dropout_p"], q_offset, k_offset,
+                             keep)
+    return keep.view(np.bool_)
 
 
 def info() -> dict:

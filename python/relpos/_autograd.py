@@ -5,7 +5,7 @@ registered operators (``traced``): their Python dispatch costs host time that a 
 feels (on the CPU, 7-17 of a small decode step's 75 us and about 150 us of a small
 forward+backward, docs/torch.md; on a GPU 0.4-0.7 ms per forward, more than its kernel at
 L = 2048, docs/benchmarks.md), so eager calls run the operators' bodies through a
-``torch.autograd.Function`` instead."""
+``torch.autograd.Function`` instead. And how both draw attention dropout's seed and offset."""
 from __future__ import annotations
 
 import torch
@@ -39,3 +39,20 @@ def no_double_backward(ctx, *grads):
 
 def setup_nothing(ctx, inputs, output):
     """The backward operator's setup_context: no_double_backward needs nothing saved."""
+
+
+def draw_dropout_rng(device, generator=None) -> Tensor:
+    """Attention dropout's ``[seed, offset]`` for one call of relpos.torch or relpos.gpu: an int64
+    tensor of two elements on ``device``, drawn by ``torch.randint`` from ``generator`` (torch's
+    default generator of that device when None), so that ``torch.manual_seed`` repeats a run,
+    the draw stays on the device (no host synchronisation, nothing host-side for CUDA graphs) and
+    torch.compile traces it as a random op of its own. The kernels take the seed as the 64-bit
+    word the int64 holds and the offset as its low 32 bits (docs/design.md, "Attention dropout")."""
+    return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=device, generator=generator)
+
+
+def dropout_seed_offset(rng: Tensor) -> tuple[int, int]:
+    """``(seed, offset)`` as relpos.forward takes them, from a ``draw_dropout_rng`` tensor (read on
+    the host: the C++ kernels' calls, on CPU tensors)."""
+    seed, offset = (int(x) for x in rng.tolist())
+    return seed % 2**64, offset % 2**32

@@ -215,10 +215,31 @@ def resolve_q_offset(q_offset, Lq: int, Lk: int, k_offset: int) -> int:
     return integer(q_offset, "q_offset")
 
 
+def dropout_args(dropout_p, dropout_seed, dropout_offset) -> dict:
+    """A call's dropout options, checked by name, as the core reads them (none where
+    ``dropout_p`` is 0: the call's exact path). The seed is a 64-bit word (a negative
+    int64, as a torch int64 tensor holds one, is taken as its two's complement), the
+    offset a 32-bit one."""
+    p = number(dropout_p, "dropout_p")
+    if not 0 <= p < 1:
+        raise ValueError(f"relpos: dropout_p: must be in [0, 1) (the probability of dropping an attention "
+                         f"probability), got {dropout_p!r}")
+    if isinstance(dropout_seed, (bool, np.bool_)) or not isinstance(dropout_seed, (int, np.integer)) \
+            or not -(2**63) <= int(dropout_seed) < 2**64:
+        raise ValueError(f"relpos: dropout_seed: expected an integer in [0, 2^64) (or a negative int64), "
+                         f"got {dropout_seed!r}")
+    offset = integer(dropout_offset, "dropout_offset")
+    if not 0 <= offset < 2**32:
+        raise ValueError(f"relpos: dropout_offset: must be in [0, 2^32), got {dropout_offset!r}")
+    if p == 0:
+        return {}
+    return {"dropout_p": p, "dropout_seed": int(dropout_seed) % 2**64, "dropout_offset": offset}
+
+
 def call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads=None,
-              layout="bhld") -> dict:
+              layout="bhld", dropout_p=0.0, dropout_seed=0, dropout_offset=0) -> dict:
     """The inputs and options every entry shares, checked and named as the core reads
-    them: q, k, v seen heads-first, the scheme's options and tables."""
+    them: q, k, v seen heads-first, the scheme's options and tables, dropout's options."""
     scheme = record_of(scheme)
     args: dict[str, Any] = {"q": core_array(q, "q"), "k": core_array(k, "k"), "v": core_array(v, "v")}
     for name in ("q", "k", "v"):
@@ -232,6 +253,7 @@ def call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, a
         args["scale"] = number(scale, "scale")
     if threads is not None:
         args["threads"] = check_threads(threads)
+    args.update(dropout_args(dropout_p, dropout_seed, dropout_offset))
     if key_padding is not None:
         kp = _torch_in_place(key_padding, "key_padding") if is_torch(key_padding) else np.asarray(key_padding)
         args["key_padding"] = kp if is_torch(kp) else _whole_items(kp, "key_padding")

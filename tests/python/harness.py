@@ -4,7 +4,8 @@ A problem is described by a ``Case`` (shapes, masks, offsets, scheme options).
 ``make_problem`` draws its inputs and parameters in float64 with a seeded RNG;
 ``run_relpos`` runs ``relpos.forward`` / ``relpos.backward`` in the requested
 dtype; ``run_oracle`` runs ``torch_oracle.attention`` in float64 on the very
-same values (float32 inputs upcast exactly) and takes gradients with autograd.
+same values (float32 inputs upcast exactly), with a dropout case's explicit mask
+(relpos.dropout_mask), and takes gradients with autograd.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class Case:
     q_offset: int = 0
     k_offset: int = 0
     scale: Optional[float] = None
+    dropout_p: float = 0.0  # attention dropout; its seed and offset derive from the case's id
     opts: dict = field(default_factory=dict)
 
     @property
@@ -49,6 +51,13 @@ class Case:
 
     def replace(self, **kw) -> "Case":
         return dataclasses.replace(self, **kw)
+
+    def dropout_kwargs(self) -> dict:
+        """relpos.forward's dropout options of the case (none without dropout)."""
+        if not self.dropout_p:
+            return {}
+        return dict(dropout_p=self.dropout_p, dropout_seed=self.seed * 0x9E3779B97F4A7C15 % 2**64,
+                    dropout_offset=self.seed % 977)
 
 
 @dataclass
@@ -92,7 +101,15 @@ class Problem:
     def call_kwargs(self) -> dict:
         c = self.case
         return dict(causal=c.causal, key_padding=self.key_padding, q_offset=c.q_offset,
-                    k_offset=c.k_offset, scale=c.scale)
+                    k_offset=c.k_offset, scale=c.scale, **c.dropout_kwargs())
+
+    def dropout_mask(self) -> Optional[np.ndarray]:
+        """The case's dropout mask (B, H, Lq, Lk) from relpos.dropout_mask, None without dropout."""
+        c, kw = self.case, self.case.dropout_kwargs()
+        if not kw:
+            return None
+        return relpos.dropout_mask(kw["dropout_seed"], kw["dropout_offset"], c.B, c.H, c.Lq, c.Lk, c.dropout_p,
+                                   q_offset=c.q_offset, k_offset=c.k_offset)
 
 
 def make_problem(case: Case) -> Problem:
@@ -176,8 +193,11 @@ def run_oracle(pb: Problem, dtype=np.float64) -> dict:
     params = {n: leaf(x) for n, x in pb.params.items()}
     c = pb.case
     kp = None if pb.key_padding is None else torch.tensor(pb.key_padding != 0)
+    mask = pb.dropout_mask()
     out, lse = torch_oracle.attention(q, k, v, c.scheme, oracle_options(c), params, causal=c.causal,
-                                      key_padding=kp, q_offset=c.q_offset, k_offset=c.k_offset, scale=c.scale)
+                                      key_padding=kp, q_offset=c.q_offset, k_offset=c.k_offset, scale=c.scale,
+                                      dropout_mask=None if mask is None else torch.tensor(mask),
+                                      dropout_p=c.dropout_p)
     dout = torch.tensor(pb.dout.astype(dtype).astype(np.float64))
     leaves = [q, k, v, *params.values()]
     grads = torch.autograd.grad(out, leaves, grad_outputs=dout, allow_unused=True)

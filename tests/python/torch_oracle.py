@@ -7,9 +7,11 @@ meant to run in float64 and serve as the oracle of the Python tests.
 
     r(i, j)      = (k_offset + j) - (q_offset + i)
     logits(i, j) = scale * (q_i . k_j + score terms) + bias terms   (masked: -inf)
-    out_i        = sum_j softmax_j(logits)(i, j) * (v_j + value terms)
+    out_i        = sum_j softmax_j(logits)(i, j) * z(i, j) * (v_j + value terms)
     lse_i        = log sum_j exp(logits(i, j))                      (-inf if all masked)
 
+z is attention dropout's multiplier, keep / (1 - p), from an explicit mask
+(``dropout_mask``: relpos.dropout_mask's, or ``philox_keep`` below), 1 without.
 A row whose keys are all masked outputs 0 and passes back zero gradient.
 """
 from __future__ import annotations
@@ -157,6 +159,8 @@ def attention(
     q_offset: int = 0,
     k_offset: int = 0,
     scale: Optional[float] = None,
+    dropout_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out (B, H, Lq, dv), lse (B, H, Lq)).
 
@@ -176,6 +180,8 @@ def attention(
              buckets or, without buckets, max_relative_positions; the default scale
              1 / sqrt(d (1 + number of tables)) (DeBERTa's disentangled attention)
     key_padding: bool (B, Lk), True = padded.
+    dropout_mask: bool (B, H, Lq, Lk), True = kept; the probabilities after the softmax are
+    multiplied by it and divided by 1 - dropout_p (lse stays the softmax's).
     """
     opts, params = opts or {}, params or {}
     B, H, Lq, d = q.shape
@@ -274,9 +280,53 @@ def attention(
     e = torch.exp(masked_logits - row_max)
     total = e.sum(-1, keepdim=True)
     probs = e / torch.where(total > 0, total, torch.ones_like(total))
+    if dropout_mask is not None:
+        probs = probs * dropout_mask.to(probs.dtype) / (1.0 - dropout_p)
 
     out = probs @ v
     if value_table is not None:
         out = out + torch.einsum("bhij,hijd->bhid", probs, value_table)
     lse = (total.detach().log() + row_max).squeeze(-1)
     return out, lse
+
+
+# ---------------------------------------------------------------------------
+# Attention dropout's mask, from docs/design.md's counter layout.
+# ---------------------------------------------------------------------------
+
+
+def philox4x32_10(counter, key):
+    """Philox 4x32-10 (Salmon et al. 2011) on uint64 NumPy arrays holding 32-bit words:
+    counter a tuple of four arrays, key a pair of ints; the key bumped before every
+    round but the first."""
+    import numpy as np
+
+    mask = np.uint64(0xFFFFFFFF)
+    c0, c1, c2, c3 = (np.asarray(c, dtype=np.uint64) & mask for c in counter)
+    k0, k1 = np.uint64(key[0]), np.uint64(key[1])
+    for round in range(10):
+        if round:
+            k0, k1 = (k0 + np.uint64(0x9E3779B9)) & mask, (k1 + np.uint64(0xBB67AE85)) & mask
+        a, b = np.uint64(0xD2511F53) * c0, np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = (b >> np.uint64(32)) ^ c1 ^ k0, b & mask, (a >> np.uint64(32)) ^ c3 ^ k1, a & mask
+    return c0, c1, c2, c3
+
+
+def philox_keep(seed: int, offset: int, B: int, H: int, Lq: int, Lk: int, p: float, q_offset: int = 0,
+                k_offset: int = 0):
+    """The keep mask (B, H, Lq, Lk) of the layout: counter (kp // 64 * 16 + kp % 16, qp, b H + h,
+    offset), word kp // 16 % 4, key (seed low, seed high), kept where the word >= floor(p 2^32);
+    positions mod 2^32."""
+    import numpy as np
+
+    kp = (np.arange(Lk, dtype=np.uint64) + np.uint64(k_offset)) % np.uint64(2**32)
+    qp = (np.arange(Lq, dtype=np.uint64) + np.uint64(q_offset)) % np.uint64(2**32)
+    bh = np.arange(B * H, dtype=np.uint64).reshape(B, H, 1, 1)
+    shape = (B, H, Lq, Lk)
+    counter = (np.broadcast_to(kp // np.uint64(64) * np.uint64(16) + kp % np.uint64(16), shape),
+               np.broadcast_to(qp[:, None], shape), np.broadcast_to(bh, shape),
+               np.full(shape, offset, dtype=np.uint64))
+    words = philox4x32_10(counter, (seed % 2**32, (seed >> 32) % 2**32))
+    word = np.broadcast_to((kp // np.uint64(16)) % np.uint64(4), shape)
+    picked = np.choose(word.astype(np.int64), words)
+    return picked >= np.uint64(int(p * 2**32))
