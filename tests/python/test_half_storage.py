@@ -30,6 +30,10 @@ CASES = [
          opts={"position_buckets": 4, "max_relative_positions": 6, "per_head": True}),
     Case("t5_multi_tile", "t5", B=1, H=1, Lq=150, Lk=300, q_offset=150, causal=True, d=8,
          opts={"num_buckets": 32, "max_distance": 200}),
+    # attention dropout: the float32 and half calls draw one mask, the oracle applies it explicitly
+    Case("shaw_kv_dropout", "shaw", causal=True, padding="random", opts={"k": 3}, dropout_p=0.3),
+    Case("deberta_multi_tile_dropout", "deberta", B=1, H=1, Lq=150, Lk=150, d=8, dropout_p=0.2,
+         opts={"position_buckets": 16, "max_relative_positions": 64}),
 ]
 
 
