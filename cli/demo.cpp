@@ -165,10 +165,10 @@ int run_demo(int argc, char** argv, int first) {
   const train::Split split = train::split_corpus(corpus.bytes);
   for (const nn::ModelConfig& config : configs) check_evaluation_fits(split.validation.size(), eval, config);
   std::printf("relpos demo: train at length %lld, evaluate at %s x; %lld layers, width %lld, %lld heads; %lld steps "
-              "of batch %lld; %s\ndata: %s (%zu training, %zu validation bytes)\n",
+              "of batch %lld, %s; %s\ndata: %s (%zu training, %zu validation bytes)\n",
               (long long)model.length, joined_list(eval.multiples).c_str(), (long long)model.layers,
               (long long)model.width, (long long)model.heads, (long long)train_config.steps,
-              (long long)train_config.batch,
+              (long long)train_config.batch, attention_dropout_text(train_config.attention_dropout).c_str(),
               precision_text(training.dtype, train_config.precision).c_str(), corpus.source.c_str(),
               split.train.size(), split.validation.size());
   std::printf("%zu models, %d at a time with %d thread%s each\n", kinds.size(), workers, threads_each,
@@ -263,7 +263,7 @@ int run_demo(int argc, char** argv, int first) {
                {"length", model.length}, {"layers", model.layers}, {"width", model.width}, {"heads", model.heads},
                {"ffn", model.ffn}, {"steps", train_config.steps}, {"batch", train_config.batch},
                {"lr", train_config.lr}, {"seed", training.seed}, {"dtype", nn::to_string(train_config.precision)},
-               {"workers", workers},
+               {"attention_dropout", train_config.attention_dropout}, {"workers", workers},
                {"threads_per_worker", threads_each}, {"seconds", seconds}, {"schemes", Json::array()}};
   for (const SchemeResult& r : results)
     json["schemes"].push_back({{"position", r.kind}, {"parameters", r.parameters},

@@ -1,6 +1,7 @@
 #include "model_options.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <stdexcept>
 
 #include "../src/schemes/registry.hpp"
@@ -83,6 +84,7 @@ TrainOptions TrainOptions::from_config(const train::TrainConfig& c) {
   o.lr = c.lr, o.min_lr_ratio = c.min_lr_ratio, o.weight_decay = c.weight_decay, o.clip = c.clip;
   o.dtype = nn::to_string(c.precision);
   o.xl_memory = c.xl_memory;
+  o.attention_dropout = c.attention_dropout;
   return o;
 }
 
@@ -99,6 +101,9 @@ void TrainOptions::add_to(Options& o) {
   o.add_int("--threads", &threads, "threads (0 = all cores)", 0, kMaxThreads);
   o.add_int("--xl-memory", &xl_memory, "Transformer-XL: keys of memory carried from batch to batch (0 = --length)", 0,
             train::kMaxXlMemory);
+  o.add_probability("--attention-dropout", &attention_dropout,
+                    "probability of dropping each attention weight in training steps (not in evaluation or "
+                    "sampling); the masks follow --seed and the step, so --resume continues exactly");
   o.add_string("--dtype", &dtype,
                "float32; bf16: mixed precision (GEMM and attention operands rounded to bfloat16, float32 "
                "accumulation, weights, optimizer state and checkpoints); auto: bf16 where the CPU multiplies "
@@ -116,6 +121,7 @@ train::TrainConfig TrainOptions::config() const {
   c.clip = clip;
   c.seed = uint64_t(seed);
   c.xl_memory = xl_memory;
+  c.attention_dropout = attention_dropout;
   try {
     // auto: bfloat16 only where it is faster; elsewhere its operands are
     // rounded in float32 buffers and the GEMMs are float32's (docs/trainer.md).
@@ -130,6 +136,13 @@ train::TrainConfig TrainOptions::config() const {
     throw UsageError{e.what()};
   }
   return c;
+}
+
+std::string attention_dropout_text(double p) {
+  if (p == 0) return "no attention dropout";
+  char text[48];
+  std::snprintf(text, sizeof text, "attention dropout %g", p);
+  return text;
 }
 
 void check_training_fits(const std::vector<nn::ModelConfig>& models, const train::TrainConfig& training,

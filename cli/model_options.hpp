@@ -45,13 +45,17 @@ void add_positions_option(Options& options, std::string* target, const std::stri
 struct TrainOptions {
   int64_t steps = 1000, batch = 16, warmup = 100, seed = 1;
   int threads = 0, xl_memory = 0;
-  double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0;
+  double lr = 3e-3, min_lr_ratio = 0.1, weight_decay = 0.1, clip = 1.0, attention_dropout = 0;
   std::string dtype = "float32";
 
   void add_to(Options& options);
   train::TrainConfig config() const;
   static TrainOptions from_config(const train::TrainConfig& c);
 };
+
+// How a header names a run's attention dropout: "attention dropout 0.1", or
+// "no attention dropout".
+std::string attention_dropout_text(double p);
 
 // Refuses (check_fits_memory, naming the options) training `side_by_side`
 // models of the largest of `models` at once with `training`'s batches.

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 namespace relpos::cli {
 
@@ -20,6 +21,18 @@ Int parse_decimal(const std::string& text, const std::string& option, Int lo, In
   const auto [stop, error] = std::from_chars(text.data(), end, value, 10);
   if (text.empty() || error != std::errc() || stop != end || value < lo || value > hi)
     throw UsageError{option + ": expected " + expected + ", got '" + text + "'"};
+  return value;
+}
+
+// The whole of `text` as a finite double, or nothing. chars_format::general:
+// decimal digits with an optional fraction and exponent; no hexadecimal, no
+// '+', no spaces. inf and nan are read, then refused as not finite; a number
+// beyond double is out of range.
+std::optional<double> parse_finite(const std::string& text) {
+  double value = 0;
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value, std::chars_format::general);
+  if (text.empty() || error != std::errc() || stop != end || !std::isfinite(value)) return std::nullopt;
   return value;
 }
 
@@ -119,16 +132,19 @@ void Options::add_double(const std::string& name, double* target, const std::str
     std::snprintf(bounds, sizeof bounds, "a finite decimal number");
   const std::string expected = bounds;
   add_parsed(*app_, name, help, "NUMBER", CLI::detail::to_string(*target), [=](const std::string& text) {
-    // chars_format::general: decimal digits with an optional fraction and
-    // exponent; no hexadecimal, no '+', no spaces. inf and nan are read, then
-    // refused as not finite; a number beyond double is out of range.
-    double value = 0;
-    const char* end = text.data() + text.size();
-    const auto [stop, error] = std::from_chars(text.data(), end, value, std::chars_format::general);
-    if (text.empty() || error != std::errc() || stop != end || !std::isfinite(value) || value < min_value ||
-        value > max_value)
+    const std::optional<double> value = parse_finite(text);
+    if (!value || *value < min_value || *value > max_value)
       throw UsageError{name + ": expected " + expected + ", got '" + text + "'"};
-    *target = value;
+    *target = *value;
+  });
+}
+
+void Options::add_probability(const std::string& name, double* target, const std::string& help) {
+  add_parsed(*app_, name, help, "NUMBER in [0, 1)", CLI::detail::to_string(*target), [=](const std::string& text) {
+    const std::optional<double> value = parse_finite(text);
+    if (!value || !(*value >= 0 && *value < 1))
+      throw UsageError{name + ": expected a finite decimal number in [0, 1), got '" + text + "'"};
+    *target = *value;
   });
 }
 

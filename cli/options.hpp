@@ -54,6 +54,8 @@ class Options {
   void add_double(const std::string& name, double* target, const std::string& help,
                   double min_value = -std::numeric_limits<double>::max(),
                   double max_value = std::numeric_limits<double>::max());
+  // A probability that may be 0 but not 1: a finite decimal number in [0, 1).
+  void add_probability(const std::string& name, double* target, const std::string& help);
   void add_string(const std::string& name, std::string* target, const std::string& help);
   // The same, also under `old_name`, an earlier spelling that keeps working:
   // hidden from --help, it sets `target` and prints one line on stderr

@@ -113,9 +113,10 @@ int run_train(int argc, char** argv, int first) {
   trainer.set_threads(cmd.training.threads);
   if (cmd.resume) trainer.resume(stored);
   const int64_t params = int64_t(trainer.model().parameters().size());
-  std::fprintf(stderr, "relpos train: %s, %d layers, width %d, %d heads, %lld parameters; length %d, batch %lld; %s\n",
+  std::fprintf(stderr, "relpos train: %s, %d layers, width %d, %d heads, %lld parameters; length %d, batch %lld; %s; %s\n",
                kind.c_str(), model_config.layers, model_config.width, model_config.heads, (long long)params,
-               model_config.context, (long long)train_config.batch, nn::to_string(train_config.precision));
+               model_config.context, (long long)train_config.batch, nn::to_string(train_config.precision),
+               attention_dropout_text(train_config.attention_dropout).c_str());
   std::fprintf(stderr, "data: %s (%zu training, %zu validation bytes)\n", corpus.source.c_str(), split.train.size(),
                split.validation.size());
   const int64_t first_step = trainer.steps_taken();
@@ -151,7 +152,7 @@ int run_train(int argc, char** argv, int first) {
   Json json = {{"position", kind.c_str()}, {"parameters", params}, {"data", corpus.source},
                {"train_bytes", split.train.size()}, {"validation_bytes", split.validation.size()},
                {"length", model_config.context}, {"batch", train_config.batch}, {"steps", train_config.steps},
-               {"dtype", nn::to_string(train_config.precision)},
+               {"dtype", nn::to_string(train_config.precision)}, {"attention_dropout", train_config.attention_dropout},
                {"first_step", first_step}, {"last_step", trainer.steps_taken()}, {"seconds", seconds},
                {"checkpoint", cmd.checkpoint_path}};
   if (StopOnSignal::requested()) {

@@ -49,6 +49,14 @@ quiet .venv/bin/relpos train "${tiny[@]}" --steps 20 --stop-after 10
 quiet .venv/bin/relpos train "${tiny[@]}" --steps 20 --resume --json "$smoke/train.json"
 .venv/bin/python -c "import json, sys; w, r = (json.load(open(f'$smoke/{n}.json'))['losses'] for n in ('whole', 'train'))
 sys.exit(0 if len(r) == 10 and w[10:] == r else f'resumed losses {r} differ from {w[10:]}')"
+# the same with attention dropout: each step's masks come from the step, so a resumed run draws them again
+quiet .venv/bin/relpos train "${tiny[@]}" --attention-dropout 0.1 --steps 12 --json "$smoke/whole_d.json" \
+  --checkpoint "$smoke/whole_d.ckpt"
+quiet .venv/bin/relpos train "${tiny[@]}" --attention-dropout 0.1 --steps 12 --stop-after 6 --checkpoint "$smoke/d.ckpt"
+quiet .venv/bin/relpos train "${tiny[@]}" --attention-dropout 0.1 --steps 12 --resume --checkpoint "$smoke/d.ckpt" \
+  --json "$smoke/train_d.json"
+.venv/bin/python -c "import json, sys; w, r = (json.load(open(f'$smoke/{n}.json'))['losses'] for n in ('whole_d', 'train_d'))
+sys.exit(0 if len(r) == 6 and w[6:] == r else f'resumed losses with dropout {r} differ from {w[6:]}')"
 quiet .venv/bin/relpos eval --checkpoint "$smoke/xl.ckpt" --multiples 1,2 --threads 1 --json "$smoke/eval.json"
 quiet .venv/bin/relpos sample --checkpoint "$smoke/xl.ckpt" --length 20 --threads 1
 quiet .venv/bin/relpos demo --data "$smoke/data.txt" --positions alibi,learned --length 8 --layers 1 --width 16 \

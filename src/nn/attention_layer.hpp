@@ -57,6 +57,7 @@ struct AttentionLayerArgs {
   T* lse = nullptr;                      // (batch, heads, length)
   int64_t q_offset = 0, k_offset = 0;    // absolute positions of the first query and key
   PositionParams<T> pos;
+  AttentionDropout dropout;  // training only; the backward draws the forward's mask again from it
   int threads = 1;
 
   AttentionForward<T> forward_params() const {
@@ -71,6 +72,7 @@ struct AttentionLayerArgs {
     p.q_offset = q_offset;
     p.k_offset = k_offset;
     p.pos = pos;
+    p.dropout = dropout;
     // 1 / sqrt(d) for every position kind (the model's T5 layers included,
     // whose checkpoints were trained with it), not the T5 scheme's default 1.
     p.scale = 1.0 / std::sqrt(double(s.head_dim));

@@ -33,6 +33,7 @@
 #include "model_state.hpp"
 #include "relpos/attention.hpp"
 #include "relpos/position.hpp"
+#include "training_dropout.hpp"
 
 namespace relpos::nn {
 
@@ -44,15 +45,17 @@ class MicroBatchPass {
   int threads = 1;            // for its GEMMs' caller, attention and elementwise layers
   T* gradients = nullptr;     // where backward() adds the parameter gradients
 
-  // Activations of tokens (batch, length) at row stride token_stride after
-  // the cache's positions (rows cache_row.. of the cache's batch); logits
-  // last. `backward`: also plan its scratch.
+  // Activations of tokens (batch, length) at row stride token_stride, rows
+  // first_row.. of the call's batch (and of the cache's), after the cache's
+  // positions; logits last. `backward`: also plan its scratch. `dropout`:
+  // the call's attention dropout, the backward drawing the same masks.
   template <class Cache>
   void forward(const uint8_t* tokens, int64_t token_stride, int batch, int length, const Cache* cache,
-               int cache_row, bool backward) {
+               int first_row, bool backward, const TrainingDropout& dropout = {}) {
     shape_ = {batch, length, cache ? cache->length : 0, m_.config.heads, head_dim()};
     first_position_ = cache ? cache->position : 0;
-    cache_row_ = cache_row;
+    first_row_ = first_row;
+    dropout_ = dropout;
     act_.plan(shape_, m_.config.layers, m_.config.ffn, kVocabulary, backward, m_.bf16(), m_.narrow_operands(), buffer_,
               narrow_buffer_);
     const int64_t n = int64_t(batch) * length, w = m_.config.width, f = m_.config.ffn, nt = threads;
@@ -169,7 +172,7 @@ class MicroBatchPass {
       const View4<const T> v = qkv_part<const T>(act_.layers[l].qkv, shape_, 2);
       for (int64_t b = 0; b < shape_.batch; ++b)
         for (int64_t h = 0; h < shape_.heads; ++h) {
-          const int64_t slice = (cache_row_ + b) * shape_.heads + h;
+          const int64_t slice = (first_row_ + b) * shape_.heads + h;
           T* keys = cache.keys[l].data() + slice * cap * dh;
           T* values = cache.values[l].data() + slice * cap * dh;
           std::copy(keys + drop_old * dh, keys + cache.length * dh, keys);
@@ -230,7 +233,7 @@ class MicroBatchPass {
     LayerActivations<T>& a = act_.layers[l];
     const int64_t rows = shape_.memory * shape_.head_dim, bh = shape_.batch * shape_.heads;
     const int64_t cap = int64_t(cache.capacity) * shape_.head_dim, keys = shape_.keys() * shape_.head_dim;
-    const int64_t first = int64_t(cache_row_) * shape_.heads;
+    const int64_t first = int64_t(first_row_) * shape_.heads;
     for (int64_t i = 0; i < bh; ++i) {
       std::copy_n(cache.keys[l].data() + (first + i) * cap, rows, a.keys + i * keys);
       std::copy_n(cache.values[l].data() + (first + i) * cap, rows, a.values + i * keys);
@@ -262,6 +265,7 @@ class MicroBatchPass {
     a.q_offset = first_position_;
     a.k_offset = first_position_ - shape_.memory;
     a.pos = m_.position_params(l);
+    a.dropout = layer_dropout(dropout_, m_.config.layers, l, first_row_);
     a.threads = threads;
     return a;
   }
@@ -305,7 +309,8 @@ class MicroBatchPass {
   std::vector<bfloat16> narrow_buffer_;  // act_'s bfloat16 fields' storage
   AttentionShape shape_;
   int64_t first_position_ = 0;
-  int cache_row_ = 0;
+  int first_row_ = 0;
+  TrainingDropout dropout_;
   std::vector<uint8_t> targets_;
 };
 

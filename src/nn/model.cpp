@@ -42,12 +42,13 @@ std::span<float> Model::gradients() { return impl_->model.gradients(); }
 const std::vector<ParameterInfo>& Model::parameter_table() const { return impl_->model.layout().table; }
 void Model::zero_gradients() { std::fill(impl_->model.gradients().begin(), impl_->model.gradients().end(), 0.0f); }
 
-float Model::forward_backward(std::span<const uint8_t> tokens, int batch, int length, KVCache* memory) {
+float Model::forward_backward(std::span<const uint8_t> tokens, int batch, int length, KVCache* memory,
+                              const TrainingDropout& dropout) {
   check_dims(batch, length, "length");
   check_span("tokens", tokens.size(), int64_t(batch) * (length + 1));
   impl_->model.num_threads = num_threads;
   impl_->model.precision = precision;
-  return static_cast<float>(impl_->model.loss(tokens.data(), batch, length, memory, 0, true));
+  return static_cast<float>(impl_->model.loss(tokens.data(), batch, length, memory, 0, true, dropout));
 }
 
 float Model::loss(std::span<const uint8_t> tokens, int batch, int length, KVCache* memory, int first_scored) {

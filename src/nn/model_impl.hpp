@@ -40,6 +40,7 @@
 #include "micro_batch_pass.hpp"
 #include "model_state.hpp"
 #include "relpos/attention.hpp"
+#include "training_dropout.hpp"
 
 namespace relpos::nn {
 
@@ -90,12 +91,16 @@ class ModelImpl {
 
   // tokens (batch, length + 1): mean cross-entropy of tokens[:, first_scored + 1:]
   // given the preceding ones. With `backward`, gradients are added into
-  // gradients(). `memory` gets this segment's keys and values.
+  // gradients(). `memory` gets this segment's keys and values. `dropout`:
+  // the attention dropout of a training step (the public Model takes it in
+  // forward_backward only; the tests differentiate the loss with it).
   template <class Cache>
-  double loss(const uint8_t* tokens, int batch, int length, Cache* memory, int first_scored, bool backward) {
+  double loss(const uint8_t* tokens, int batch, int length, Cache* memory, int first_scored, bool backward,
+              const TrainingDropout& dropout = {}) {
     check_tokens(batch, length, "length");
     if (first_scored < 0 || first_scored >= length)
       throw std::invalid_argument("first_scored: must lie in [0, length), got " + std::to_string(first_scored));
+    check_training_dropout(dropout);
     if (micro_batch_tokens < 1)
       throw std::invalid_argument("micro_batch_tokens: must be >= 1, got " + std::to_string(micro_batch_tokens));
     if (memory) check_cache(*memory, batch, length);
@@ -114,7 +119,7 @@ class ModelImpl {
       const int rows = first_rows[i + 1] - first_rows[i];
       const uint8_t* own = tokens + int64_t(first_rows[i]) * (length + 1);
       if (backward) pass.gradients = i == 0 ? grads_.data() : partial_gradients(i - 1);
-      pass.forward(own, length + 1, rows, length, memory, first_rows[i], backward);
+      pass.forward(own, length + 1, rows, length, memory, first_rows[i], backward, dropout);
       losses[i] = pass.loss(own, weight, first_scored);
       if (backward) pass.backward();
       if (memory) pass.write_to_cache(*memory);

@@ -2,8 +2,8 @@
 
 #include "relpos/attention.hpp"
 
+#include <charconv>
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -12,10 +12,11 @@ namespace relpos::train {
 
 namespace {
 
+// The shortest text that reads back as v: exact, and a resume refused for a
+// difference names 0.1, not 0.10000000000000001.
 std::string number_text(double v) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);  // round-trips exactly
-  return buf;
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
 }
 
 std::map<std::string, std::string> parse_lines(const std::string& text, const char* what) {
@@ -63,6 +64,8 @@ void TrainConfig::validate() const {
   need(beta2 >= 0 && beta2 < 1, "beta2", "must be in [0, 1)");
   need(clip >= 0 && std::isfinite(clip), "clip", "must be >= 0");
   need(xl_memory >= 0 && xl_memory <= kMaxXlMemory, "xl_memory", "must be in [0, " + std::to_string(kMaxXlMemory) + "]");
+  need(attention_dropout >= 0 && attention_dropout < 1, "attention_dropout",
+       "must be in [0, 1), got " + number_text(attention_dropout));
 }
 
 std::string TrainConfig::to_text() const {
@@ -71,7 +74,8 @@ std::string TrainConfig::to_text() const {
     << "\nmin_lr_ratio=" << number_text(min_lr_ratio) << "\nwarmup=" << warmup
     << "\nweight_decay=" << number_text(weight_decay) << "\nbeta1=" << number_text(beta1)
     << "\nbeta2=" << number_text(beta2) << "\nclip=" << number_text(clip) << "\nseed=" << seed
-    << "\nprecision=" << nn::to_string(precision) << "\nxl_memory=" << xl_memory << "\n";
+    << "\nprecision=" << nn::to_string(precision) << "\nxl_memory=" << xl_memory
+    << "\nattention_dropout=" << number_text(attention_dropout) << "\n";
   return o.str();
 }
 
@@ -90,6 +94,7 @@ TrainConfig TrainConfig::from_text(const std::string& text) {
     else if (key == "seed") c.seed = parse_number<uint64_t>(key, value);
     else if (key == "precision") c.precision = parse_precision_value(value);
     else if (key == "xl_memory") c.xl_memory = parse_number<int>(key, value);
+    else if (key == "attention_dropout") c.attention_dropout = parse_number<double>(key, value);
     else throw std::invalid_argument("training config: unknown key '" + key + "'");
   }
   c.validate();
@@ -146,7 +151,8 @@ float Trainer::step() {
   const std::string at_step = " at step " + std::to_string(step_ + 1) + " (try a lower --lr)";
   float loss = 0;
   try {
-    loss = model_.forward_backward(tokens_, int(config_.batch), length(), uses_memory() ? &memory_ : nullptr);
+    loss = model_.forward_backward(tokens_, int(config_.batch), length(), uses_memory() ? &memory_ : nullptr,
+                                   {config_.attention_dropout, config_.seed, step_});
   } catch (const ScoresOverflow& e) {  // a diverging run's activations, before its loss is computed
     throw std::runtime_error("the run diverged" + at_step + ": " + e.what());
   }

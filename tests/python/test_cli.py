@@ -45,6 +45,9 @@ def data(tmp_path):
     (["bench", "memory", "--budget-gb", "-1"], "--budget-gb"),
     (["bench", "memory", "--budget-gb", "nan"], "--budget-gb"),
     (["train", "--lr", "inf"], "--lr"),
+    (["train", "--attention-dropout", "1"], "--attention-dropout"),
+    (["train", "--attention-dropout", "-0.1"], "--attention-dropout"),
+    (["demo", "--attention-dropout", "nan"], "--attention-dropout"),
     (["demo", "--steps", "0"], "--steps"),
     (["train", "--positions", "bogus"], "--positions"),
     (["demo", "--positions", "alibi,bogus"], "--positions"),
@@ -144,6 +147,26 @@ def test_dtype_auto_trains_in_bf16_exactly_where_the_cpu_multiplies_bfloat16(dat
     assert json.loads(out.read_text())["dtype"] == ("bfloat16" if native else "float32")
     r = run("train", "--data", data, *TINY, "--dtype", "bf32", "--checkpoint", tmp_path / "b.ckpt")
     assert r.returncode == 2 and "--dtype: expected float32, bf16 (bfloat16) or auto, got 'bf32'" in r.stderr
+
+
+def test_attention_dropout_is_recorded_and_a_stopped_run_resumes_exactly(data, tmp_path):
+    """--attention-dropout: in the header, the JSON and the checkpoint; steps 4-6 after a
+    stop at 3 have the losses of one run of 6; a resume must ask for the same p."""
+    whole, part, ckpt = tmp_path / "whole.json", tmp_path / "part.json", tmp_path / "d.ckpt"
+    args = ["train", "--data", data, *TINY, "--steps", "6", "--attention-dropout", "0.1"]
+    r = run(*args, "--checkpoint", tmp_path / "whole.ckpt", "--json", whole)
+    assert r.returncode == 0 and "attention dropout 0.1" in r.stderr, r.stderr
+    assert json.loads(whole.read_text())["attention_dropout"] == 0.1
+    assert run(*args, "--checkpoint", ckpt, "--stop-after", "3").returncode == 0
+    r = run("train", "--checkpoint", ckpt, "--resume", "--json", part)  # p from the checkpoint
+    assert r.returncode == 0 and "attention dropout 0.1" in r.stderr, r.stderr
+    assert json.loads(part.read_text())["losses"] == json.loads(whole.read_text())["losses"][3:]
+    r = run("train", "--checkpoint", ckpt, "--resume", "--steps", "8", "--attention-dropout", "0.2")
+    assert r.returncode == 1 and "attention_dropout: 0.1 in the checkpoint, 0.2 requested" in r.stderr, r.stderr
+    r = run("train", "--data", data, *TINY, "--steps", "6", "--checkpoint", tmp_path / "plain.ckpt",
+            "--json", tmp_path / "plain.json")
+    assert r.returncode == 0 and "no attention dropout" in r.stderr, r.stderr
+    assert json.loads((tmp_path / "plain.json").read_text())["losses"] != json.loads(whole.read_text())["losses"]
 
 
 def test_sigint_writes_the_checkpoint_and_json_and_a_resume_finishes(data, tmp_path):

@@ -78,6 +78,19 @@ struct ModelConfig : SchemeModelConfig {
   static ModelConfig from_text(const std::string& text);  // throws on unknown keys or bad values
 };
 
+// Attention dropout in one training call (docs/trainer.md, "Attention
+// dropout"): every attention layer drops each probability with chance p
+// (inverted dropout, relpos/dropout.hpp, drawn again by the backward, never
+// stored). The masks are a pure function of (seed, step, layer, the row in
+// the call's batch): a run's calls draw distinct masks, a resumed run the
+// same ones, and the split into micro-batches changes none of them
+// (src/nn/training_dropout.hpp derives the attention API's seed and offset).
+struct TrainingDropout {
+  double p = 0;       // in [0, 1); 0: no dropout (the call's exact path)
+  uint64_t seed = 0;  // the run's
+  int64_t step = 0;   // >= 0; each step its own masks
+};
+
 struct ParameterInfo {
   std::string name;            // e.g. "layer1.attn.qkv.weight"
   int64_t offset = 0, size = 0; // in floats, into parameters()/gradients()
@@ -118,10 +131,13 @@ class Model {
   // tokens[:, :-1]; returns the mean cross-entropy in nats per predicted byte.
   // `memory` (Transformer-XL, may be null) supplies earlier keys/values and is
   // updated with this segment's, keeping the most recent `capacity` positions.
-  float forward_backward(std::span<const uint8_t> tokens, int batch, int length, KVCache* memory = nullptr);
-  // The same loss without gradients. `first_scored` skips the first positions
-  // of every row from the mean (sliding-window evaluation scores only the
-  // tail); it must lie in [0, length). `memory` is used and updated as above.
+  // `dropout`: the training step's attention dropout (none by default).
+  float forward_backward(std::span<const uint8_t> tokens, int batch, int length, KVCache* memory = nullptr,
+                         const TrainingDropout& dropout = {});
+  // The same loss without gradients and without dropout (evaluation).
+  // `first_scored` skips the first positions of every row from the mean
+  // (sliding-window evaluation scores only the tail); it must lie in
+  // [0, length). `memory` is used and updated as above.
   float loss(std::span<const uint8_t> tokens, int batch, int length, KVCache* memory = nullptr,
              int first_scored = 0);
 

@@ -35,6 +35,12 @@ struct TrainConfig {
   // context). A setting of the run, not of the model: evaluation and sampling
   // choose their own. Other schemes carry no memory and ignore it.
   int xl_memory = 0;
+  // Attention dropout, in [0, 1): the probability that a training step drops
+  // an attention weight (nn::TrainingDropout: masks keyed by `seed` and the
+  // step, so a resumed run draws the same ones). Evaluation, sampling and the
+  // validation score never drop. A setting of the run, like xl_memory; a
+  // checkpoint without it trained without dropout.
+  double attention_dropout = 0;
 
   void validate() const;        // throws std::invalid_argument naming the field
   std::string to_text() const;  // "key=value" lines; round-trips through from_text
@@ -53,8 +59,9 @@ class Trainer {
   Trainer(const nn::ModelConfig& model, const TrainConfig& config, std::span<const uint8_t> train_data,
           std::string data_source = "");
 
-  // One optimizer step; returns the batch's loss (nats per byte) before the
-  // update. Throws std::runtime_error if the loss is not finite.
+  // One optimizer step; returns the batch's loss (nats per byte, with the
+  // step's attention dropout) before the update. Throws std::runtime_error if
+  // the loss is not finite.
   float step();
   bool done() const { return step_ >= config_.steps; }
   int64_t steps_taken() const { return step_; }

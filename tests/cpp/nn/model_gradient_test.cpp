@@ -102,6 +102,27 @@ TEST_P(NnModelGradient, WithMemoryMatchesCentralDifferences) {
       second, GetParam() + " with memory");
 }
 
+// With attention dropout: the mask is fixed by the seed and step, so the loss
+// is a smooth function of the parameters whose gradient the backward (drawing
+// the forward's mask again) must give; with a memory in front, whose keys the
+// mask covers too.
+TEST_P(NnModelGradient, WithAttentionDropoutMatchesCentralDifferences) {
+  ModelImpl<double> m(tiny_config(GetParam()));
+  perturb(m, 5);
+  const int batch = 2, length = 4;
+  const std::vector<uint8_t> first = random_tokens(batch * (length + 1), 6), second = random_tokens(batch * (length + 1), 7);
+  const TrainingDropout dropout{0.3, 17, 4};
+  KVCacheOf<double> memory = m.make_cache<KVCacheOf<double>>(batch, 3);
+  m.loss(first.data(), batch, length, &memory, 0, false);
+  const auto loss = [&](bool backward, const TrainingDropout& d) {
+    KVCacheOf<double> copy = memory;
+    return m.loss(second.data(), batch, length, &copy, 0, backward, d);
+  };
+  ASSERT_NE(loss(false, dropout), loss(false, {})) << "the mask must drop something";
+  expect_model_gradients(
+      m, [&](bool backward) { return loss(backward, dropout); }, second, GetParam() + " with attention dropout");
+}
+
 INSTANTIATE_TEST_SUITE_P(AllPositionKinds, NnModelGradient,
                          ::testing::ValuesIn(all_position_kinds()),
                          [](const auto& info) { return info.param; });
