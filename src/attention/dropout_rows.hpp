@@ -38,18 +38,29 @@ class DropoutRows {
   T scale() const { return scale_; }
 
   // z[jj] = the multiplier of (query i, key j0 + jj), jj < n.
-  void fill(int64_t i, int64_t j0, int64_t n, T* z) const {
+  void fill(int64_t i, int64_t j0, int64_t n, T* z) const { apply(i, j0, n, nullptr, nullptr, z); }
+
+  // out[jj] = x[jj] times the multiplier of (query i, key j0 + jj) (out may
+  // be x), and z[jj] = the multiplier where z is not null; jj < n.
+  void apply(int64_t i, int64_t j0, int64_t n, const T* x, T* out, T* z) const {
     simd::DropoutRow r = row_;
     r.c1 = uint32_t(q_offset_ + i);
     const uint32_t kp0 = uint32_t(k_offset_ + j0);
     if constexpr (std::is_same_v<T, float>) {
-      simd::dropout_row(r, kp0, z, n);
+      if (out)
+        simd::dropout_times(r, kp0, x, out, z, n);
+      else
+        simd::dropout_row(r, kp0, z, n);
     } else {
       float bits[256];  // 0 / 1, then scaled in T
       for (int64_t done = 0; done < n; done += 256) {
         const int64_t count = std::min<int64_t>(256, n - done);
         simd::dropout_row(r, kp0 + uint32_t(done), bits, count);
-        for (int64_t jj = 0; jj < count; ++jj) z[done + jj] = T(bits[jj]) * scale_;
+        for (int64_t jj = done; jj < done + count; ++jj) {
+          const T multiplier = T(bits[jj - done]) * scale_;
+          if (z) z[jj] = multiplier;
+          if (out) out[jj] = x[jj] * multiplier;
+        }
       }
     }
   }

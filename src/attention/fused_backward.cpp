@@ -185,9 +185,8 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         T* kept_row = kept + ii * bk;
         if (dropout.active()) {
           T* z = w.Z.data() + ii * bk;
-          dropout.fill(i0 + ii, j0, computed, z);
+          dropout.apply(i0 + ii, j0, computed, row, kept_row, z);
           std::fill(z + computed, z + bk, T(0));  // a fully masked row's too: dS reads them below
-          rows::multiply(row, z, kept_row, computed);
           std::fill(kept_row + computed, kept_row + bk, T(0));
         }
         if constexpr (F::value_table)

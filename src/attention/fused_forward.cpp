@@ -17,7 +17,7 @@ using tiles::forward_key_block;
 template <class T>
 struct ForwardScratch {
   HeadContext<T> head;
-  Scratch<T> S, O, Rq, Pb, transposed, diagonals, z;
+  Scratch<T> S, O, Rq, Pb, transposed, diagonals;
   OnlineSoftmax<T> softmax;
   KeyBand<T> band;
   SplitTile split;  // P, where split_row splits it
@@ -25,7 +25,7 @@ struct ForwardScratch {
   void allocate(const ForwardPlan& plan, const AttentionForward<T>& p) {
     head.allocate(plan.head, p);
     for (auto [buffer, size] : {std::pair{&S, plan.S}, {&O, plan.O}, {&Rq, plan.Rq}, {&Pb, plan.Pb},
-                                {&transposed, plan.transposed}, {&diagonals, plan.diagonals}, {&z, plan.z}})
+                                {&transposed, plan.transposed}, {&diagonals, plan.diagonals}})
       buffer->reserve(size);
     softmax.reserve(plan.softmax_rows);
     band.reserve(plan.band);
@@ -49,7 +49,6 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
   const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(f, bq), keys);
   w.S.resize(bq * block);
   const DropoutRows<T> dropout(p, b, h);
-  if (dropout.active()) w.z.resize(block);
   if (F::band && keys) w.band.reset(hd, c.E, F::causal, i0, bq, 0, keys, w.transposed);
   for (int64_t j0 = 0; j0 < keys; j0 += block) {
     const Tile t{i0, bq, j0, std::min(block, keys - j0)};
@@ -68,10 +67,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
         if constexpr (F::value_table) rows::scale(&w.Pb[ii * c.nb], step.rescale, c.nb);
       }
       const bool dropped = dropout.active() && step.visible;  // P z from here on; the sums above are P's
-      if (dropped) {
-        dropout.fill(i0 + ii, j0, computed, w.z.data());
-        rows::multiply(row, w.z.data(), row, computed);
-      }
+      if (dropped) dropout.apply(i0 + ii, j0, computed, row, row, nullptr);
       if (F::value_table && step.visible)
         buckets.add_bucket_sums(&w.Pb[ii * c.nb], c.k, c.clip, row, dropped ? buckets.sums_of(row) : step.sums);
       if (c.stored.split) split_row(w.split, ii, row);

@@ -144,7 +144,6 @@ ForwardPlan forward_plan(const AttentionForward<S>& p, const tiles::ForwardTiles
     const int64_t bq = std::min(f.rows, hd.lq - i0), keys = visited_keys(p, hd, i0, bq);
     const int64_t block = std::min(tiles::forward_key_block(f, bq), keys);
     w.S = std::max(w.S, bq * block);
-    if (p.dropout.active()) w.z = std::max(w.z, block);
     w.transposed = std::max(w.transposed, staircase_of_tiles(p, hd, i0, bq, 0, keys, block, hd.d));  // q k^T
     if (t.band && keys) plan_band(p, hd, i0, bq, 0, keys, w.band, w.transposed);
     if (t.c2p || t.p2c)  // add_indexed_picks: two blocks by distance and by query

@@ -45,13 +45,12 @@ struct HeadPlan {
 struct ForwardPlan {
   HeadPlan head;
   int64_t S = 0, O = 0, Rq = 0, Pb = 0, transposed = 0, diagonals = 0;
-  int64_t z = 0;             // a tile row's dropout multipliers
   int64_t softmax_rows = 0;  // the online softmax's running maximum and sum, each
   int64_t band = 0;          // a key band's scores
   int64_t split = 0;         // P's bfloat16 parts, where the head splits it
 
   int64_t elements() const {
-    return head.elements() + S + O + Rq + Pb + transposed + diagonals + z + 2 * softmax_rows + band;
+    return head.elements() + S + O + Rq + Pb + transposed + diagonals + 2 * softmax_rows + band;
   }
 };
 

@@ -58,7 +58,7 @@ void zero_masked_pairs(const AttentionForward<T>& p, const Head<T>& hd, int64_t 
 template <class T>
 struct ForwardScratch {
   HeadData<T> x;
-  Scratch<T> S, out, z;  // z: a row's dropout multipliers
+  Scratch<T> S, out;
 };
 
 template <class T>
@@ -83,13 +83,8 @@ void forward_head(const AttentionForward<T>& p, RelativeTerm<T>& term, int64_t b
     p.lse(b, h, i) = m + std::log(sum);
   }
   const DropoutRows<T> dropout(p, b, h);
-  if (dropout.active()) {  // S becomes P z, each row times its multipliers
-    w.z.resize(hd.lk);
-    for (int64_t i = 0; i < hd.lq; ++i) {
-      dropout.fill(i, 0, hd.lk, w.z.data());
-      rows::multiply(&S[i * hd.lk], w.z.data(), &S[i * hd.lk], hd.lk);
-    }
-  }
+  if (dropout.active())  // S becomes P z, each row times its multipliers
+    for (int64_t i = 0; i < hd.lq; ++i) dropout.apply(i, 0, hd.lk, &S[i * hd.lk], &S[i * hd.lk], nullptr);
   w.out.resize(hd.lq * hd.dv);
   tile_times(head_cut(p, hd), hd.lq, hd.dv, hd.lk, T(1), S.data(), x.v.data(), hd.dv, T(0), w.out.data(), hd.dv);
   term.add_values(hd, S.data(), w.out.data());
@@ -129,8 +124,7 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
   const T* kept = P.data();
   if (dropout.active()) {
     Z.resize(lq * lk), Pz.resize(lq * lk);
-    for (int64_t i = 0; i < lq; ++i) dropout.fill(i, 0, lk, &Z[i * lk]);
-    rows::multiply(P.data(), Z.data(), Pz.data(), lq * lk);
+    for (int64_t i = 0; i < lq; ++i) dropout.apply(i, 0, lk, &P[i * lk], &Pz[i * lk], &Z[i * lk]);
     kept = Pz.data();
   }
   dout.resize(lq * dvd);

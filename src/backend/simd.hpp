@@ -79,6 +79,9 @@ struct DropoutRow {
   float scale = 1;
 };
 void dropout_row(const DropoutRow& r, uint32_t kp0, float* z, int64_t n);
+// out[jj] = x[jj] times the same multipliers (out may be x), and where z is
+// not null z[jj] = the multiplier: one pass for the kernels that apply them.
+void dropout_times(const DropoutRow& r, uint32_t kp0, const float* x, float* out, float* z, int64_t n);
 // y = gelu(x), the erf form, and where slope is given, slope = gelu'(x)
 // (slope may be x: each lane is read before it is written); GELU's backward is
 // then multiply(dy, slope, dx): out = a * b.

@@ -2,7 +2,8 @@
 // Philox 4x32-10 over a vector of counters, the layout of relpos/dropout.hpp.
 // A block of 64 key positions is 16 counters whose four output words hold
 // its keys 0-15, 16-31, 32-47 and 48-63: a vector of 16, 8 or 4 counters
-// (AVX-512, AVX2, SSE4) gives whole runs of consecutive keys, word by word.
+// (AVX-512, AVX2, SSE4) gives whole runs of consecutive keys, word by word;
+// two vectors' rounds run side by side.
 // simd_dropout.cpp compiles it once per target for the library's dispatch,
 // and tests/cpp/backend/simd_dropout_test.cpp again to call each target's
 // function directly. The guard is Highway's per-target idiom (simd_rows-inl.h).
@@ -25,75 +26,128 @@ HWY_BEFORE_NAMESPACE();
 namespace relpos::simd::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-#if HWY_TARGET == HWY_SCALAR
-// One lane holds no 64-bit product: the block counter by counter.
-static void DropoutBlock(const DropoutRow& r, uint32_t block, float* z) {
-  for (uint32_t lane = 0; lane < 16; ++lane) {
-    const philox::Block x = philox::philox4x32_10({{(block << 4) | lane, r.c1, r.c2, r.c3}}, r.k0, r.k1);
-    for (int w = 0; w < 4; ++w) z[w * 16 + lane] = x.x[w] >= r.threshold ? r.scale : 0.0f;
+// Key blocks wrap with the positions (mod 2^32): 2^26 blocks of 64.
+constexpr uint32_t kBlockMask = (1u << 26) - 1;
+
+// Where a run of multipliers goes, entry o of the run: z[o] = the
+// multiplier, out[o] = x[o] times it; either pointer may be null.
+struct DropoutSink {
+  float* z = nullptr;
+  const float* x = nullptr;
+  float* out = nullptr;
+
+  DropoutSink at(int64_t o) const { return {z ? z + o : nullptr, x ? x + o : nullptr, out ? out + o : nullptr}; }
+  void put(int64_t o, float multiplier) const {
+    if (z) z[o] = multiplier;
+    if (out) out[o] = x[o] * multiplier;
   }
+};
+
+#if HWY_TARGET == HWY_SCALAR
+// One lane holds no 64-bit product: counter by counter.
+static void DropoutBlocks(const DropoutRow& r, uint32_t first, int64_t count, const DropoutSink& sink) {
+  for (int64_t b = 0; b < count; ++b)
+    for (uint32_t lane = 0; lane < 16; ++lane) {
+      const uint32_t block = (first + uint32_t(b)) & kBlockMask;
+      const philox::Block x = philox::philox4x32_10({{(block << 4) | lane, r.c1, r.c2, r.c3}}, r.k0, r.k1);
+      for (int w = 0; w < 4; ++w) sink.put(b * 64 + w * 16 + lane, x.x[w] >= r.threshold ? r.scale : 0.0f);
+    }
 }
 #else
-// (hi, lo) of a * m lane by lane: the even lanes' 64-bit products, and the
-// odd lanes' moved down to even lanes first.
+// hi (lo) = the high (low) 32 bits of a * m lane by lane: the even lanes'
+// 64-bit products, and the odd lanes' moved down to even lanes first.
 template <class D, class V = hn::Vec<D>>
 HWY_INLINE void MulHiLo(D d, V a, V m, V& hi, V& lo) {
   const hn::Repartition<uint64_t, D> d64;
   const auto even = hn::MulEven(a, m);
   const auto odd = hn::MulEven(hn::BitCast(d, hn::ShiftRight<32>(hn::BitCast(d64, a))), m);
   hi = hn::OddEven(hn::BitCast(d, odd), hn::BitCast(d, hn::ShiftRight<32>(even)));
-  lo = hn::OddEven(hn::BitCast(d, hn::ShiftLeft<32>(odd)), hn::BitCast(d, even));
+  lo = hn::Mul(a, m);
 }
 
-// The 64 multipliers of key block `block` (key positions block * 64 ...),
-// 16 counters a lane each, as many lanes at a time as the target has (<= 16).
-static void DropoutBlock(const DropoutRow& r, uint32_t block, float* z) {
+// The multipliers of kChains vectors of counters, vector v0 + c of the key
+// blocks from `first` (a vector of N lanes holds counters v N .. v N + N - 1
+// of the blocks' 16 each, N <= 16), into the sink (64 per block). The chains
+// run their rounds side by side: one chain alone waits on each round's products.
+template <int kChains>
+HWY_INLINE void DropoutChains(const DropoutRow& r, uint32_t first, int64_t v0, const DropoutSink& sink) {
   const hn::CappedTag<uint32_t, 16> du;
   const hn::RebindToSigned<decltype(du)> di;
   const hn::Rebind<float, decltype(du)> df;
-  const uint32_t lanes = uint32_t(hn::Lanes(du));
-  const auto m0 = hn::Set(du, 0xD2511F53u), m1 = hn::Set(du, 0xCD9E8D57u);
-  // Unsigned x >= threshold as a signed comparison of both with the top bit flipped.
-  const auto sign = hn::Set(du, 0x80000000u);
+  using V = hn::Vec<decltype(du)>;
+  const int64_t lanes = int64_t(hn::Lanes(du));
+  const V m0 = hn::Set(du, 0xD2511F53u), m1 = hn::Set(du, 0xCD9E8D57u);
+  V c[kChains][4];
+  int64_t at[kChains];  // where chain c's first key goes in the sink
+  for (int n = 0; n < kChains; ++n) {
+    const int64_t counter = (v0 + n) * lanes, b = counter / 16, group = counter % 16;
+    const uint32_t block = (first + uint32_t(b)) & kBlockMask;
+    c[n][0] = hn::Add(hn::Set(du, (block << 4) | uint32_t(group)), hn::Iota(du, 0));
+    c[n][1] = hn::Set(du, r.c1), c[n][2] = hn::Set(du, r.c2), c[n][3] = hn::Set(du, r.c3);
+    at[n] = b * 64 + group;
+  }
+  uint32_t k0 = r.k0, k1 = r.k1;
+  for (int round = 0; round < 10; ++round) {
+    for (int n = 0; n < kChains; ++n) {
+      V hi0, lo0, hi1, lo1;
+      MulHiLo(du, c[n][0], m0, hi0, lo0);
+      MulHiLo(du, c[n][2], m1, hi1, lo1);
+      c[n][0] = hn::Xor(hn::Xor(hi1, c[n][1]), hn::Set(du, k0));
+      c[n][2] = hn::Xor(hn::Xor(hi0, c[n][3]), hn::Set(du, k1));
+      c[n][1] = lo1, c[n][3] = lo0;
+    }
+    k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+  }
+  // Unsigned word >= threshold as a signed comparison of both with the top bit flipped.
+  const V sign = hn::Set(du, 0x80000000u);
   const auto below = hn::BitCast(di, hn::Xor(hn::Set(du, r.threshold), sign));
   const auto kept = hn::Set(df, r.scale);
-  for (uint32_t group = 0; group < 16; group += lanes) {
-    auto c0 = hn::Add(hn::Set(du, (block << 4) | group), hn::Iota(du, 0));
-    auto c1 = hn::Set(du, r.c1), c2 = hn::Set(du, r.c2), c3 = hn::Set(du, r.c3);
-    uint32_t k0 = r.k0, k1 = r.k1;
-    for (int round = 0; round < 10; ++round) {
-      hn::Vec<decltype(du)> hi0, lo0, hi1, lo1;
-      MulHiLo(du, c0, m0, hi0, lo0);
-      MulHiLo(du, c2, m1, hi1, lo1);
-      c0 = hn::Xor(hn::Xor(hi1, c1), hn::Set(du, k0));
-      c2 = hn::Xor(hn::Xor(hi0, c3), hn::Set(du, k1));
-      c1 = lo1, c3 = lo0;
-      k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
-    }
-    const hn::Vec<decltype(du)> words[4] = {c0, c1, c2, c3};
+  for (int n = 0; n < kChains; ++n)
     for (int w = 0; w < 4; ++w) {
-      const auto dropped = hn::Gt(below, hn::BitCast(di, hn::Xor(words[w], sign)));
-      hn::StoreU(hn::IfThenZeroElse(hn::RebindMask(df, dropped), kept), df, z + w * 16 + group);
+      const auto dropped = hn::Gt(below, hn::BitCast(di, hn::Xor(c[n][w], sign)));
+      const auto multiplier = hn::IfThenZeroElse(hn::RebindMask(df, dropped), kept);
+      const int64_t o = at[n] + w * 16;
+      if (sink.z) hn::StoreU(multiplier, df, sink.z + o);
+      if (sink.out) hn::StoreU(hn::Mul(hn::LoadU(df, sink.x + o), multiplier), df, sink.out + o);
     }
-  }
+}
+
+// The multipliers of the `count` key blocks from `first` (64 keys each) into the sink.
+static void DropoutBlocks(const DropoutRow& r, uint32_t first, int64_t count, const DropoutSink& sink) {
+  const int64_t vectors = count * 16 / int64_t(hn::Lanes(hn::CappedTag<uint32_t, 16>()));
+  int64_t v = 0;
+  for (; v + 4 <= vectors; v += 4) DropoutChains<4>(r, first, v, sink);
+  for (; v + 2 <= vectors; v += 2) DropoutChains<2>(r, first, v, sink);
+  if (v < vectors) DropoutChains<1>(r, first, v, sink);
 }
 #endif
 
-// z[jj] = the multiplier of key position kp0 + jj (mod 2^32), jj < n: whole
-// blocks of 64 straight into z, a partial one through a block's buffer.
-static void DropoutRowOf(const DropoutRow& r, uint32_t kp0, float* z, int64_t n) {
+// The multipliers of key positions kp0 + jj (mod 2^32), jj < n, into the
+// sink: the whole blocks of 64 straight, a partial one at either end through
+// a block's buffer.
+static void DropoutRunOf(const DropoutRow& r, uint32_t kp0, const DropoutSink& sink, int64_t n) {
   HWY_ALIGN float block[64];
-  for (int64_t jj = 0; jj < n;) {
-    const uint32_t kp = kp0 + uint32_t(jj), first = kp & 63u;
-    const int64_t count = std::min<int64_t>(64 - first, n - jj);
-    if (count == 64) {
-      DropoutBlock(r, kp >> 6, z + jj);
-    } else {
-      DropoutBlock(r, kp >> 6, block);
-      std::copy_n(block + first, count, z + jj);
-    }
-    jj += count;
+  const auto partial = [&](uint32_t kp, int64_t jj, int64_t count) {
+    DropoutBlocks(r, kp >> 6, 1, {block});
+    for (int64_t i = 0; i < count; ++i) sink.put(jj + i, block[(kp & 63u) + i]);
+  };
+  int64_t jj = 0;
+  if (const uint32_t first = kp0 & 63u; first != 0 || n < 64) {
+    jj = std::min<int64_t>(64 - first, n);
+    partial(kp0, 0, jj);
   }
+  const int64_t whole = (n - jj) / 64;
+  DropoutBlocks(r, (kp0 + uint32_t(jj)) >> 6, whole, sink.at(jj));
+  jj += whole * 64;
+  if (jj < n) partial(kp0 + uint32_t(jj), jj, n - jj);
+}
+
+// z[jj] = the multiplier of key position kp0 + jj; and out = x times them.
+static void DropoutRowOf(const DropoutRow& r, uint32_t kp0, float* z, int64_t n) {
+  DropoutRunOf(r, kp0, {z}, n);
+}
+static void DropoutTimesOf(const DropoutRow& r, uint32_t kp0, const float* x, float* out, float* z, int64_t n) {
+  DropoutRunOf(r, kp0, {z, x, out}, n);
 }
 
 }  // namespace relpos::simd::HWY_NAMESPACE

@@ -14,9 +14,13 @@
 namespace relpos::simd {
 
 HWY_EXPORT(DropoutRowOf);
+HWY_EXPORT(DropoutTimesOf);
 
 void dropout_row(const DropoutRow& r, uint32_t kp0, float* z, int64_t n) {
   RELPOS_SIMD_DISPATCH(DropoutRowOf)(r, kp0, z, n);
+}
+void dropout_times(const DropoutRow& r, uint32_t kp0, const float* x, float* out, float* z, int64_t n) {
+  RELPOS_SIMD_DISPATCH(DropoutTimesOf)(r, kp0, x, out, z, n);
 }
 
 }  // namespace relpos::simd

@@ -30,13 +30,17 @@ namespace relpos_test {
 struct DropoutOps {
   const char* target;
   void (*dropout_row)(const relpos::simd::DropoutRow&, uint32_t, float*, int64_t);
+  void (*dropout_times)(const relpos::simd::DropoutRow&, uint32_t, const float*, float*, float*, int64_t);
 };
 }  // namespace relpos_test
 #endif
 
 HWY_BEFORE_NAMESPACE();
 namespace relpos_test::HWY_NAMESPACE {
-DropoutOps TargetDropoutOps() { return {hwy::TargetName(HWY_TARGET), &relpos::simd::HWY_NAMESPACE::DropoutRowOf}; }
+DropoutOps TargetDropoutOps() {
+  namespace s = relpos::simd::HWY_NAMESPACE;
+  return {hwy::TargetName(HWY_TARGET), &s::DropoutRowOf, &s::DropoutTimesOf};
+}
 }  // namespace relpos_test::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -106,7 +110,7 @@ TEST(Dropout, EveryTargetDrawsTheScalarBits) {
       const relpos::simd::DropoutRow r{uint32_t(d.seed), uint32_t(d.seed >> 32), 41, 7, d.offset,
                                        relpos::philox::keep_threshold(p), float(relpos::dropout_scale(d))};
       for (auto [kp0, n] : {std::pair<uint32_t, int64_t>{0, 64}, {0, 1}, {5, 3}, {60, 10}, {64, 200}, {13, 333},
-                            {0xffffffc0u, 128}, {0xfffffff0u, 40}}) {
+                            {0xffffffc0u, 128}, {0xfffffff0u, 40}, {7, 1000}, {0xfffff000u, 8192}}) {
         std::vector<float> z(n, -1.0f);
         ops.dropout_row(r, kp0, z.data(), n);
         int64_t kept = 0;
@@ -116,6 +120,14 @@ TEST(Dropout, EveryTargetDrawsTheScalarBits) {
           ASSERT_EQ(z[jj], keep ? r.scale : 0.0f) << "p " << p << " kp0 " << kp0 << " jj " << jj;
           kept += keep;
         }
+        // The applying form: x times the same multipliers, in place and beside z.
+        std::vector<float> x(n), out(n), z2(n);
+        for (int64_t jj = 0; jj < n; ++jj) x[jj] = 0.25f + float(jj % 7);
+        ops.dropout_times(r, kp0, x.data(), out.data(), z2.data(), n);
+        ASSERT_EQ(z2, z);
+        for (int64_t jj = 0; jj < n; ++jj) ASSERT_EQ(out[jj], x[jj] * z[jj]) << jj;
+        ops.dropout_times(r, kp0, x.data(), x.data(), nullptr, n);
+        ASSERT_EQ(x, out);
         if (p == 0.5 && n >= 200) {
           EXPECT_NEAR(double(kept) / double(n), 0.5, 0.15) << kp0;
         }
