@@ -29,7 +29,7 @@ int run_bench(int argc, char** argv, int first) {
     std::fprintf(to, "usage: relpos bench <benchmark> [options]\n\nbenchmarks:\n");
     for (const Benchmark& b : kBenchmarks) std::fprintf(to, "  %-10s %s\n", b.name, b.summary);
     std::fprintf(to, "\nBoth run every scheme: %s.\n'relpos bench <benchmark> --help' describes its options.\n",
-                 scheme_names().c_str());
+                 scheme_names(/*on_a_line=*/true).c_str());
     return help ? 0 : 2;
   }
   for (const Benchmark& b : kBenchmarks)

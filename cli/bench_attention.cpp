@@ -141,7 +141,7 @@ int run_bench_attention(int argc, char** argv, int first) {
                "compute-bound 1024^3 squares; each scheme against plain attention; fused against the\n"
                "unfused algorithm that 'auto' picked before the fused kernel (gather, or relshift for\n"
                "Transformer-XL; DeBERTa has none); backward against forward. Writes JSON.\n"
-               "Schemes: " + scheme_names() + ".");
+               "Schemes: " + scheme_names(/*on_a_line=*/true) + ".");
   opts.add_int_list("--lengths", &lengths, "sequence lengths L", kMaxLength);
   opts.add_int_list("--dims", &dims, "head dimensions d (even)", kMaxDim);
   opts.add_int_list("--threads", &thread_counts, "thread counts", kMaxThreads);

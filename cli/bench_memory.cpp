@@ -47,7 +47,7 @@ int run_bench_memory(int argc, char** argv, int first) {
                "lengths. Memory is the library's own peak scratch (counted allocations) and how far the\n"
                "process's peak RSS rose above its RSS before the run. Prints a table and writes JSON. Runs\n"
                "whose estimated scratch exceeds --budget-gb or this machine's memory are listed as skipped.\n"
-               "Schemes: " + scheme_names() + ".");
+               "Schemes: " + scheme_names(/*on_a_line=*/true) + ".");
   opts.add_int_list("--lengths", &lengths, "sequence lengths L", kMaxLength);
   opts.add_int("--heads", &shape.heads, "attention heads", 1, kMaxHeads);
   opts.add_int("--dim", &shape.dim, "head dimension d (even)", 2, kMaxDim);

@@ -157,7 +157,7 @@ int run_check(int argc, char** argv, int first) {
                "float32 (or stored in --dtype), checks forward output and every gradient against the float64\n"
                "reference, and prints errors, times and peak scratch memory. Exits 1 if any run exceeds the\n"
                "tolerance (for a half type: the rule).\n"
-               "Schemes: " + scheme_names() + " (xl with a memory of L/2 keys).");
+               "Schemes: " + scheme_names(/*on_a_line=*/true) + " (xl with a memory of L/2 keys).");
   opts.add_int("--batch", &shape.batch, "batch size", 1, kMaxBatch);
   opts.add_int("--heads", &shape.heads, "attention heads", 1, kMaxHeads);
   opts.add_int("--length", &shape.length, "query length L (Transformer-XL adds L/2 memory keys)", 1, kMaxLength);

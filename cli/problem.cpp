@@ -14,6 +14,7 @@ std::vector<SchemeCase> cases_of_every_scheme(const std::vector<SchemeCase>& var
   std::vector<SchemeCase> cases;
   AllSchemes::for_each([&](auto scheme) {
     using S = decltype(scheme);
+    if constexpr (!ModelScheme<S>) return;  // positions on a grid: the test suite's, bench/sam.py's
     const size_t before = cases.size();
     for (const SchemeCase& c : variants)
       if (c.scheme == S::id) cases.push_back(c);
@@ -22,15 +23,17 @@ std::vector<SchemeCase> cases_of_every_scheme(const std::vector<SchemeCase>& var
   return cases;
 }
 
-std::vector<std::string> scheme_name_list() {
+std::vector<std::string> scheme_name_list(bool on_a_line) {
   std::vector<std::string> names;
-  AllSchemes::for_each([&](auto scheme) { names.push_back(decltype(scheme)::name); });
+  AllSchemes::for_each([&](auto scheme) {
+    if (!on_a_line || ModelScheme<decltype(scheme)>) names.push_back(decltype(scheme)::name);
+  });
   return names;
 }
 
-std::string scheme_names() {
+std::string scheme_names(bool on_a_line) {
   std::string names;
-  for (const std::string& name : scheme_name_list()) names += (names.empty() ? "" : ", ") + name;
+  for (const std::string& name : scheme_name_list(on_a_line)) names += (names.empty() ? "" : ", ") + name;
   return names;
 }
 
@@ -84,7 +87,9 @@ std::vector<ModelTensor> scheme_tables(const ProblemShape& s, const SchemeCase& 
   model.heads = int(s.heads), model.width = int(s.heads * s.dim);
   model.scheme_options[ShawScheme::kClip.key] = double(c.shaw_k);
   std::vector<ModelTensor> tensors;
-  AllSchemes::visit(c.scheme, [&](auto scheme) { tensors = decltype(scheme)::model(pos, model); });
+  AllSchemes::visit(c.scheme, [&](auto scheme) {
+    if constexpr (ModelScheme<decltype(scheme)>) tensors = decltype(scheme)::model(pos, model);
+  });
   pos.scheme = c.scheme;
   pos.shaw.beyond = c.beyond;
   pos.t5.bidirectional = c.t5_bidirectional;

@@ -35,16 +35,18 @@ struct SchemeCase {
   int64_t mem_len = 0;  // Transformer-XL memory prepended to the keys
 };
 
-// One case per scheme of the library, in registry order: a scheme's cases in
-// `variants` where it has any, else one labelled by its name.
+// One case per scheme of the library on a line (not the schemes of positions
+// on a grid), in registry order: a scheme's cases in `variants` where it has
+// any, else one labelled by its name.
 std::vector<SchemeCase> cases_of_every_scheme(const std::vector<SchemeCase>& variants);
 
 // Every scheme of the library by the name the frontends use, in registry
-// order; scheme_names joins them ("none, shaw, t5, ..."). Every help that
-// speaks of schemes prints this list (never a retyped one), so a new scheme
-// appears in each.
-std::vector<std::string> scheme_name_list();
-std::string scheme_names();
+// order, or with on_a_line those whose positions lie on a line (the ones
+// check and bench run); scheme_names joins them ("none, shaw, t5, ...").
+// Every help that speaks of schemes prints this list (never a retyped one),
+// so a new scheme appears in each.
+std::vector<std::string> scheme_name_list(bool on_a_line = false);
+std::string scheme_names(bool on_a_line = false);
 
 // The schemes `relpos check` runs by default.
 std::vector<SchemeCase> check_cases();

@@ -29,8 +29,8 @@
 
 namespace relpos {
 
-enum class Scheme { none, shaw, t5, alibi, rope, xl, kerple, kerple_power, deberta };
-inline constexpr int kSchemeCount = static_cast<int>(Scheme::deberta) + 1;  // the last value's, plus one
+enum class Scheme { none, shaw, t5, alibi, rope, xl, kerple, kerple_power, deberta, sam, swin };
+inline constexpr int kSchemeCount = static_cast<int>(Scheme::swin) + 1;  // the last value's, plus one
 
 // Largest thread count relpos accepts anywhere (0 = OpenMP's maximum); checked
 // before OpenMP or the GEMM library sees it (100000 crashed inside libgomp).
@@ -125,6 +125,37 @@ struct DebertaParams {
   int64_t span() const { return position_buckets > 0 ? position_buckets : max_relative_positions; }
 };
 
+// Positions on a grid (docs/design.md, "Positions on a grid"): query row i
+// is cell (y, x) = (i / q_width, i % q_width) of a q_height x q_width grid
+// (Lq = q_height q_width), key row j cell (j / k_width, j % k_width) of a
+// k_height x k_width grid (0: the query grid's). A pair's offset on each axis
+// is an index into that axis's rows, SAM's get_rel_pos: rel(yq, yk) =
+// floor(yq max(kh / qh, 1) - yk max(qh / kh, 1) + (kh - 1) max(qh / kh, 1))
+// in float32 (relpos/position.hpp's grid_offset_index), yq - yk + kh - 1 where
+// the two grids agree.
+
+// SAM / ViTDet / MViTv2's decomposed relative positions (Li et al. 2022):
+// the logit of (i, j) gains q_i . rel_h[rel(yi, yj)] + q_i . rel_w[rel(xi, xj)],
+// unscaled (SAM adds it to the scaled q . k). rel_h (2 max(qh, kh) - 1, d),
+// rel_w (2 max(qw, kw) - 1, d), shared by the heads (the caller resizes
+// tables trained for another grid, as SAM interpolates them).
+template <class T>
+struct SamParams {
+  int64_t q_height = 0, q_width = 0, k_height = 0, k_width = 0;
+  View2<const T> rel_h, rel_w;
+};
+
+// Swin's relative position bias (Liu et al. 2021), inside a window of
+// window_height x window_width cells (queries and keys on the window's grid):
+// the logit of (i, j) gains table[h, rel(yi, yj) (2 ww - 1) + rel(xi, xj)],
+// table (H, (2 wh - 1)(2 ww - 1)) (Swin keeps it (rows, H)). Windows are batch
+// entries, as Swin lays them out.
+template <class T>
+struct SwinParams {
+  int64_t window_height = 0, window_width = 0;
+  View2<const T> table;
+};
+
 template <class T>
 struct PositionParams {
   Scheme scheme = Scheme::none;
@@ -136,6 +167,8 @@ struct PositionParams {
   KerpleParams<T> kerple;
   KerplePowerParams<T> kerple_power;
   DebertaParams<T> deberta;
+  SamParams<T> sam;
+  SwinParams<T> swin;
 };
 
 // Gradients of the learnable positional parameters, same shapes as the
@@ -150,6 +183,8 @@ struct PositionGrads {
   View1<T> kerple_r1, kerple_r2;
   View1<T> kerple_power_r1, kerple_power_r2;
   View3<T> deberta_c2p, deberta_p2c;
+  View2<T> sam_rel_h, sam_rel_w;
+  View2<T> swin_table;
 };
 
 template <class T>

@@ -67,6 +67,21 @@ void check_deberta_config(int64_t position_buckets, int64_t max_relative_positio
                           const std::string& position_buckets_name = "relpos: deberta.position_buckets",
                           const std::string& max_relative_positions_name = "relpos: deberta.max_relative_positions");
 
+// ---- Positions on a grid (SAM, Swin) ----------------------------------------
+
+// The index of the offset between a query cell at coordinate yq of an axis of
+// q_size cells and a key cell at yk of k_size cells, in [0, grid_offset_rows):
+// SAM's get_rel_pos (transformers' SamVisionAttention), which scales the
+// coordinates of the shorter axis: floor(yq max(k_size / q_size, 1) -
+// yk max(q_size / k_size, 1) + (k_size - 1) max(q_size / k_size, 1)), in
+// float32 as PyTorch evaluates it; yq - yk + k_size - 1 where the sizes agree.
+int64_t grid_offset_index(int64_t yq, int64_t yk, int64_t q_size, int64_t k_size);
+
+// The rows of an axis's table of offsets: 2 max(q_size, k_size) - 1.
+inline int64_t grid_offset_rows(int64_t q_size, int64_t k_size) {
+  return 2 * (q_size > k_size ? q_size : k_size) - 1;
+}
+
 // ---- ALiBi ----------------------------------------------------------------
 
 // Head slopes m_h of Press et al.: the geometric sequence 2^(-8/n)... for a

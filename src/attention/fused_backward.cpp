@@ -43,10 +43,12 @@ struct QueryGrads {
   Scratch<T> dE;        // a key band: gradients of its rows, (distances, d)
   Scratch<T> dRk;       // an indexed table read by the key: gradients of the keys' scores, (nb, lk)
   Scratch<T> dbias;     // a bias per distance with learnable parameters: its gradient per distance
+  Scratch<T> dgrid;     // grid tables: the queries' score gradients, (lq, rows_y + rows_x); a grid bias with
+                        // learnable values: their gradient by offsets (rows_y rows_x)
 
   void reserve(const QueryGradsPlan& plan) {
     for (auto [buffer, size] : {std::pair{&dqc, plan.dqc}, {&dqp, plan.dqp}, {&dR, plan.dR}, {&Pb, plan.Pb},
-                                {&dE, plan.dE}, {&dRk, plan.dRk}, {&dbias, plan.dbias}})
+                                {&dE, plan.dE}, {&dRk, plan.dRk}, {&dbias, plan.dbias}, {&dgrid, plan.dgrid}})
       buffer->reserve(size);
   }
   void reset(const HeadContext<T>& c, bool bias_grads) {
@@ -57,6 +59,16 @@ struct QueryGrads {
     dRk.assign(c.p2c.empty() ? 0 : c.nb * c.by_key_ld, T(0));
     dE.assign(c.band() ? hd.distances() * hd.d : 0, T(0));
     dbias.assign(c.x.bias.empty() || !bias_grads ? 0 : hd.distances(), T(0));
+    dgrid.assign(grid_grad_size(c, hd, bias_grads), T(0));
+  }
+
+  // dgrid's size: every query's score gradients for grid tables (dq needs them), the
+  // offsets' gradient for a grid bias whose values learn, else none.
+  static int64_t grid_grad_size(const HeadContext<T>& c, const Head<T>& hd, bool bias_grads) {
+    if (!c.axes) return 0;
+    const GridShape& g = c.axes->shape();
+    if (int64_t(c.grid.size()) == g.rows_y() * g.rows_x()) return bias_grads ? g.rows_y() * g.rows_x() : 0;
+    return hd.lq * (g.rows_y() + g.rows_x());
   }
 
   // Adds o's part `part` of `parts` (of each sum's elements) to this one's: the
@@ -64,7 +76,7 @@ struct QueryGrads {
   // and each element's sum keeps its order.
   void add_part(const QueryGrads& o, int64_t part, int64_t parts) {
     for (auto [mine, theirs] : {std::pair{&dqc, &o.dqc}, {&dqp, &o.dqp}, {&dR, &o.dR}, {&Pb, &o.Pb}, {&dE, &o.dE},
-                                {&dbias, &o.dbias}, {&dRk, &o.dRk}}) {
+                                {&dbias, &o.dbias}, {&dRk, &o.dRk}, {&dgrid, &o.dgrid}}) {
       const int64_t size = int64_t(mine->size());
       for (int64_t n = size * part / parts, end = size * (part + 1) / parts; n < end; ++n) (*mine)[n] += (*theirs)[n];
     }
@@ -145,7 +157,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
     if (split)
       w.split.start_query_tile(c.stored.q + i0 * c.stored.ldq, c.stored.ldq, c.stored.dout + i0 * c.stored.lddout,
                                c.stored.lddout, bq);
-    if constexpr (F::key_table || F::c2p) query_tile_scores<F>(c, i0, bq, w.Rq);
+    if constexpr (F::key_table || F::c2p || F::grid_tables) query_tile_scores<F>(c, i0, bq, w.Rq);
     if constexpr (F::value_table) {  // dout wv^T of the query tile, (bq, nb)
       w.G.resize(bq * nb);
       gemm<T>(Trans::no, Trans::yes, bq, nb, dvd, T(1), w.dout.data() + i0 * dvd, dvd, c.wv.data(), dvd, T(0),
@@ -213,6 +225,13 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         std::fill(srow + computed, srow + bk, T(0));
         if (split_tile) split_row(w.split.dS, ii, srow);
         if (bias_grad) rows::add_scaled(&q.dbias[mrow], srow, T(1), bk);
+        if constexpr (F::grid_bias)
+          if (!q.dgrid.empty())
+            sum_grid_row<T>(*c.axes, i, j0, bk, srow, nullptr, q.dgrid.data(), c.axes->shape().rows_x());
+        if constexpr (F::grid_tables) {  // unscaled, as the term is
+          T* dscores = &q.dgrid[i * (c.axes->shape().rows_y() + c.axes->shape().rows_x())];
+          sum_grid_row(*c.axes, i, j0, bk, srow, dscores, dscores + c.axes->shape().rows_y(), 0);
+        }
         if constexpr (F::key_table) sum_by_row(&q.dR[i * nb], bk, r0, k, c.clip, srow, scale);
         if constexpr (F::band) {  // un-skew scale * dS onto the band: each shown (ii, j) owns one column of row ii
           const int64_t shown = cut.shown(ii);
@@ -345,6 +364,16 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
   }
   if constexpr (F::band) band_rows.add(F{}, e, g, hd, q.dE);
   if (!q.dbias.empty()) add_bias_grad(g, c.x, q.dbias);
+  if (e.grid_bias && !q.dgrid.empty()) e.grid_bias->add_grad(g, hd.h, q.dgrid.data());
+  if (e.grid_embedding) {  // dgrid (lq, rows) of the scores qp ryx^T: dqp += dgrid ryx; dryx = dgrid^T qp
+    const int64_t rows = c.axes->shape().rows_y() + c.axes->shape().rows_x();
+    weights_times<T>(Trans::no, lq, d, rows, T(1), q.dgrid.data(), rows, c.grid.data(), d, T(1), q.dqp.data(), d);
+    if (e.grid_embedding->wants_grad(g)) {
+      w.dtable.resize(rows * d);
+      weights_times<T>(Trans::yes, rows, d, lq, T(1), q.dgrid.data(), rows, hd.qp, d, T(0), w.dtable.data(), d);
+      e.grid_embedding->add_grad(g, w.dtable.data());
+    }
+  }
   write_input_grads(data, c.x, g, q.dqc, q.dqp, dk, dv);
 }
 

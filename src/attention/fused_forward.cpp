@@ -44,7 +44,7 @@ void forward_tile(const AttentionForward<T>& p, const AttentionForward<Stored>& 
   const T scale = T(effective_scale(p));
   w.O.assign(bq * dv, T(0));
   w.softmax.reset(bq);
-  if constexpr (F::key_table || F::c2p) query_tile_scores<F>(c, i0, bq, w.Rq);
+  if constexpr (F::key_table || F::c2p || F::grid_tables) query_tile_scores<F>(c, i0, bq, w.Rq);
   if constexpr (F::value_table) w.Pb.assign(bq * c.nb, T(0));
   const int64_t keys = visited_keys(p, hd, i0, bq), block = std::min(forward_key_block(f, bq), keys);
   w.S.resize(bq * block);

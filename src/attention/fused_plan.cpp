@@ -44,6 +44,10 @@ int64_t parameter_elements(const AttentionForward<S>& p) {
 struct Terms {
   bool key_table, value_table, c2p, p2c, band, bias, query_bias, rotation;
   int64_t nb;  // a table's rows
+  bool grid_bias, grid_tables;
+  GridShape grid;
+  int64_t grid_rows() const { return grid.rows_y() + grid.rows_x(); }  // grid tables' rows
+  int64_t grid_offsets() const { return grid.rows_y() * grid.rows_x(); }  // a grid bias's values
 };
 
 template <class S>
@@ -59,7 +63,10 @@ Terms terms_of(const AttentionForward<S>& p) {
           .bias = scheme_has<BiasOf, C>(p.pos.scheme),
           .query_bias = scheme_has<QueryBiasOf, C>(p.pos.scheme),
           .rotation = scheme_has<RotationOf, C>(p.pos.scheme),
-          .nb = e.table_rows};
+          .nb = e.table_rows,
+          .grid_bias = scheme_has<GridBiasOf, C>(p.pos.scheme),
+          .grid_tables = scheme_has<GridEmbeddingOf, C>(p.pos.scheme),
+          .grid = grid_shape(p)};
 }
 
 template <class S>
@@ -76,6 +83,7 @@ HeadPlan head_plan(const AttentionForward<S>& p, const Terms& t) {
   h.bias = t.bias ? distances : 0;
   h.wk = t.key_table ? t.nb * d : 0, h.wv = t.value_table ? t.nb * dv : 0;
   h.c2p = t.c2p ? t.nb * d : 0, h.p2c = t.p2c ? t.nb * d : 0, h.Rk = t.p2c ? indexed_stride(lk) * t.nb : 0;
+  h.grid = t.grid_bias ? t.grid_offsets() : t.grid_tables ? t.grid_rows() * d : 0;
   if (t.rotation) {  // RoPE's cosines and sines of every query's and key's position (rope.hpp's Angles)
     const int64_t rotated = p.pos.rope.rotary_dims ? p.pos.rope.rotary_dims : d;
     h.scheme_bytes += (lq + lk) * 2 * (rotated / 2) * int64_t(sizeof(C));
@@ -151,7 +159,7 @@ ForwardPlan forward_plan(const AttentionForward<S>& p, const tiles::ForwardTiles
   }
   const int64_t rows = std::min(f.rows, hd.lq);
   w.O = rows * hd.dv, w.softmax_rows = rows;
-  w.Rq = t.key_table || t.c2p ? rows * t.nb : 0;
+  w.Rq = t.key_table || t.c2p ? rows * t.nb : t.grid_tables ? rows * t.grid_rows() : 0;
   w.Pb = t.value_table ? rows * t.nb : 0;
   w.split = splits(p) ? 3 * w.S : 0;
   return w;
@@ -167,6 +175,7 @@ QueryGradsPlan query_grads_plan(const AttentionForward<S>& p, const Terms& t, bo
   q.dRk = t.p2c ? indexed_stride(lk) * t.nb : 0;
   q.dE = t.band ? distances * d : 0;
   q.dbias = t.bias && bias_grads ? distances : 0;
+  q.dgrid = t.grid_tables ? lq * t.grid_rows() : t.grid_bias && bias_grads ? t.grid_offsets() : 0;
   return q;
 }
 
@@ -182,7 +191,7 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
   w.dout = lq * dv, w.out_row = dv, w.D = lq;
   w.P = w.dP = kBackwardRows * kBackwardKeys;
   if (p.dropout.active()) w.Z = w.Pz = kBackwardRows * kBackwardKeys;
-  w.Rq = t.key_table || t.c2p ? rows * t.nb : 0;
+  w.Rq = t.key_table || t.c2p ? rows * t.nb : t.grid_tables ? rows * t.grid_rows() : 0;
   w.G = t.value_table ? rows * t.nb : 0;
   // A tile's indexed picks, forward and backward: two blocks by distance and by query (indexed_rows.hpp).
   w.diagonals = t.c2p || t.p2c ? diagonal_scratch(rows, std::min(tiles::kDiagonalKeys, keys)) : 0;
@@ -205,7 +214,9 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
                                         simd::kStaircaseMaxSize);
   }
   const bool table = t.key_table || t.value_table || t.c2p || t.p2c;
-  w.dtable = table && grads ? t.nb * (t.value_table ? std::max(d, dv) : d) : 0;
+  w.dtable = table && grads             ? t.nb * (t.value_table ? std::max(d, dv) : d)
+             : t.grid_tables && grads ? t.grid_rows() * d
+                                      : 0;
   if (groups == 1) {
     w.query = query_grads_plan(p, t, grads);
     w.dk = lk * d, w.dv = lk * dv;
@@ -247,6 +258,7 @@ FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos) {
   const EmbeddingSizes e = embedding_sizes(p);
   if (t.band) f.call_bytes += (p.q.shape[1] * d + e.per_distance) * distances * int64_t(sizeof(C));
   f.call_bytes += (int64_t(t.c2p) + int64_t(t.p2c)) * distances * int64_t(2 * sizeof(int32_t));
+  if (t.grid_bias || t.grid_tables) f.call_bytes += GridAxes::bytes(t.grid);  // CallEmbeddings' grid term
   if constexpr (is_half_v<S>) {  // half_storage.cpp's WideParams and WideGrads
     f.wide_params_bytes = parameter_elements(p) * int64_t(sizeof(float));
     f.wide_grads_bytes = grads * int64_t(sizeof(float));

@@ -36,9 +36,10 @@ namespace relpos::fused {
 struct HeadPlan {
   int64_t qc = 0, qp = 0, k = 0, v = 0, bias = 0;  // HeadData: queries, queries with a bias, key and value copies
   int64_t wk = 0, wv = 0, c2p = 0, p2c = 0, Rk = 0;  // HeadContext: table slices, the keys' p2c scores
+  int64_t grid = 0;  // a grid bias's values of a head, or grid tables
   int64_t scheme_bytes = 0;  // the scheme's per-worker objects: RoPE's angles, T5's bucket per distance
 
-  int64_t elements() const { return qc + qp + k + v + bias + wk + wv + c2p + p2c + Rk; }
+  int64_t elements() const { return qc + qp + k + v + bias + wk + wv + c2p + p2c + Rk + grid; }
 };
 
 // A forward worker (fused_forward.cpp's ForwardScratch).
@@ -56,9 +57,9 @@ struct ForwardPlan {
 
 // The query-side gradients of one head's key group (fused_backward.cpp's QueryGrads).
 struct QueryGradsPlan {
-  int64_t dqc = 0, dqp = 0, dR = 0, Pb = 0, dE = 0, dRk = 0, dbias = 0;
+  int64_t dqc = 0, dqp = 0, dR = 0, Pb = 0, dE = 0, dRk = 0, dbias = 0, dgrid = 0;
 
-  int64_t elements() const { return dqc + dqp + dR + Pb + dE + dRk + dbias; }
+  int64_t elements() const { return dqc + dqp + dR + Pb + dE + dRk + dbias + dgrid; }
 };
 
 // The bfloat16 split of the backward's products (bf16_split.hpp's SplitBackward).

@@ -25,6 +25,13 @@
 //                       distance's stretch of one row contiguous
 //                       (indexed_rows.hpp); the backward sums dS into the
 //                       same shapes
+//   grid bias           a bias per (head, offsets) on a grid (Swin's): the
+//                       head's values by offset pair, read per key run
+//                       (grid_rows.hpp)
+//   grid tables         tables per axis on a grid read by the query (SAM's):
+//                       the query tile's scores against both tables, (bq,
+//                       rows_y + rows_x), picked per key run; dS summed into
+//                       the same shapes
 //
 // Backward recomputes P from the saved logsumexp, query tiles outer and key
 // tiles inner; positional gradients go to per-thread partials summed in
@@ -52,6 +59,7 @@
 #include "causal_cut.hpp"
 #include "distance_table.hpp"
 #include "fused_plan.hpp"
+#include "grid_rows.hpp"
 #include "head.hpp"
 #include "indexed_rows.hpp"
 #include "key_band.hpp"
@@ -78,6 +86,8 @@ struct HeadContext {
   const RowRuns* p2c_rows = nullptr;
   int64_t by_query_ld = 0;  // indexed tables: the row stride of the score gradients by query (c2p's dR)
   int64_t by_key_ld = 0;    // and of the scores and score gradients by key (p2c's Rk, dRk): indexed_stride
+  const GridAxes* axes = nullptr;  // on a grid: the call's offsets, from CallEmbeddings
+  Scratch<T> grid;          // a grid bias's values of this head by offsets (rows_y rows_x), or grid tables (rows, d)
   StoredBf16Rows stored;    // the head's bfloat16 rows, where the logits may multiply them in place
 
   // Every buffer of the plan, and the scheme's objects for call p (their
@@ -85,7 +95,7 @@ struct HeadContext {
   void allocate(const HeadPlan& plan, const AttentionForward<T>& p) {
     for (auto [buffer, size] : {std::pair{&x.qc, plan.qc}, {&x.qp, plan.qp}, {&x.k, plan.k}, {&x.v, plan.v},
                                 {&x.bias, plan.bias}, {&wk, plan.wk}, {&wv, plan.wv}, {&c2p, plan.c2p},
-                                {&p2c, plan.p2c}, {&Rk, plan.Rk}})
+                                {&p2c, plan.p2c}, {&Rk, plan.Rk}, {&grid, plan.grid}})
       buffer->reserve(size);
     x.rotation = make_rotation(p);
     x.query_bias = make_query_bias(p);
@@ -104,7 +114,9 @@ struct HeadContext {
 // adds (rotations and query biases happen before the tiles: plain), clipped
 // tables of keys, of values or both apart, indexed tables read by the query
 // (c2p), by the key (p2c) or both.
-enum class TileTerm { plain, bias, key_table, value_table, key_and_value_tables, band, c2p, p2c, c2p_and_p2c };
+enum class TileTerm {
+  plain, bias, key_table, value_table, key_and_value_tables, band, c2p, p2c, c2p_and_p2c, grid_bias, grid_tables
+};
 
 template <bool Causal, bool Padding, TileTerm Term>
 struct TileFeatures {
@@ -116,6 +128,8 @@ struct TileFeatures {
   static constexpr bool key_table = Term == TileTerm::key_table || Term == TileTerm::key_and_value_tables;
   static constexpr bool value_table = Term == TileTerm::value_table || Term == TileTerm::key_and_value_tables;
   static constexpr bool table = key_table || value_table;
+  static constexpr bool grid_bias = Term == TileTerm::grid_bias, grid_tables = Term == TileTerm::grid_tables;
+  static constexpr bool grid = grid_bias || grid_tables;
 };
 
 template <class F>
@@ -139,9 +153,15 @@ struct CallEmbeddings {
   std::unique_ptr<DistanceEmbedding<T>> keys, values, queries;
   std::vector<Scratch<T>> E;  // a key band: per head (distances, d), row r the distance index distances - 1 - r
   RowRuns key_rows, query_rows;  // indexed tables: the row of distance index m
+  std::unique_ptr<GridBias<T>> grid_bias;            // on a grid: a bias per (head, offsets)
+  std::unique_ptr<GridEmbedding<T>> grid_embedding;  // or tables per axis read by the query
 
   explicit CallEmbeddings(const AttentionForward<T>& p)
-      : keys(make_key_embedding(p)), values(make_value_embedding(p)), queries(make_query_embedding(p)) {
+      : keys(make_key_embedding(p)),
+        values(make_value_embedding(p)),
+        queries(make_query_embedding(p)),
+        grid_bias(make_grid_bias(p)),
+        grid_embedding(make_grid_embedding(p)) {
     if (queries && !queries->indexed()) throw std::logic_error("relpos: fused reads query embeddings as indexed tables");
     for (const auto& [table, rows] : {std::pair{indexed_keys(), &key_rows}, std::pair{indexed_queries(), &query_rows}})
       if (table) {
@@ -179,6 +199,10 @@ struct CallEmbeddings {
   const IndexedTable<T>* indexed_queries() const { return queries ? queries->indexed() : nullptr; }
   bool indexed() const { return indexed_keys() || indexed_queries(); }
   bool band() const { return keys && !keys->clipped() && !keys->indexed(); }
+  // The call's offsets on its grids; null off a grid.
+  const GridAxes* grid_axes() const {
+    return grid_bias ? &grid_bias->axes() : grid_embedding ? &grid_embedding->axes() : nullptr;
+  }
 };
 
 // Calls f(TileFeatures<...>{}) with the features of call p.
@@ -187,7 +211,9 @@ void with_tile_features(const AttentionForward<T>& p, const CallEmbeddings<T>& e
   const bool bias = scheme_has<BiasOf, T>(p.pos.scheme);
   const bool keys = embeddings.key_table() != nullptr, values = embeddings.value_table() != nullptr;
   const bool c2p = embeddings.indexed_keys() != nullptr, p2c = embeddings.indexed_queries() != nullptr;
-  const TileTerm term = c2p && p2c          ? TileTerm::c2p_and_p2c
+  const TileTerm term = embeddings.grid_bias      ? TileTerm::grid_bias
+                        : embeddings.grid_embedding ? TileTerm::grid_tables
+                        : c2p && p2c          ? TileTerm::c2p_and_p2c
                         : c2p               ? TileTerm::c2p
                         : p2c               ? TileTerm::p2c
                         : embeddings.band() ? TileTerm::band
@@ -209,6 +235,8 @@ void with_tile_features(const AttentionForward<T>& p, const CallEmbeddings<T>& e
         case TileTerm::c2p: return f(TileFeatures<c, k, TileTerm::c2p>{});
         case TileTerm::p2c: return f(TileFeatures<c, k, TileTerm::p2c>{});
         case TileTerm::c2p_and_p2c: return f(TileFeatures<c, k, TileTerm::c2p_and_p2c>{});
+        case TileTerm::grid_bias: return f(TileFeatures<c, k, TileTerm::grid_bias>{});
+        case TileTerm::grid_tables: return f(TileFeatures<c, k, TileTerm::grid_tables>{});
       }
     });
   });
@@ -250,6 +278,14 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
                                     c.Rk.data() + rows.first * ld + j0, ld);
                           });
   }
+  c.axes = e.grid_axes();
+  if (e.grid_bias) {
+    const GridShape& g = c.axes->shape();
+    c.grid.resize(g.rows_y() * g.rows_x()), e.grid_bias->values(h, c.grid.data());
+  } else if (e.grid_embedding && c.grid.empty()) {  // shared by the heads: made for the worker's first
+    const GridShape& g = c.axes->shape();
+    c.grid.resize((g.rows_y() + g.rows_x()) * c.x.hd.d), e.grid_embedding->tables(c.grid.data());
+  }
   c.stored = stored_bf16_rows(p, data, b, h, c.x.padded_keys_zeroed);
 }
 
@@ -284,11 +320,17 @@ BucketedRow<T> bucketed_row(const HeadContext<T>& c, int64_t r0, int64_t compute
 
 // The query tile's scores against a table's rows: (bq, nb) for a clipped key
 // table (read row by row), (nb, bq) for an indexed one (c2p, read by
-// distance: indexed_rows.hpp).
+// distance: indexed_rows.hpp), (bq, rows_y + rows_x) for grid tables.
 template <class F, class T>
 void query_tile_scores(const HeadContext<T>& c, int64_t i0, int64_t bq, Scratch<T>& Rq) {
   const Head<T>& hd = c.x.hd;
   const int64_t d = hd.d;
+  if constexpr (F::grid_tables) {
+    const int64_t rows = c.axes->shape().rows_y() + c.axes->shape().rows_x();
+    Rq.resize(bq * rows);
+    return gemm<T>(Trans::no, Trans::yes, bq, rows, d, T(1), hd.qp + i0 * d, d, c.grid.data(), d, T(0), Rq.data(),
+                   rows);
+  }
   Rq.resize(bq * c.nb);
   if constexpr (F::c2p) {  // the rows the tile's queries reach; the others are never read
     for_each_reached_tile(*c.c2p_rows, /*by_query=*/true, hd.lq, hd.lk, i0, i0 + bq,
@@ -316,7 +358,7 @@ void add_indexed_scores(const HeadContext<T>& c, T scale, const Tile& t, int64_t
 
 // S (bq, bk) = the tile's logits, masked pairs -inf (cut: cut_of the tile), but for a clipped key
 // table's edge scores (bucketed_row). Rq: the table's scores of the tile's queries
-// (query_tile_scores: (bq, nb) for a clipped key table, (nb, bq) for c2p).
+// (query_tile_scores: (bq, nb) for a clipped key table, (nb, bq) for c2p, (bq, rows) for grid tables).
 // band: the query tile's key band scores. transposed, diagonals: scratch of the products and of
 // the indexed tables' picks.
 template <class F, class T>
@@ -340,6 +382,12 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
       add_window_by_row(row, bk, hd.rmin + mrow, c.k, Rq + ii * c.nb, scale);
     if constexpr (F::bias)
       rows::add_scaled(row, &bias[mrow], T(1), bk);
+    if constexpr (F::grid_bias)
+      add_grid_row<T>(*c.axes, t.i0 + ii, t.j0, bk, nullptr, c.grid.data(), c.axes->shape().rows_x(), row);
+    if constexpr (F::grid_tables) {  // the query's scores against the y table, then the x table
+      const T* scores = Rq + ii * (c.axes->shape().rows_y() + c.axes->shape().rows_x());
+      add_grid_row(*c.axes, t.i0 + ii, t.j0, bk, scores, scores + c.axes->shape().rows_y(), 0, row);
+    }
     if constexpr (F::causal)
       for (int64_t jj = shown; jj < bk; ++jj) row[jj] = kNegInf<T>;
     if constexpr (F::padding)

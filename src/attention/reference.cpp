@@ -13,6 +13,8 @@
 // value embeddings per distance (Shaw's A^K, A^V; Transformer-XL's W_R R(-r);
 // DeBERTa's c2p and p2c tables by bucket), bias
 // its bias per distance (T5, ALiBi, KERPLE), and q, k rotated first (RoPE).
+// On a grid, bias(i, j) holds a bias per offset pair (Swin's) and the logit
+// gains, unscaled, qc_i . (ry[y(i, j)] + rx[x(i, j)]) (SAM's tables).
 #include "reference.hpp"
 
 #include <cmath>
@@ -42,7 +44,19 @@ struct HeadTerms {
   // embeddings are computed once, then copied to its pairs.
   int64_t rmin = 0;
   std::unique_ptr<DistanceEmbedding<T>> key_embedding, query_embedding, value_embedding;
+  std::unique_ptr<GridBias<T>> grid_bias;            // the scheme's bias per offsets on a grid, if any
+  std::unique_ptr<GridEmbedding<T>> grid_embedding;  // its tables per axis on a grid, if any
+  Scratch<T> ryx;  // the grid embedding's tables, (rows_y + rows_x, d)
 };
+
+// The offsets' indices of pair (i, j) on the call's grids, per axis.
+struct GridPair {
+  int64_t y, x;
+};
+inline GridPair grid_pair(const GridAxes& a, int64_t i, int64_t j) {
+  const GridShape& g = a.shape();
+  return {a.y(i / g.qw, j / g.kw), a.x_of(i % g.qw)[j % g.kw]};
+}
 
 
 template <class T>
@@ -106,6 +120,18 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
   if (t.key_embedding) t.key_embedding->rows(h, n, key_rows.data());
   if (t.query_embedding) t.query_embedding->rows(h, n, query_rows.data());
   if (t.value_embedding) t.value_embedding->rows(h, n, value_rows.data());
+  t.grid_bias = make_grid_bias(p);
+  t.grid_embedding = make_grid_embedding(p);
+  Scratch<T> offset_bias;  // the grid bias's values, by (y, x) offsets
+  if (t.grid_bias) {
+    offset_bias.resize(t.grid_bias->axes().shape().rows_y() * t.grid_bias->axes().shape().rows_x());
+    t.grid_bias->values(h, offset_bias.data());
+  }
+  if (t.grid_embedding) {
+    const GridShape& g = t.grid_embedding->axes().shape();
+    t.ryx.resize((g.rows_y() + g.rows_x()) * t.d);
+    t.grid_embedding->tables(t.ryx.data());
+  }
   Scratch<T> bias_per_distance;
   t.distance_bias = make_distance_bias(p);
   if (t.distance_bias) {
@@ -125,6 +151,10 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
       if (t.value_embedding)
         for (int64_t x = 0; x < t.dv; ++x) t.rv[ij * t.dv + x] = value_rows[(r - t.rmin) * t.dv + x];
       if (t.distance_bias) t.bias[ij] = bias_per_distance[r - t.rmin];
+      if (t.grid_bias) {
+        const GridPair at = grid_pair(t.grid_bias->axes(), i, j);
+        t.bias[ij] = offset_bias[at.y * t.grid_bias->axes().shape().rows_x() + at.x];
+      }
     }
   }
   return t;
@@ -137,7 +167,13 @@ T logit(const HeadTerms<T>& t, T scale, int64_t i, int64_t j) {
   T s = dot(&t.qc[i * t.d], &t.k[j * t.d], t.d);
   if (!t.rk.empty()) s += dot(&t.qp[i * t.d], &t.rk[ij * t.d], t.d);
   if (!t.rq.empty()) s += dot(&t.k[j * t.d], &t.rq[ij * t.d], t.d);
-  return scale * s + t.bias[ij];
+  T unscaled = t.bias[ij];
+  if (t.grid_embedding) {
+    const GridPair at = grid_pair(t.grid_embedding->axes(), i, j);
+    const int64_t x = t.grid_embedding->axes().shape().rows_y() + at.x;  // rx follows ry in ryx
+    unscaled += dot(&t.qc[i * t.d], &t.ryx[at.y * t.d], t.d) + dot(&t.qc[i * t.d], &t.ryx[x * t.d], t.d);
+  }
+  return scale * s + unscaled;
 }
 
 }  // namespace
@@ -196,6 +232,11 @@ void backward(const AttentionBackward<T>& p) {
       Scratch<T> dkey_rows(t.key_embedding ? n * d : 0), dvalue_rows(t.value_embedding ? n * dv : 0);
       Scratch<T> dquery_rows(t.query_embedding ? n * d : 0);
       Scratch<T> dbias(t.distance_bias ? t.lq + t.lk - 1 : 0, T(0));  // gradient of the bias per distance
+      const GridShape grid = t.grid_bias ? t.grid_bias->axes().shape()
+                             : t.grid_embedding ? t.grid_embedding->axes().shape()
+                                                : GridShape{};
+      Scratch<T> doffset_bias(t.grid_bias ? grid.rows_y() * grid.rows_x() : 0, T(0));
+      Scratch<T> dryx(t.ryx.size(), T(0));
       for (int64_t i = 0; i < t.lq; ++i) {
         const T lse = p.lse(b, h, i);
         if (lse == -std::numeric_limits<T>::infinity()) continue;  // fully masked: zero gradients
@@ -243,9 +284,23 @@ void backward(const AttentionBackward<T>& p) {
           if (!t.rv.empty())
             for (int64_t x = 0; x < dv; ++x) dvalue_rows[(r - t.rmin) * dv + x] += Pd[j] * p.dout(b, h, i, x);
           if (t.distance_bias) dbias[r - t.rmin] += dS[j];
+          if (t.grid_bias) {
+            const GridPair at = grid_pair(t.grid_bias->axes(), i, j);
+            doffset_bias[at.y * grid.rows_x() + at.x] += dS[j];
+          }
+          if (t.grid_embedding) {  // unscaled: qc_i . (ry + rx)
+            const GridPair at = grid_pair(t.grid_embedding->axes(), i, j);
+            for (const int64_t row : {at.y, grid.rows_y() + at.x})
+              for (int64_t x = 0; x < d; ++x) {
+                dqc[i * d + x] += dS[j] * t.ryx[row * d + x];
+                dryx[row * d + x] += dS[j] * t.qc[i * d + x];
+              }
+          }
         }
       }
       if (t.distance_bias) t.distance_bias->add_grad(g, h, dbias.data());
+      if (t.grid_bias) t.grid_bias->add_grad(g, h, doffset_bias.data());
+      if (t.grid_embedding) t.grid_embedding->add_grad(g, dryx.data());
       if (t.key_embedding) t.key_embedding->add_rows_grad(g, h, n, dkey_rows.data());
       if (t.query_embedding) t.query_embedding->add_rows_grad(g, h, n, dquery_rows.data());
       if (t.value_embedding) t.value_embedding->add_rows_grad(g, h, n, dvalue_rows.data());

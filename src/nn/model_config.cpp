@@ -84,7 +84,8 @@ Precision parse_precision(const std::string& name) {
 std::vector<PositionKind> all_position_kinds() {
   std::vector<PositionKind> kinds = {"none", "sinusoidal", "learned"};
   AllSchemes::for_each([&](auto scheme) {
-    if (decltype(scheme)::id != Scheme::none) kinds.push_back(decltype(scheme)::name);
+    using S = decltype(scheme);
+    if (ModelScheme<S> && S::id != Scheme::none) kinds.push_back(S::name);
   });
   return kinds;
 }

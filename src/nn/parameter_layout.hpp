@@ -25,9 +25,11 @@ std::vector<ModelTensor> position_scheme(const ModelConfig& c, PositionParams<T>
   std::vector<ModelTensor> tensors;
   AllSchemes::for_each([&](auto scheme) {
     using S = decltype(scheme);
-    if (c.position != S::name) return;
-    p.scheme = S::id;
-    tensors = S::model(p, c);
+    if constexpr (ModelScheme<S>) {
+      if (c.position != S::name) return;
+      p.scheme = S::id;
+      tensors = S::model(p, c);
+    }
   });
   return tensors;
 }

@@ -45,6 +45,12 @@ auto scheme_list(std::index_sequence<Id...>) {
 }
 using AllSchemes = decltype(scheme_list(std::make_index_sequence<kSchemeCount>{}));
 
+// Whether scheme S is a kind of relpos's byte-level model (its model() says
+// how the model holds it): every scheme on a line of text; the schemes of
+// positions on a grid are not (the model reads text, one row per byte).
+template <class S>
+concept ModelScheme = requires(PositionParams<float>& p, const SchemeModelConfig& c) { S::model(p, c); };
+
 // Calls f(option) for the model options of every scheme, in list order.
 template <class F>
 void for_each_model_option(F&& f) {
@@ -77,7 +83,7 @@ void for_each_model_tensor(const std::vector<ModelTensor>& tensors, Params& pos,
 
 // The kinds of relative term a scheme's file may define as a class template
 // built from the call (scheme.hpp): Bias<T>, Rotation<T>, KeyEmbedding<T>,
-// ValueEmbedding<T>, QueryEmbedding<T>, QueryBias<T>.
+// ValueEmbedding<T>, QueryEmbedding<T>, QueryBias<T>, GridBias<T>, GridEmbedding<T>.
 template <class S, class T>
 using BiasOf = typename S::template Bias<T>;
 template <class S, class T>
@@ -90,6 +96,10 @@ template <class S, class T>
 using QueryEmbeddingOf = typename S::template QueryEmbedding<T>;
 template <class S, class T>
 using QueryBiasOf = typename S::template QueryBias<T>;
+template <class S, class T>
+using GridBiasOf = typename S::template GridBias<T>;
+template <class S, class T>
+using GridEmbeddingOf = typename S::template GridEmbedding<T>;
 
 // Whether scheme S defines the term Of<S, T>.
 template <template <class, class> class Of, class S, class T, class = void>
@@ -142,6 +152,27 @@ std::unique_ptr<DistanceEmbedding<T>> make_query_embedding(const AttentionForwar
 template <class T>
 std::unique_ptr<QueryBiases<T>> make_query_bias(const AttentionForward<T>& p) {
   return make_scheme_term<QueryBiasOf, QueryBiases<T>>(p);
+}
+
+// The call's terms on a grid: a bias per (head, offsets), tables per axis.
+template <class T>
+std::unique_ptr<GridBias<T>> make_grid_bias(const AttentionForward<T>& p) {
+  return make_scheme_term<GridBiasOf, GridBias<T>>(p);
+}
+template <class T>
+std::unique_ptr<GridEmbedding<T>> make_grid_embedding(const AttentionForward<T>& p) {
+  return make_scheme_term<GridEmbeddingOf, GridEmbedding<T>>(p);
+}
+
+// The call's grids (GridShape), for any element type; empty off a grid.
+template <class T>
+GridShape grid_shape(const AttentionForward<T>& p) {
+  GridShape g;
+  AllSchemes::visit(p.pos.scheme, [&](auto scheme) {
+    using S = decltype(scheme);
+    if constexpr (requires { S::grid_shape(p); }) g = S::grid_shape(p);
+  });
+  return g;
 }
 
 // The sizes of the call's embeddings (EmbeddingSizes), for any element type.

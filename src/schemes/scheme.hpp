@@ -24,6 +24,11 @@
 //                    (DeBERTa's position-to-content term): an IndexedTable<T>
 //   QueryBias<T>     for one that adds a vector per head to the query
 //                    (Transformer-XL's u and v): a QueryBiases<T> (below)
+//   GridBias<T>      for one on a grid with a bias per (head, offset on both
+//                    axes) (Swin): a GridBias<T> (below)
+//   GridEmbedding<T> for one on a grid with a table per axis read by the
+//                    query (SAM's decomposed terms): a GridEmbedding<T>
+//   grid_shape       on a grid: the query's and key's grids (GridShape)
 //   embedding_sizes  with a Key-, Value- or QueryEmbedding: their sizes for
 //                    the scratch estimate, before anything is built
 //   for_each_option  its options that are not tensors (Shaw's k), each once as
@@ -58,6 +63,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../backend/scratch.hpp"
 #include "checks.hpp"
 #include "relpos/attention.hpp"
 #include "relpos/position.hpp"
@@ -419,6 +425,97 @@ class QueryBiases {
   // gradients with respect to qc and qp.
   virtual void add_grad(const PositionGrads<T>& g, int64_t h, int64_t lq, int64_t d, const T* dqc,
                         const T* dqp) const = 0;
+};
+
+// The grids of a call whose positions lie on one (docs/design.md, "Positions
+// on a grid"): query row i at cell (i / qw, i % qw) of qh x qw, key row j at
+// (j / kw, j % kw) of kh x kw; rows_y, rows_x: the rows of each axis's
+// offsets (grid_offset_rows). All zero: not on a grid.
+struct GridShape {
+  int64_t qh = 0, qw = 0, kh = 0, kw = 0;
+  int64_t rows_y() const { return grid_offset_rows(qh, kh); }
+  int64_t rows_x() const { return grid_offset_rows(qw, kw); }
+  bool empty() const { return qh == 0; }
+};
+
+namespace checks {
+// Lq and Lk are the cells of the call's query and key grids (q_name and
+// k_name say which options make them), one row per cell, row-major.
+template <class T>
+void check_grid(const AttentionForward<T>& p, const GridShape& g, const char* q_name, const char* k_name) {
+  const auto cells = [](int64_t h, int64_t w) {
+    return std::to_string(h) + " x " + std::to_string(w) + " = " + std::to_string(h * w) + " cells";
+  };
+  if (g.qh * g.qw != p.q.shape[2])
+    fail(std::string(q_name) + ": " + cells(g.qh, g.qw) + ", but q has Lq=" + std::to_string(p.q.shape[2]) +
+         " rows (one per cell, row by row)");
+  if (g.kh * g.kw != p.k.shape[2])
+    fail(std::string(k_name) + ": " + cells(g.kh, g.kw) + ", but k has Lk=" + std::to_string(p.k.shape[2]) +
+         " rows (one per cell, row by row)");
+}
+}  // namespace checks
+
+// A call's offsets on its grids, each pair's per axis as the index of that
+// axis's rows (grid_offset_index), listed once per call and thread: by_y
+// (qh x kh) and by_x (qw x kw), int32.
+class GridAxes {
+ public:
+  explicit GridAxes(const GridShape& g) : shape_(g), by_y_(g.qh * g.kh), by_x_(g.qw * g.kw) {
+    for (int64_t a = 0; a < g.qh; ++a)
+      for (int64_t b = 0; b < g.kh; ++b) by_y_[a * g.kh + b] = int32_t(grid_offset_index(a, b, g.qh, g.kh));
+    for (int64_t a = 0; a < g.qw; ++a)
+      for (int64_t b = 0; b < g.kw; ++b) by_x_[a * g.kw + b] = int32_t(grid_offset_index(a, b, g.qw, g.kw));
+  }
+  const GridShape& shape() const { return shape_; }
+  // The y offset's index of query cell row yq and key cell row yk.
+  int32_t y(int64_t yq, int64_t yk) const { return by_y_[yq * shape_.kh + yk]; }
+  // The x offsets' indices of query cell column xq against key columns 0 .. kw - 1.
+  const int32_t* x_of(int64_t xq) const { return &by_x_[xq * shape_.kw]; }
+  // Bytes a GridAxes of shape g holds (the fused kernel's scratch plan).
+  static int64_t bytes(const GridShape& g) { return (g.qh * g.kh + g.qw * g.kw) * int64_t(sizeof(int32_t)); }
+
+ private:
+  GridShape shape_;
+  Scratch<int32_t> by_y_, by_x_;
+};
+
+// A bias per (head, y offset, x offset) of a call on a grid (Swin's): the
+// logit of (i, j) gains table[y(i, j) * rows_x + x(i, j)] of head h.
+template <class T>
+class GridBias {
+ public:
+  explicit GridBias(const GridShape& g) : axes_(g) {}
+  virtual ~GridBias() = default;
+  static bool applies(const AttentionForward<T>&) { return true; }
+  const GridAxes& axes() const { return axes_; }
+  // Head h's (rows_y * rows_x) values, by y offset then x offset.
+  virtual void values(int64_t h, T* table) const = 0;
+  virtual bool wants_grad(const PositionGrads<T>& g) const = 0;
+  // Adds into g the gradient of head h's values, dtable (rows_y * rows_x).
+  virtual void add_grad(const PositionGrads<T>& g, int64_t h, const T* dtable) const = 0;
+
+ private:
+  GridAxes axes_;
+};
+
+// A table per axis of a call on a grid, read by the query and shared by the
+// heads (SAM's decomposed terms): the logit of (i, j) gains, unscaled,
+// q_i . ry[y(i, j)] + q_i . rx[x(i, j)], ry (rows_y, d), rx (rows_x, d).
+template <class T>
+class GridEmbedding {
+ public:
+  explicit GridEmbedding(const GridShape& g) : axes_(g) {}
+  virtual ~GridEmbedding() = default;
+  static bool applies(const AttentionForward<T>&) { return true; }
+  const GridAxes& axes() const { return axes_; }
+  // ry then rx, one dense (rows_y + rows_x, d) block.
+  virtual void tables(T* ryx) const = 0;
+  virtual bool wants_grad(const PositionGrads<T>& g) const = 0;
+  // Adds into g the tables' gradient, dryx (rows_y + rows_x, d) as tables() lays them out.
+  virtual void add_grad(const PositionGrads<T>& g, const T* dryx) const = 0;
+
+ private:
+  GridAxes axes_;
 };
 
 // The sizes of a scheme's embeddings, known from its arguments alone (the

@@ -27,8 +27,9 @@ inline const std::vector<Algorithm>& every_algorithm() {
 }
 
 // The rule: reference and fused serve everything; gather every scheme but
-// Transformer-XL; split Shaw; skew Shaw under a causal mask with Lq == Lk and
-// equal offsets (key padding allowed); generalized skew Shaw and
+// Transformer-XL, DeBERTa and the schemes on a grid (SAM, Swin); split Shaw;
+// skew Shaw under a causal mask with Lq == Lk and equal offsets (key padding
+// allowed); generalized skew Shaw and
 // Transformer-XL, anything; rel-shift Transformer-XL under a causal mask with
 // the queries end-aligned with the keys (k_offset + Lk == q_offset + Lq).
 inline bool serves(Algorithm a, const Spec& s) {
@@ -39,7 +40,7 @@ inline bool serves(Algorithm a, const Spec& s) {
     case Algorithm::fused:
       return true;
     case Algorithm::gather:
-      return !xl && s.scheme != Scheme::deberta;
+      return !xl && s.scheme != Scheme::deberta && s.scheme != Scheme::sam && s.scheme != Scheme::swin;
     case Algorithm::split:
       return shaw;
     case Algorithm::skew:
@@ -167,6 +168,8 @@ inline std::vector<Spec> dropout_cases() {
       out.push_back(with_dropout(s));
   for (const Spec& s : xl_memory_cases())
     if (s.Lq < 97) out.push_back(with_dropout(s));
+  for (const Spec& s : grid_cases())
+    if (s.mask == MaskKind::none || s.mask == MaskKind::causal_padding) out.push_back(with_dropout(s));
   return out;
 }
 
@@ -212,7 +215,8 @@ inline std::vector<CaseGroup> algorithm_problem_groups() {
   std::vector<CaseGroup> out;
   for (const auto& [cases, suffix] :
        {std::pair{all_cases(), "__generator"}, std::pair{causal_self_cases(), "__causal_self"},
-        std::pair{xl_memory_cases(), ""}, std::pair{odd_size_cases(), ""}, std::pair{dropout_cases(), "__dropout"}})
+        std::pair{xl_memory_cases(), ""}, std::pair{odd_size_cases(), ""}, std::pair{grid_cases(), "__grid"},
+        std::pair{dropout_cases(), "__dropout"}})
     for (CaseGroup& g : group_by(cases, label_prefix(suffix))) {
       for (Spec& s : g.cases) s.num_threads = 1;
       out.push_back(std::move(g));

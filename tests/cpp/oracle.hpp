@@ -105,6 +105,15 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   return s;
 }
 
+// SAM's get_rel_pos (transformers' SamVisionAttention) for one pair of
+// coordinates: the shorter axis's coordinates scaled, in float32 (the default
+// dtype the coordinates take), the index truncated as .long() does.
+inline int64_t sam_rel_index(int64_t q, int64_t k, int64_t q_size, int64_t k_size) {
+  const float q_coords = float(q) * float(std::max(double(k_size) / double(q_size), 1.0));
+  const float k_coords = float(k) * float(std::max(double(q_size) / double(k_size), 1.0));
+  return int64_t((q_coords - k_coords) + float(double(k_size - 1) * std::max(double(q_size) / double(k_size), 1.0)));
+}
+
 inline std::vector<double> row(Tensor<double, 4>& t, int64_t b, int64_t h, int64_t i) {
   std::vector<double> r(t.shape()[3]);
   for (int64_t x = 0; x < t.shape()[3]; ++x) r[x] = t(b, h, i, x);
@@ -147,6 +156,19 @@ inline double extra_logit(Problem<double>& p, int64_t b, int64_t h, int64_t i, i
         sc += p.xl_u(h, x) * k[x] + (q[x] + p.xl_v(h, x)) * wr;
       }
       return p.scale() * sc;
+    }
+    case Scheme::sam: {  // unscaled, as SAM adds it to the scaled q . k
+      const int64_t kh = s.key_grid_h(), kw = s.key_grid_w();
+      const int64_t y = sam_rel_index(i / s.grid_qw, j / kw, s.grid_qh, kh);
+      const int64_t x = sam_rel_index(i % s.grid_qw, j % kw, s.grid_qw, kw);
+      double sc = 0;
+      for (int64_t c = 0; c < s.d; ++c) sc += q[c] * (p.sam_rel_h(y, c) + p.sam_rel_w(x, c));
+      return sc;
+    }
+    case Scheme::swin: {  // Swin's relative_position_index: query cell minus key cell, shifted to >= 0
+      const int64_t wh = s.grid_qh, ww = s.grid_qw;
+      const int64_t dy = i / ww - j / ww + wh - 1, dx = i % ww - j % ww + ww - 1;
+      return p.swin_table(h, dy * (2 * ww - 1) + dx);
     }
     case Scheme::deberta: {  // both terms at transformers' relative position query - key = -r
       const std::vector<double> k = row(p.k, b, h, j);

@@ -70,6 +70,8 @@ struct Spec {
   // DeBERTa: log buckets past |r| = 2 (span 4, 8 table rows) by default
   int64_t deberta_position_buckets = 4, deberta_max_relative_positions = 8;
   bool deberta_c2p = true, deberta_p2c = true, deberta_per_head = false;
+  // Positions on a grid (SAM's query and key grids; Swin's window is the query grid)
+  int64_t grid_qh = 0, grid_qw = 0, grid_kh = 0, grid_kw = 0;  // key grid 0: the query grid's
   uint64_t seed = 1;
   // Attention dropout (relpos/dropout.hpp); p = 0: none.
   relpos::AttentionDropout dropout;
@@ -92,6 +94,8 @@ struct Spec {
   int64_t deberta_span() const {
     return deberta_position_buckets > 0 ? deberta_position_buckets : deberta_max_relative_positions;
   }
+  int64_t key_grid_h() const { return grid_kh ? grid_kh : grid_qh; }
+  int64_t key_grid_w() const { return grid_kw ? grid_kw : grid_qw; }
 };
 
 inline void PrintTo(const Spec& s, std::ostream* os) { *os << s.label; }
@@ -215,6 +219,8 @@ class Problem {
   Tensor<T, 1> kerple_r1, kerple_r2, grad_kerple_r1, grad_kerple_r2;
   Tensor<T, 1> kerple_power_r1, kerple_power_r2, grad_kerple_power_r1, grad_kerple_power_r2;
   Tensor<T, 3> deberta_c2p, deberta_p2c, grad_deberta_c2p, grad_deberta_p2c;
+  Tensor<T, 2> sam_rel_h, sam_rel_w, grad_sam_rel_h, grad_sam_rel_w;
+  Tensor<T, 2> swin_table, grad_swin_table;
 
   explicit Problem(const Spec& s) : spec(s), rng_(s.seed) {
     random(q, {s.B, s.H, s.Lq, s.d}, -1, 1);
@@ -273,6 +279,15 @@ class Problem {
       if (s.deberta_c2p) random(deberta_c2p, shape, -1, 1), zeros_like(grad_deberta_c2p, deberta_c2p);
       if (s.deberta_p2c) random(deberta_p2c, shape, -1, 1), zeros_like(grad_deberta_p2c, deberta_p2c);
     }
+    if (s.scheme == Scheme::sam) {  // rows 2 max(query cells, key cells) - 1 per axis
+      random(sam_rel_h, {2 * std::max(s.grid_qh, s.key_grid_h()) - 1, s.d}, -1, 1);
+      random(sam_rel_w, {2 * std::max(s.grid_qw, s.key_grid_w()) - 1, s.d}, -1, 1);
+      zeros_like(grad_sam_rel_h, sam_rel_h), zeros_like(grad_sam_rel_w, sam_rel_w);
+    }
+    if (s.scheme == Scheme::swin) {
+      random(swin_table, {s.H, (2 * s.grid_qh - 1) * (2 * s.grid_qw - 1)}, -1, 1);
+      zeros_like(grad_swin_table, swin_table);
+    }
   }
 
   // The scheme's default scale: 1 for T5, 1 / sqrt(d (1 + its position
@@ -307,6 +322,8 @@ class Problem {
     pos.kerple_power = {kerple_power_r1.cview(), kerple_power_r2.cview()};
     pos.deberta = {spec.deberta_position_buckets, spec.deberta_max_relative_positions, deberta_c2p.cview(),
                    deberta_p2c.cview()};
+    pos.sam = {spec.grid_qh, spec.grid_qw, spec.grid_kh, spec.grid_kw, sam_rel_h.cview(), sam_rel_w.cview()};
+    pos.swin = {spec.grid_qh, spec.grid_qw, swin_table.cview()};
     a.dropout = spec.dropout;
     a.algorithm = spec.algorithm;
     a.num_threads = spec.num_threads;
@@ -324,7 +341,8 @@ class Problem {
     a.dpos = {grad_shaw_wk.view(), grad_shaw_wv.view(), grad_t5_table.view(), grad_alibi_slopes.view(),
               grad_xl_u.view(),    grad_xl_v.view(),    grad_xl_w_r.view(),       grad_kerple_r1.view(),
               grad_kerple_r2.view(), grad_kerple_power_r1.view(), grad_kerple_power_r2.view(),
-              grad_deberta_c2p.view(), grad_deberta_p2c.view()};
+              grad_deberta_c2p.view(), grad_deberta_p2c.view(), grad_sam_rel_h.view(), grad_sam_rel_w.view(),
+              grad_swin_table.view()};
     return a;
   }
 
@@ -353,6 +371,9 @@ class Problem {
     add("kerple_power.r2", kerple_power_r2, grad_kerple_power_r2);
     add("deberta.c2p", deberta_c2p, grad_deberta_c2p);
     add("deberta.p2c", deberta_p2c, grad_deberta_p2c);
+    add("sam.rel_h", sam_rel_h, grad_sam_rel_h);
+    add("sam.rel_w", sam_rel_w, grad_sam_rel_w);
+    add("swin.table", swin_table, grad_swin_table);
     return ps;
   }
 
@@ -366,7 +387,8 @@ class Problem {
     bool ok = out.padding_untouched() && lse.padding_untouched() && dq.padding_untouched() && dk.padding_untouched() &&
               dv.padding_untouched();
     for (auto* g : {&grad_shaw_wk, &grad_shaw_wv, &grad_xl_w_r, &grad_deberta_c2p, &grad_deberta_p2c}) ok = ok && g->padding_untouched();
-    for (auto* g : {&grad_t5_table, &grad_xl_u, &grad_xl_v}) ok = ok && g->padding_untouched();
+    for (auto* g : {&grad_t5_table, &grad_xl_u, &grad_xl_v, &grad_sam_rel_h, &grad_sam_rel_w, &grad_swin_table})
+      ok = ok && g->padding_untouched();
     for (auto* g : {&grad_alibi_slopes, &grad_kerple_r1, &grad_kerple_r2, &grad_kerple_power_r1, &grad_kerple_power_r2})
       ok = ok && g->padding_untouched();
     return ok;
@@ -533,6 +555,42 @@ inline std::vector<Spec> all_cases() {
       for (const Geometry& g : geometries()) out.push_back(with_mask_and_geometry(s, m, g));
   return out;
 }
+
+// Positions on a grid: SAM's tables on equal query and key grids (3 x 4,
+// strided), with the key grid pooled (queries 4 x 6, keys 2 x 3: MViTv2's
+// pooled keys) and the reverse, on a single row (1 x 5); Swin's bias in
+// windows of 3 x 4 (strided) and 2 x 2 cells; every mask each.
+inline std::vector<Spec> grid_cases() {
+  struct Grid {
+    const char* name;
+    Scheme scheme;
+    int64_t qh, qw, kh, kw;
+    Layout layout;
+  };
+  const Grid grids[] = {{"sam_3x4", Scheme::sam, 3, 4, 0, 0, Layout::strided},
+                        {"sam_4x6_keys_2x3", Scheme::sam, 4, 6, 2, 3, Layout::dense},
+                        {"sam_2x3_keys_4x6", Scheme::sam, 2, 3, 4, 6, Layout::dense},
+                        {"sam_1x5", Scheme::sam, 1, 5, 0, 0, Layout::dense},
+                        {"swin_3x4", Scheme::swin, 3, 4, 0, 0, Layout::strided},
+                        {"swin_2x2", Scheme::swin, 2, 2, 0, 0, Layout::dense}};
+  std::vector<Spec> out;
+  for (const Grid& g : grids)
+    for (const NamedMask& m : masks()) {
+      Spec s;
+      s.scheme = g.scheme, s.layout = g.layout, s.mask = m.kind;
+      s.grid_qh = g.qh, s.grid_qw = g.qw, s.grid_kh = g.kh, s.grid_kw = g.kw;
+      s.Lq = g.qh * g.qw, s.Lk = s.key_grid_h() * s.key_grid_w();
+      s.label = std::string(g.name) + "__" + m.name;
+      out.push_back(s);
+    }
+  return out;
+}
+
+// Whether a grid case's rows each see the keys of one key grid row only (a
+// single grid row; a causal mask that shows 6 queries only the first 6 of 24
+// keys): SAM's y table then adds one value to all of a row's logits, which
+// the softmax cancels, and a gradient check of it has nothing to check.
+inline bool grid_rows_see_one_key_row(const Spec& s) { return s.grid_qh == 1 || (s.causal() && s.Lq < s.Lk); }
 
 // Only the cases whose scheme variant passes `keep`.
 inline std::vector<Spec> cases_where(const std::function<bool(const Spec&)>& keep) {

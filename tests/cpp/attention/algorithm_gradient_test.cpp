@@ -52,6 +52,11 @@ std::vector<Spec> gradient_cases() {
         s.label += std::string("__") + g.name;
         if (serves(a, s)) out.push_back(with_algorithm(s, a));
       }
+  for (Spec s : grid_cases())  // the fused kernel's grid terms, where every row sees several key rows
+    if (s.mask == MaskKind::padding && s.grid_qh > 1) {
+      s.B = 1, s.H = 2;
+      out.push_back(with_algorithm(s, Algorithm::fused));
+    }
   return out;
 }
 

@@ -42,8 +42,30 @@ Spec multi_tile(Spec s) {
   return s;
 }
 
+// Positions on a grid over several tiles: SAM on 16 x 20 cells (strided), its
+// queries on 18 x 18 against keys pooled to 9 x 9, Swin in a 12 x 12 window.
+std::vector<Spec> multi_tile_grids() {
+  struct Grid {
+    const char* name;
+    Scheme scheme;
+    int64_t qh, qw, kh, kw;
+  };
+  std::vector<Spec> out;
+  for (const Grid& g : {Grid{"grid_sam_16x20", Scheme::sam, 16, 20, 0, 0},
+                        Grid{"grid_sam_18x18_keys_9x9", Scheme::sam, 18, 18, 9, 9},
+                        Grid{"grid_swin_12x12", Scheme::swin, 12, 12, 0, 0}}) {
+    Spec s;
+    s.label = g.name, s.scheme = g.scheme, s.B = 1, s.H = 2, s.d = 8, s.dv = 4;
+    s.grid_qh = g.qh, s.grid_qw = g.qw, s.grid_kh = g.kh, s.grid_kw = g.kw;
+    s.Lq = g.qh * g.qw, s.Lk = s.key_grid_h() * s.key_grid_w();
+    s.layout = g.scheme == Scheme::sam && g.kh == 0 ? Layout::strided : Layout::dense;
+    out.push_back(s);
+  }
+  return out;
+}
+
 // Every variant x mask x geometry, and with dropout under two masks on the
-// strided geometry with offsets.
+// strided geometry with offsets; the grids under every mask, and with dropout.
 std::vector<Spec> multi_tile_cases() {
   std::vector<Spec> out;
   for (const Spec& variant : scheme_variants()) {
@@ -51,6 +73,10 @@ std::vector<Spec> multi_tile_cases() {
       for (const Geometry& g : multi_tile_geometries()) out.push_back(with_mask_and_geometry(multi_tile(variant), m, g));
     for (const NamedMask& m : {masks()[0], masks()[3]})
       out.push_back(with_dropout(with_mask_and_geometry(multi_tile(variant), m, multi_tile_geometries()[1])));
+  }
+  for (const Spec& grid : multi_tile_grids()) {
+    for (const NamedMask& m : masks()) out.push_back(with_mask_and_geometry(grid, m, {"", [](Spec&) {}}));
+    out.push_back(with_dropout(with_mask_and_geometry(grid, masks()[2], {"", [](Spec&) {}})));
   }
   return out;
 }
@@ -149,9 +175,14 @@ TEST(FusedMultiTile, DeBERTaInFloat32) {
 // Fewer heads than threads: each head's key tiles in groups, the groups' sums added in
 // parts over the threads (7 threads: more parts than some sums have elements).
 TEST(FusedMultiTile, FewHeadsSplitOverThreads) {
+  std::vector<Spec> cases;
   for (const Spec& variant : scheme_variants())
+    cases.push_back(with_mask_and_geometry(multi_tile(variant), masks()[3], multi_tile_geometries()[1]));
+  for (const Spec& grid : multi_tile_grids())
+    cases.push_back(with_mask_and_geometry(grid, masks()[3], {"", [](Spec&) {}}));
+  for (const Spec& c : cases)
     for (int64_t heads : {1, 2}) {
-      Spec spec = with_mask_and_geometry(multi_tile(variant), masks()[3], multi_tile_geometries()[1]);
+      Spec spec = c;
       spec.H = heads;
       spec.algorithm = relpos::Algorithm::fused;
       SCOPED_TRACE(spec.label + ", " + std::to_string(heads) + " heads");

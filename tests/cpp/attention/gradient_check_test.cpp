@@ -18,6 +18,14 @@ TEST_P(GradientCheck, AnalyticGradientsMatchCentralDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllSchemesMasksGeometries, GradientCheck, ::testing::ValuesIn(all_cases()), spec_name);
+// On a grid, where a query row sees keys of more than one key grid row.
+std::vector<Spec> grid_gradient_cases() {
+  std::vector<Spec> out;
+  for (const Spec& s : grid_cases())
+    if (!grid_rows_see_one_key_row(s)) out.push_back(s);
+  return out;
+}
+INSTANTIATE_TEST_SUITE_P(PositionsOnAGrid, GradientCheck, ::testing::ValuesIn(grid_gradient_cases()), spec_name);
 
 // Two backward calls leave fill + 2 * gradient in every buffer: backward adds
 // and neither overwrites nor reads its own output.

@@ -234,6 +234,8 @@ std::vector<Spec> half_cases() {
         if (a != Algorithm::automatic && serves(a, s)) out.push_back(with_algorithm(s, a));
       }
   for (Spec s : xl_memory_cases()) out.push_back(with_algorithm(s, Algorithm::fused));
+  for (const Spec& s : grid_cases())
+    for (Algorithm a : {Algorithm::reference, Algorithm::fused}) out.push_back(with_algorithm(s, a));
   return out;
 }
 

@@ -183,6 +183,19 @@ TEST(ScratchMemory, FusedAllocatesItsPlan) {
     expect_plan_is_what_fused_allocates<float>(s);
     expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
   }
+  // Positions on a grid: SAM's tables (queries and pooled keys), Swin's bias; with and without
+  // their gradients wanted; one and two threads.
+  for (const Spec& grid : grid_cases())
+    for (int threads : {1, 2}) {
+      Spec s = grid;
+      s.grid_qh *= 10, s.grid_kh *= 10;  // past one tile
+      s.Lq = s.grid_qh * s.grid_qw, s.Lk = s.key_grid_h() * s.key_grid_w();
+      s.B = 1, s.H = 2, s.d = s.dv = 64, s.num_threads = threads;
+      s.label += " x10 threads=" + std::to_string(threads);
+      expect_plan_is_what_fused_allocates<float>(s);
+      expect_plan_is_what_fused_allocates<double>(s);
+      expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
+    }
   // Dropout's multipliers: a tile row's in the forward, a tile's z and P z in the backward.
   for (const Kind& kind : kinds)
     for (MaskKind mask : {MaskKind::none, MaskKind::causal})

@@ -20,6 +20,7 @@ Spec base(Scheme scheme) {
   s.mask = MaskKind::causal_padding;
   s.shaw_wk_per_head = s.shaw_wv_per_head = true;
   s.alibi_explicit_slopes = true;
+  s.grid_qh = s.grid_qw = 2;  // the default 4 rows on a 2 x 2 grid (SAM, Swin)
   return s;
 }
 
@@ -184,6 +185,19 @@ std::vector<BadInput> bad_inputs() {
       {"dpos_table_aliases_out", S::t5,
        [](auto&, Args& a) { a.dpos.t5_table.data = a.out.data, a.dpos.t5_table.stride = {1, 1}; }, "dpos.t5_table",
        true},
+      // positions on a grid: cells that are not the rows, tables of the wrong size
+      {"sam_query_grid_not_lq", S::sam, [](auto&, Args& a) { a.pos.sam.q_width = 3; }, "sam.q_height x sam.q_width"},
+      {"sam_key_grid_not_lk", S::sam, [](auto&, Args& a) { a.pos.sam.k_height = 3, a.pos.sam.k_width = 2; },
+       "sam.k_height x sam.k_width"},
+      {"sam_no_query_grid", S::sam, [](auto&, Args& a) { a.pos.sam.q_height = 0; }, "sam.q_height"},
+      {"sam_rel_h_rows", S::sam, [](auto&, Args& a) { a.pos.sam.rel_h.shape[0] += 1; }, "sam.rel_h"},
+      {"sam_rel_w_width_not_d", S::sam, [](auto&, Args& a) { a.pos.sam.rel_w.shape[1] -= 1; }, "sam.rel_w"},
+      {"sam_rel_w_missing", S::sam, [](auto&, Args& a) { a.pos.sam.rel_w = {}; }, "sam.rel_w"},
+      {"sam_by_gather", S::sam, [](auto&, Args& a) { a.algorithm = relpos::Algorithm::gather; }, "algorithm"},
+      {"swin_window_not_l", S::swin, [](auto&, Args& a) { a.pos.swin.window_height = 1; },
+       "swin.window_height x swin.window_width"},
+      {"swin_table_offsets", S::swin, [](auto&, Args& a) { a.pos.swin.table.shape[1] -= 1; }, "swin.table"},
+      {"swin_table_heads", S::swin, [](auto&, Args& a) { a.pos.swin.table.shape[0] = 1; }, "swin.table"},
       // extents that overflow the address computation
       {"k_strides_beyond_address_space", S::none,
        [](auto&, Args& a) { a.k.stride[0] = std::numeric_limits<int64_t>::max() / 2; }, "k"},
@@ -231,7 +245,7 @@ INSTANTIATE_TEST_SUITE_P(AllArguments, RejectsBadInput, ::testing::ValuesIn(bad_
 // the other test files use.
 TEST(AcceptsValidInput, BaseProblemsOfEveryScheme) {
   for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl, Scheme::kerple,
-                   Scheme::kerple_power, Scheme::deberta}) {
+                   Scheme::kerple_power, Scheme::deberta, Scheme::sam, Scheme::swin}) {
     Problem<double> p(base(s));
     EXPECT_NO_THROW(p.forward()) << relpos::to_string(s);
     EXPECT_NO_THROW(p.backward()) << relpos::to_string(s);
@@ -359,7 +373,7 @@ TEST(ScratchEstimate, HugeBroadcastShawTableIsRefusedWithTheSize) {
 
 TEST(Names, SchemesAndAlgorithmsRoundTrip) {
   for (Scheme s : {Scheme::none, Scheme::shaw, Scheme::t5, Scheme::alibi, Scheme::rope, Scheme::xl, Scheme::kerple,
-                   Scheme::kerple_power, Scheme::deberta})
+                   Scheme::kerple_power, Scheme::deberta, Scheme::sam, Scheme::swin})
     EXPECT_EQ(relpos::parse_scheme(relpos::to_string(s)), s);
   EXPECT_EQ(relpos::parse_scheme("t5"), Scheme::t5);
   EXPECT_STREQ(relpos::to_string(Scheme::xl), "xl");
