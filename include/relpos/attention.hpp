@@ -197,6 +197,10 @@ struct AttentionForward {
 
   bool causal = false;                // mask keys with r > 0
   View2<const uint8_t> key_padding;   // (B, Lk), nonzero = padded key; empty = none
+  // Segments (packed documents; Swin's shifted windows): query row i sees key j
+  // only where q_segments(b, i) == k_segments(b, j); (B, Lq) and (B, Lk), both
+  // or neither (empty = none).
+  View2<const int32_t> q_segments, k_segments;
   int64_t q_offset = 0, k_offset = 0; // absolute positions of q row 0 and k row 0
   std::optional<double> scale;        // default: the scheme's (effective_scale below)
   PositionParams<T> pos;

@@ -171,7 +171,10 @@ void check_scores_stayed_finite(const AttentionForward<T>& p) {
   for (int64_t b = 0; b < B; ++b)
     while (first_seen[b] < Lk && padded(b, first_seen[b])) ++first_seen[b];
   const auto sees_a_key = [&](int64_t b, int64_t i) {
-    return first_seen[b] < Lk && (!p.causal || p.k_offset + first_seen[b] <= p.q_offset + i);
+    if (p.q_segments.empty()) return first_seen[b] < Lk && (!p.causal || p.k_offset + first_seen[b] <= p.q_offset + i);
+    for (int64_t j = first_seen[b]; j < Lk && (!p.causal || p.k_offset + j <= p.q_offset + i); ++j)
+      if (!padded(b, j) && p.k_segments(b, j) == p.q_segments(b, i)) return true;  // rows of -inf lse only: rare
+    return false;
   };
   // Whether the inputs a row reads are finite; a key head's keys and values,
   // and the parameters, read once.
@@ -209,6 +212,27 @@ void check_scores_stayed_finite(const AttentionForward<T>& p) {
                               (wider ? "3.4e38" : "1.8e308") + ") for finite inputs: scale q and k down" +
                               (wider ? ", or compute in float64" : ""));
 }
+
+// Segments hide a key from the queries of other segments but not from its
+// own, so a key or value that is not finite cannot be zeroed the way a padded
+// key is, and 0 x inf would reach the other segments' rows as NaN: such a
+// call is refused by name instead (a padded key may hold anything).
+template <class T>
+void check_segmented_keys_finite(const AttentionForward<T>& p) {
+  if (p.q_segments.empty()) return;
+  const int64_t B = p.k.shape[0], Hkv = p.k.shape[1], Lk = p.k.shape[2];
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t j = 0; j < Lk; ++j) {
+        if (!p.key_padding.empty() && p.key_padding(b, j) != 0) continue;
+        for (const auto* x : {&p.k, &p.v})
+          if (!all_finite(View<const T, 1>{&(*x)(b, h, j, 0), {x->shape[3]}, {x->stride[3]}}))
+            throw std::invalid_argument("relpos: k, v: key " + std::to_string(j) + " of batch row " +
+                                        std::to_string(b) + " holds a value that is not finite, beside segments "
+                                        "(q_segments, k_segments), which would reach other segments' rows as NaN; "
+                                        "pad such a key (key_padding) instead");
+      }
+}
 }  // namespace
 
 namespace half_storage {
@@ -221,6 +245,7 @@ template <class T>
 void attention_forward(const AttentionForward<T>& p) {
   const AsyncSignalsHeld signals;
   validate_forward(p);
+  check_segmented_keys_finite(p);
   if constexpr (is_half_v<T>)
     half_storage::forward(p);
   else
@@ -291,6 +316,7 @@ template <class T>
 void attention_backward(const AttentionBackward<T>& p) {
   const AsyncSignalsHeld signals;
   validate_backward(p);
+  check_segmented_keys_finite(p);
   if constexpr (is_half_v<T>)
     half_storage::backward(p);
   else if (p.k.shape[1] != p.q.shape[1])

@@ -193,7 +193,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
         const BucketedRow<T> buckets = bucketed_row<F>(c, hd.r(i0 + ii, j0), computed, w.Rq.data(), ii, scale);
         const auto sums = buckets.exp_shifted(row, lse);
         std::fill(row + computed, row + bk, T(0));
-        if (std::isnan(lse)) zero_masked<F>(p, hd, j0, cut.shown(ii), row, computed);
+        if (std::isnan(lse)) zero_masked<F>(p, hd, i0 + ii, j0, cut.shown(ii), row, computed);
         T* kept_row = kept + ii * bk;
         if (dropout.active()) {
           T* z = w.Z.data() + ii * bk;

@@ -110,7 +110,7 @@ struct HeadContext {
 // What shapes a tile's row loops, fixed at compile time at one dispatch point
 // (with_tile_features, in run_forward and run_backward) so that the loops
 // over a tile's rows test none of it, as FlashAttention's static switches do:
-// the causal mask, a key-padding mask, and the kind of relative term a tile
+// the causal mask, a mask per pair (key padding, segments), and the kind of relative term a tile
 // adds (rotations and query biases happen before the tiles: plain), clipped
 // tables of keys, of values or both apart, indexed tables read by the query
 // (c2p), by the key (p2c) or both.
@@ -223,7 +223,7 @@ void with_tile_features(const AttentionForward<T>& p, const CallEmbeddings<T>& e
                         : bias             ? TileTerm::bias
                                            : TileTerm::plain;
   bool_switch(p.causal, [&](auto causal) {
-    bool_switch(!p.key_padding.empty(), [&](auto padding) {
+    bool_switch(!p.key_padding.empty() || !p.q_segments.empty(), [&](auto padding) {
       constexpr bool c = decltype(causal)::value, k = decltype(padding)::value;
       switch (term) {
         case TileTerm::plain: return f(TileFeatures<c, k, TileTerm::plain>{});
@@ -292,13 +292,14 @@ void prepare(const AttentionForward<T>& p, const AttentionForward<Stored>& data,
 // A tile row's P where its logsumexp is NaN (the row saw a NaN): the
 // exponentials of its masked logits are NaN too, and are set to 0, so that
 // a key the row cannot see gets no gradient from it. shown, computed: the
-// row's (TileCut).
+// row's (TileCut); i the row, j0 its first key.
 template <class F, class T>
-void zero_masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t j0, int64_t shown, T* row, int64_t computed) {
+void zero_masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t i, int64_t j0, int64_t shown, T* row,
+                 int64_t computed) {
   if (shown < computed) std::fill(row + shown, row + computed, T(0));
   if constexpr (F::padding)
     for (int64_t jj = 0; jj < computed; ++jj)
-      if (p.key_padding(hd.b, j0 + jj)) row[jj] = T(0);
+      if (pair_hidden(p, hd.b, i, j0 + jj)) row[jj] = T(0);
 }
 
 // Row ii of a tile, the keys [0, computed) from distance r0 on, by clipped-table
@@ -392,7 +393,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
       for (int64_t jj = shown; jj < bk; ++jj) row[jj] = kNegInf<T>;
     if constexpr (F::padding)
       for (int64_t jj = 0; jj < bk; ++jj)
-        if (p.key_padding(hd.b, t.j0 + jj)) row[jj] = kNegInf<T>;
+        if (pair_hidden(p, hd.b, t.i0 + ii, t.j0 + jj)) row[jj] = kNegInf<T>;
   }
 }
 

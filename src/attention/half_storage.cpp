@@ -135,6 +135,7 @@ AttentionForward<float> twin(const AttentionForward<S>& p, const PositionParams<
   f.lse = p.lse;  // float32 already
   f.causal = p.causal;
   f.key_padding = p.key_padding;
+  f.q_segments = p.q_segments, f.k_segments = p.k_segments;
   f.q_offset = p.q_offset, f.k_offset = p.k_offset;
   f.scale = p.scale;
   f.pos = pos;
@@ -170,6 +171,7 @@ AttentionForward<float> chunk_call(const AttentionForward<S>& p, const PositionP
   f.out = View4<float>::contiguous(buffers[3].data(), out_shape);
   f.lse = rows(p.lse, b0, n);
   f.key_padding = rows(p.key_padding, b0, n);
+  f.q_segments = rows(p.q_segments, b0, n), f.k_segments = rows(p.k_segments, b0, n);
   f.dropout.batch_offset += b0;  // the mask of the call's batch rows, not the chunk's
   return f;
 }

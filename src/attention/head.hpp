@@ -182,9 +182,22 @@ inline void load_head(const AttentionForward<T>& p, int64_t b, int64_t h, HeadDa
   load_head(p, p, b, h, x, in_place);
 }
 
+// Whether segments hide key j from query row i of batch row b.
+template <class T>
+inline bool segments_differ(const AttentionForward<T>& p, int64_t b, int64_t i, int64_t j) {
+  return !p.q_segments.empty() && p.q_segments(b, i) != p.k_segments(b, j);
+}
+
+// Whether key padding or segments hide key j from query row i of batch row b
+// (the masks per pair beside the causal one).
+template <class T>
+inline bool pair_hidden(const AttentionForward<T>& p, int64_t b, int64_t i, int64_t j) {
+  return key_padded(p, b, j) || segments_differ(p, b, i, j);
+}
+
 template <class T>
 inline bool masked(const AttentionForward<T>& p, const Head<T>& hd, int64_t i, int64_t j) {
-  return (p.causal && hd.r(i, j) > 0) || key_padded(p, hd.b, j);
+  return (p.causal && hd.r(i, j) > 0) || pair_hidden(p, hd.b, i, j);
 }
 
 // Whether the call wants a gradient of any of its scheme's parameters. A bias

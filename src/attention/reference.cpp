@@ -143,7 +143,8 @@ HeadTerms<T> build_terms(const AttentionForward<T>& p, int64_t b, int64_t h) {
     for (int64_t j = 0; j < t.lk; ++j) {
       const int64_t r = rel(p, i, j);
       const int64_t ij = i * t.lk + j;
-      t.masked[ij] = (p.causal && r > 0) || (!p.key_padding.empty() && p.key_padding(b, j) != 0);
+      t.masked[ij] = (p.causal && r > 0) || (!p.key_padding.empty() && p.key_padding(b, j) != 0) ||
+                     (!p.q_segments.empty() && p.q_segments(b, i) != p.k_segments(b, j));
       if (t.key_embedding)
         for (int64_t x = 0; x < t.d; ++x) t.rk[ij * t.d + x] = key_rows[(r - t.rmin) * t.d + x];
       if (t.query_embedding)

@@ -124,7 +124,8 @@ void check_no_overlap(const std::vector<Region>& inputs, const std::vector<Regio
 template <class T>
 std::vector<Region> input_regions(const AttentionForward<T>& p) {
   std::vector<Region> regions = {region("q", p.q), region("k", p.k), region("v", p.v),
-                                 region("key_padding", p.key_padding)};
+                                 region("key_padding", p.key_padding), region("q_segments", p.q_segments),
+                                 region("k_segments", p.k_segments)};
   for_each_scheme_param(p.pos, [&](const char* name, const auto& param) {
     std::string label = name;  // "xl_w_r" is the argument xl.w_r
     label[label.find('_')] = '.';
@@ -186,6 +187,13 @@ void validate_forward(const AttentionForward<T>& p) {
   check_output("lse", p.lse, {B, H, Lq}, "(" + bh + ", " + dims("Lq", Lq) + ")");
   if (!p.key_padding.empty())
     check_shape("key_padding", p.key_padding, {B, Lk}, "(" + dims("B", B) + ", " + dims("Lk", Lk) + ")");
+  if (p.q_segments.empty() != p.k_segments.empty())
+    fail(std::string(p.q_segments.empty() ? "q_segments" : "k_segments") +
+         ": segments need both q_segments and k_segments (a query sees the keys of its own segment)");
+  if (!p.q_segments.empty()) {
+    check_shape("q_segments", p.q_segments, {B, Lq}, "(" + dims("B", B) + ", " + dims("Lq", Lq) + ")");
+    check_shape("k_segments", p.k_segments, {B, Lk}, "(" + dims("B", B) + ", " + dims("Lk", Lk) + ")");
+  }
   // Offsets are absolute positions: non-negative, and small enough that
   // positions and distances stay exact in double and int64.
   if (p.q_offset < 0 || p.q_offset > kMaxPosition) fail("q_offset: must be in [0, 2^40], got " + std::to_string(p.q_offset));

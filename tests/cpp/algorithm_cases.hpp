@@ -216,6 +216,7 @@ inline std::vector<CaseGroup> algorithm_problem_groups() {
   for (const auto& [cases, suffix] :
        {std::pair{all_cases(), "__generator"}, std::pair{causal_self_cases(), "__causal_self"},
         std::pair{xl_memory_cases(), ""}, std::pair{odd_size_cases(), ""}, std::pair{grid_cases(), "__grid"},
+        std::pair{segment_cases(), "__segments"},
         std::pair{dropout_cases(), "__dropout"}})
     for (CaseGroup& g : group_by(cases, label_prefix(suffix))) {
       for (Spec& s : g.cases) s.num_threads = 1;

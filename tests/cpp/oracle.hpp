@@ -18,7 +18,8 @@ namespace relpos_test::oracle {
 inline int64_t distance(const Spec& s, int64_t i, int64_t j) { return (s.k_offset + j) - (s.q_offset + i); }
 
 inline bool masked(const Spec& s, int64_t b, int64_t i, int64_t j) {
-  return (s.causal() && distance(s, i, j) > 0) || s.padded(b, j);
+  return (s.causal() && distance(s, i, j) > 0) || s.padded(b, j) ||
+         (s.segment_length > 0 && s.segment(b, s.q_offset + i) != s.segment(b, s.k_offset + j));
 }
 
 // Shaw row of distance r, or -1 for "no embedding" (beyond = zero, |r| > k).

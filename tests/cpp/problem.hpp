@@ -70,6 +70,9 @@ struct Spec {
   // DeBERTa: log buckets past |r| = 2 (span 4, 8 table rows) by default
   int64_t deberta_position_buckets = 4, deberta_max_relative_positions = 8;
   bool deberta_c2p = true, deberta_p2c = true, deberta_per_head = false;
+  // Segments: query and key rows at absolute position pos of batch row b lie in
+  // segment (pos + b) / segment_length (packed documents); 0 = no segments.
+  int64_t segment_length = 0;
   // Positions on a grid (SAM's query and key grids; Swin's window is the query grid)
   int64_t grid_qh = 0, grid_qw = 0, grid_kh = 0, grid_kw = 0;  // key grid 0: the query grid's
   uint64_t seed = 1;
@@ -94,6 +97,7 @@ struct Spec {
   int64_t deberta_span() const {
     return deberta_position_buckets > 0 ? deberta_position_buckets : deberta_max_relative_positions;
   }
+  int64_t segment(int64_t b, int64_t pos) const { return (pos + b) / segment_length; }
   int64_t key_grid_h() const { return grid_kh ? grid_kh : grid_qh; }
   int64_t key_grid_w() const { return grid_kw ? grid_kw : grid_qw; }
 };
@@ -211,6 +215,7 @@ class Problem {
   Tensor<T, 4> q, k, v, out, dout, dq, dk, dv;
   Tensor<relpos::compute_t<T>, 3> lse;  // float32 for the half types
   Tensor<uint8_t, 2> key_padding;
+  Tensor<int32_t, 2> q_segments, k_segments;
   Tensor<T, 3> shaw_wk, shaw_wv, grad_shaw_wk, grad_shaw_wv;
   Tensor<T, 2> t5_table, grad_t5_table;
   Tensor<T, 1> alibi_slopes, grad_alibi_slopes;
@@ -236,6 +241,13 @@ class Problem {
       key_padding = {{s.B, s.Lk}, s.layout};
       for (int64_t b = 0; b < s.B; ++b)
         for (int64_t j = 0; j < s.Lk; ++j) key_padding(b, j) = s.padded(b, j) ? 1 : 0;
+    }
+    if (s.segment_length > 0) {
+      q_segments = {{s.B, s.Lq}, s.layout}, k_segments = {{s.B, s.Lk}, s.layout};
+      for (int64_t b = 0; b < s.B; ++b) {
+        for (int64_t i = 0; i < s.Lq; ++i) q_segments(b, i) = int32_t(s.segment(b, s.q_offset + i));
+        for (int64_t j = 0; j < s.Lk; ++j) k_segments(b, j) = int32_t(s.segment(b, s.k_offset + j));
+      }
     }
     const int64_t rows = 2 * s.shaw_k + 1;
     if (s.has_wk()) {
@@ -308,6 +320,7 @@ class Problem {
     a.lse = lse.view();
     a.causal = spec.causal();
     a.key_padding = key_padding.cview();
+    a.q_segments = q_segments.cview(), a.k_segments = k_segments.cview();
     a.q_offset = spec.q_offset;
     a.k_offset = spec.k_offset;
     a.scale = spec.scale;
@@ -581,6 +594,30 @@ inline std::vector<Spec> grid_cases() {
       s.grid_qh = g.qh, s.grid_qw = g.qw, s.grid_kh = g.kh, s.grid_kw = g.kw;
       s.Lq = g.qh * g.qw, s.Lk = s.key_grid_h() * s.key_grid_w();
       s.label = std::string(g.name) + "__" + m.name;
+      out.push_back(s);
+    }
+  return out;
+}
+
+// Segments of 3 positions on every scheme variant, unmasked and causal, in
+// self-attention and against a KV cache (strided), and on a Swin window (its
+// shifted windows' regions).
+inline std::vector<Spec> segment_cases() {
+  std::vector<Spec> out;
+  for (const Spec& variant : scheme_variants())
+    for (const NamedMask& m : {masks()[0], masks()[3]})
+      for (int g = 0; g < 2; ++g) {
+        Spec s = with_mask_and_geometry(variant, m, geometries()[g]);
+        s.Lq = std::max<int64_t>(s.Lq, 2), s.Lk = 7, s.segment_length = 3;
+        if (g == 1) s.Lq = 2, s.q_offset = 5;  // the cache's last queries
+        s.label += "__segments";
+        out.push_back(s);
+      }
+  for (const Spec& grid : grid_cases())
+    if (grid.scheme == Scheme::swin && grid.mask == MaskKind::none) {
+      Spec s = grid;
+      s.segment_length = 5;
+      s.label += "__segments";
       out.push_back(s);
     }
   return out;

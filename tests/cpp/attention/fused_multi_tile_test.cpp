@@ -73,6 +73,10 @@ std::vector<Spec> multi_tile_cases() {
       for (const Geometry& g : multi_tile_geometries()) out.push_back(with_mask_and_geometry(multi_tile(variant), m, g));
     for (const NamedMask& m : {masks()[0], masks()[3]})
       out.push_back(with_dropout(with_mask_and_geometry(multi_tile(variant), m, multi_tile_geometries()[1])));
+    Spec packed = with_mask_and_geometry(multi_tile(variant), masks()[1], multi_tile_geometries()[1]);
+    packed.segment_length = 70;  // documents across tile edges, some rows' segments wholly in their future
+    packed.label += "__segments";
+    out.push_back(packed);
   }
   for (const Spec& grid : multi_tile_grids()) {
     for (const NamedMask& m : masks()) out.push_back(with_mask_and_geometry(grid, m, {"", [](Spec&) {}}));

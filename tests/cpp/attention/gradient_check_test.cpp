@@ -26,6 +26,7 @@ std::vector<Spec> grid_gradient_cases() {
   return out;
 }
 INSTANTIATE_TEST_SUITE_P(PositionsOnAGrid, GradientCheck, ::testing::ValuesIn(grid_gradient_cases()), spec_name);
+INSTANTIATE_TEST_SUITE_P(Segments, GradientCheck, ::testing::ValuesIn(segment_cases()), spec_name);
 
 // Two backward calls leave fill + 2 * gradient in every buffer: backward adds
 // and neither overwrites nor reads its own output.

@@ -236,6 +236,8 @@ std::vector<Spec> half_cases() {
   for (Spec s : xl_memory_cases()) out.push_back(with_algorithm(s, Algorithm::fused));
   for (const Spec& s : grid_cases())
     for (Algorithm a : {Algorithm::reference, Algorithm::fused}) out.push_back(with_algorithm(s, a));
+  for (const Spec& s : segment_cases())
+    if (s.mask == MaskKind::causal_padding) out.push_back(with_algorithm(s, Algorithm::fused));
   return out;
 }
 

@@ -26,6 +26,7 @@ TEST_P(MatchesDirectSoftmax, OutAndLse) {
 
 INSTANTIATE_TEST_SUITE_P(AllSchemesMasksGeometries, MatchesDirectSoftmax, ::testing::ValuesIn(all_cases()), spec_name);
 INSTANTIATE_TEST_SUITE_P(PositionsOnAGrid, MatchesDirectSoftmax, ::testing::ValuesIn(grid_cases()), spec_name);
+INSTANTIATE_TEST_SUITE_P(Segments, MatchesDirectSoftmax, ::testing::ValuesIn(segment_cases()), spec_name);
 
 // The oracle is not vacuous: a relative scheme changes the output.
 TEST(MatchesDirectSoftmax, EverySchemeChangesTheOutputOfPlainAttention) {

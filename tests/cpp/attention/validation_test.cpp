@@ -35,8 +35,9 @@ struct BadInput {
 void PrintTo(const BadInput& b, std::ostream* os) { *os << b.label; }
 
 // Memory for gradients requested where none belongs; never written, since the
-// call must throw first.
+// call must throw first. And segment ids for the base problems' rows (B = 2, L = 4).
 double scratch[256];
+const int32_t segments[8] = {0, 0, 1, 1, 0, 1, 1, 1};
 
 std::vector<BadInput> bad_inputs() {
   using S = Scheme;
@@ -185,6 +186,16 @@ std::vector<BadInput> bad_inputs() {
       {"dpos_table_aliases_out", S::t5,
        [](auto&, Args& a) { a.dpos.t5_table.data = a.out.data, a.dpos.t5_table.stride = {1, 1}; }, "dpos.t5_table",
        true},
+      // segments: both or neither, one per row
+      {"q_segments_without_k_segments", S::none,
+       [](auto&, Args& a) { a.q_segments = relpos::View2<const int32_t>::contiguous(segments, {2, 4}); },
+       "k_segments"},
+      {"k_segments_length", S::none,
+       [](auto&, Args& a) {
+         a.q_segments = relpos::View2<const int32_t>::contiguous(segments, {2, 4});
+         a.k_segments = relpos::View2<const int32_t>::contiguous(segments, {2, 3});
+       },
+       "k_segments"},
       // positions on a grid: cells that are not the rows, tables of the wrong size
       {"sam_query_grid_not_lq", S::sam, [](auto&, Args& a) { a.pos.sam.q_width = 3; }, "sam.q_height x sam.q_width"},
       {"sam_key_grid_not_lk", S::sam, [](auto&, Args& a) { a.pos.sam.k_height = 3, a.pos.sam.k_width = 2; },
