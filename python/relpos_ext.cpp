@@ -135,6 +135,12 @@ void fill_forward(const nb::dict& a, AttentionForward<T>& p) {
       fail("key_padding: dtype must be bool or uint8");
     p.key_padding = make_view<View2<const uint8_t>>(kp, "key_padding", const_cast<void*>(kp.data()));
   }
+  for (const auto& [key, view] : {std::pair{"q_segments", &p.q_segments}, std::pair{"k_segments", &p.k_segments}})
+    if (has(a, key)) {
+      InArray ids = array<InArray>(a, key);
+      if (ids.dtype() != nb::dtype<int32_t>()) fail(std::string(key) + ": dtype must be int32");
+      *view = make_view<View2<const int32_t>>(ids, key, const_cast<void*>(ids.data()));
+    }
   p.q_offset = option<int64_t>(a, "q_offset", 0);
   p.k_offset = option<int64_t>(a, "k_offset", 0);
   if (has(a, "scale")) p.scale = option<double>(a, "scale", 0.0);

@@ -97,6 +97,7 @@ def forward(
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
     dropout_offset: int = 0,
+    segments=None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Attention with a relative position scheme.
 
@@ -129,9 +130,15 @@ def forward(
     ``dropout_offset`` (32 bits), b, h and the query and key positions
     (``dropout_mask`` returns it): ``backward`` with the same three draws the same
     mask, as does every algorithm, thread count, CPU and relpos.gpu.
+
+    ``segments`` (packed documents; Swin's shifted windows): integer ids ``(B, L)`` of the
+    queries' and keys' segments (Lq == Lk), or a pair ``(q_segments, k_segments)``; a query
+    sees the keys of its own segment only (ids within int32; a row whose segment holds no
+    key it may see is fully masked). Beside segments, a key or value that is not finite is
+    refused unless padded.
     """
     args = _calls.call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads,
-                            layout, dropout_p, dropout_seed, dropout_offset)
+                            layout, dropout_p, dropout_seed, dropout_offset, segments)
     zero_length = _calls.zero_length(args)
     out = _calls.forward_outputs(args, layout, zero=zero_length)
     if zero_length:  # rows that see no key: output 0, lse -inf (nothing at all without queries)
@@ -154,10 +161,12 @@ def available_algorithms(
     k_offset: int = 0,
     scale: Optional[float] = None,
     layout: str = "bhld",
+    segments=None,
 ) -> list[str]:
     """The algorithms (besides ``"auto"``) that serve this call: every one of
     them gives the reference's result; they differ in memory and time."""
-    args = _calls.call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, "auto", None, layout)
+    args = _calls.call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, "auto", None, layout,
+                            segments=segments)
     # Validated as a forward call (shapes, options, memory), on outputs never written.
     _calls.forward_outputs(args, "bhld", zero=False)
     # A zero-length call is served by what serves its stand-in (forward checks it so).
@@ -185,6 +194,7 @@ def backward(
     dropout_p: float = 0.0,
     dropout_seed: int = 0,
     dropout_offset: int = 0,
+    segments=None,
     add_into: Optional[dict] = None,
 ) -> dict[str, np.ndarray]:
     """Gradients of ``sum(dout * out)`` given ``forward``'s ``out`` and ``lse``
@@ -201,7 +211,7 @@ def backward(
     ``"deberta_c2p"``, ``"deberta_p2c"`` (the tables given); each gradient has its parameter's shape.
     """
     args = _calls.call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads,
-                            layout, dropout_p, dropout_seed, dropout_offset)
+                            layout, dropout_p, dropout_seed, dropout_offset, segments)
     grads = _calls.backward_arrays(args, out, lse, dout, scheme, {} if add_into is None else add_into, layout)
     if _calls.zero_length(args):  # no term of sum(dout * out) depends on anything: every gradient is zero
         _calls.check_zero_length(args, _relpos.backward)

@@ -74,6 +74,9 @@ def check_dtypes(arrays: dict) -> None:
         if name == "key_padding":
             if got not in ("bool", "uint8"):
                 raise ValueError(f"relpos: key_padding: dtype must be bool or uint8, got {got}")
+        elif name in ("q_segments", "k_segments"):
+            if got != "int32":
+                raise ValueError(f"relpos: {name}: dtype must be int32, got {got}")
         elif name == "lse":
             expected = "float32" if storage in _HALF else storage
             if got != expected:
@@ -96,7 +99,7 @@ def core_args(args: dict) -> dict:
         return args
     core = dict(args, storage=storage)
     for name, a in args.items():
-        if name in ("lse", "key_padding") or not hasattr(a, "dtype"):
+        if name in ("lse", "key_padding", "q_segments", "k_segments") or not hasattr(a, "dtype"):
             continue
         core[name] = a.view(sys.modules["torch"].int16) if is_torch(a) else a.view(np.uint16)
     return core
@@ -105,6 +108,7 @@ def core_args(args: dict) -> dict:
 # The axes of each array of a call that count batch entries, queries or keys.
 _ROW_AXES = {
     "q": {0: "B", 2: "Lq"}, "k": {0: "B", 2: "Lk"}, "v": {0: "B", 2: "Lk"}, "key_padding": {0: "B", 1: "Lk"},
+    "q_segments": {0: "B", 1: "Lq"}, "k_segments": {0: "B", 1: "Lk"},
     "out": {0: "B", 2: "Lq"}, "lse": {0: "B", 2: "Lq"}, "dout": {0: "B", 2: "Lq"},
     "dq": {0: "B", 2: "Lq"}, "dk": {0: "B", 2: "Lk"}, "dv": {0: "B", 2: "Lk"},
 }
@@ -236,8 +240,44 @@ def dropout_args(dropout_p, dropout_seed, dropout_offset) -> dict:
     return {"dropout_p": p, "dropout_seed": int(dropout_seed) % 2**64, "dropout_offset": offset}
 
 
+def segment_ids(x, name: str):
+    """Segment ids (B, L) as the core reads them, int32 (a torch tensor stays one, on the CPU):
+    any integer array whose values fit in int32, named in errors."""
+    if is_torch(x):
+        torch = sys.modules["torch"]
+        if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise ValueError(f"relpos: {name}: expected integer segment ids, got {x.dtype}")
+        if x.numel() and (int(x.min()) < -(2**31) or int(x.max()) >= 2**31):
+            raise ValueError(f"relpos: {name}: segment ids must fit in int32")
+        return _torch_in_place(x.to(torch.int32), name)
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"relpos: {name}: expected integer segment ids, got {a.dtype}")
+    if a.size and (int(a.min()) < -(2**31) or int(a.max()) >= 2**31):
+        raise ValueError(f"relpos: {name}: segment ids must fit in int32")
+    return _whole_items(np.ascontiguousarray(a, dtype=np.int32), name)
+
+
+def segments_args(segments, Lq: int, Lk: int) -> dict:
+    """``segments`` (one (B, L) array of ids for queries and keys alike, which needs Lq == Lk,
+    or a pair (q_segments, k_segments)) as the core reads them; none for None."""
+    if segments is None:
+        return {}
+    if isinstance(segments, (tuple, list)):
+        if len(segments) != 2:
+            raise ValueError("relpos: segments: expected an array of ids or a pair (q_segments, k_segments), "
+                             f"got a sequence of {len(segments)}")
+        q_ids, k_ids = segments
+    else:
+        if Lq != Lk:
+            raise ValueError(f"relpos: segments: one array of ids serves Lq == Lk only (got Lq={Lq}, Lk={Lk}); "
+                             "give a pair (q_segments, k_segments)")
+        q_ids = k_ids = segments
+    return {"q_segments": segment_ids(q_ids, "q_segments"), "k_segments": segment_ids(k_ids, "k_segments")}
+
+
 def call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, threads=None,
-              layout="bhld", dropout_p=0.0, dropout_seed=0, dropout_offset=0) -> dict:
+              layout="bhld", dropout_p=0.0, dropout_seed=0, dropout_offset=0, segments=None) -> dict:
     """The inputs and options every entry shares, checked and named as the core reads
     them: q, k, v seen heads-first, the scheme's options and tables, dropout's options."""
     scheme = record_of(scheme)
@@ -257,6 +297,7 @@ def call_args(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, a
     if key_padding is not None:
         kp = _torch_in_place(key_padding, "key_padding") if is_torch(key_padding) else np.asarray(key_padding)
         args["key_padding"] = kp if is_torch(kp) else _whole_items(kp, "key_padding")
+    args.update(segments_args(segments, args["q"].shape[2], args["k"].shape[2]))
     args.update(scheme._args())
     for name, p in scheme._params().items():
         args[name] = _as_core_param(name, core_array(p, name))

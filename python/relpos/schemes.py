@@ -28,7 +28,7 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 import numpy as np
 
 
-__all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL", "KERPLE", "KERPLEPower", "DeBERTa"]
+__all__ = ["NoPosition", "Shaw", "T5", "ALiBi", "RoPE", "TransformerXL", "KERPLE", "KERPLEPower", "DeBERTa", "SAM", "Swin"]
 
 KERPLE_MIN = 0.01  # the floor at which RelativeMultiheadAttention keeps KERPLE's r1 and r2
 
@@ -513,6 +513,64 @@ class DeBERTa(_Scheme):
         return table is not None and table.ndim == 3  # (2 span, d) is shared by the heads
 
 
+@record
+class SAM(_Scheme):
+    """SAM / ViTDet / MViTv2's decomposed relative positions (Li et al. 2022) on a grid: query
+    row ``i`` is cell ``(i // q_width, i % q_width)`` of a ``q_height x q_width`` grid, key row
+    ``j`` cell ``(j // k_width, j % k_width)`` of ``k_height x k_width`` (None: the query
+    grid's), and the logit of ``(i, j)`` gains, unscaled, ``q_i . rel_h[y] + q_i . rel_w[x]``,
+    ``y`` and ``x`` each axis's offset index as SAM's ``get_rel_pos`` takes it (the shorter
+    axis's coordinates scaled when the grids differ). ``rel_h`` ``(2 max(q_height, k_height)
+    - 1, d)`` and ``rel_w`` ``(2 max(q_width, k_width) - 1, d)``, shared by the heads; tables
+    trained for another grid are resized by the caller, as SAM interpolates them."""
+
+    rel_h: np.ndarray
+    rel_w: np.ndarray
+    q_height: int = option("sam_q_height", required=True)
+    q_width: int = option("sam_q_width", required=True)
+    k_height: Optional[int] = option("sam_k_height")
+    k_width: Optional[int] = option("sam_k_width")
+    name = "sam"
+    _tensors = ("rel_h", "rel_w")
+
+    @classmethod
+    def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
+        """Zeros ``(2 max(q_height, k_height) - 1, head_dim)`` and ``(2 max(q_width, k_width) - 1,
+        head_dim)``, as SAM initialises them."""
+        import torch  # only when a module creates its tensors: this module needs NumPy alone
+
+        rows_h = 2 * max(options["sam_q_height"], options["sam_k_height"] or 0) - 1
+        rows_w = 2 * max(options["sam_q_width"], options["sam_k_width"] or 0) - 1
+        return {f: torch.zeros((rows, head_dim), dtype=dtype, device=device)
+                for f, rows in (("rel_h", rows_h), ("rel_w", rows_w))}
+
+    def _per_head(self, field):
+        return False  # shared by the heads
+
+
+@record
+class Swin(_Scheme):
+    """Swin's relative position bias (Liu et al. 2021) in a window of ``window_height x
+    window_width`` cells (query and key row ``i`` is cell ``(i // window_width, i %
+    window_width)``; windows are batch entries, as Swin lays them out): the logit of ``(i, j)``
+    gains ``table[h, (yi - yj + window_height - 1) (2 window_width - 1) + xi - xj +
+    window_width - 1]``, ``table`` ``(H, (2 window_height - 1)(2 window_width - 1))`` (Swin
+    keeps it transposed, rows by heads)."""
+
+    table: np.ndarray
+    window_height: int = option("swin_window_height", required=True)
+    window_width: int = option("swin_window_width", required=True)
+    name = "swin"
+    _tensors = ("table",)
+
+    @classmethod
+    def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
+        """``(H, (2 window_height - 1)(2 window_width - 1))``, N(0, 0.02^2) (Swin's truncated
+        normal of std 0.02, untruncated)."""
+        offsets = (2 * options["swin_window_height"] - 1) * (2 * options["swin_window_width"] - 1)
+        return {"table": _randn((heads, offsets), 0.02, dtype, device)}
+
+
 # Every scheme record by its name.
 SCHEMES = {cls.name: cls for cls in (NoPosition, Shaw, T5, ALiBi, RoPE, TransformerXL, KERPLE, KERPLEPower,
-                                     DeBERTa)}
+                                     DeBERTa, SAM, Swin)}

@@ -43,6 +43,7 @@ class Case:
     k_offset: int = 0
     scale: Optional[float] = None
     dropout_p: float = 0.0  # attention dropout; its seed and offset derive from the case's id
+    segment_length: int = 0  # segments: rows at absolute position pos of batch row b in (pos + b) // this
     opts: dict = field(default_factory=dict)
 
     @property
@@ -92,6 +93,11 @@ class Problem:
             return relpos.KERPLE(p["kerple_r1"], p["kerple_r2"])
         if c.scheme == "kerple_power":
             return relpos.KERPLEPower(p["kerple_power_r1"], p["kerple_power_r2"])
+        if c.scheme == "sam":
+            return relpos.SAM(p["sam_rel_h"], p["sam_rel_w"], q_height=o["q_height"], q_width=o["q_width"],
+                              k_height=o.get("k_height"), k_width=o.get("k_width"))
+        if c.scheme == "swin":
+            return relpos.Swin(p["swin_table"], window_height=o["window_height"], window_width=o["window_width"])
         if c.scheme == "deberta":
             return relpos.DeBERTa(c2p=p.get("deberta_c2p"), p2c=p.get("deberta_p2c"),
                                   position_buckets=o.get("position_buckets", 256),
@@ -101,7 +107,16 @@ class Problem:
     def call_kwargs(self) -> dict:
         c = self.case
         return dict(causal=c.causal, key_padding=self.key_padding, q_offset=c.q_offset,
-                    k_offset=c.k_offset, scale=c.scale, **c.dropout_kwargs())
+                    k_offset=c.k_offset, scale=c.scale, segments=self.segments(), **c.dropout_kwargs())
+
+    def segments(self) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """The case's (q_ids (B, Lq), k_ids (B, Lk)), None without segments."""
+        c = self.case
+        if not c.segment_length:
+            return None
+        b = np.arange(c.B)[:, None]
+        return ((c.q_offset + np.arange(c.Lq) + b) // c.segment_length,
+                (c.k_offset + np.arange(c.Lk) + b) // c.segment_length)
 
     def dropout_mask(self) -> Optional[np.ndarray]:
         """The case's dropout mask (B, H, Lq, Lk) from relpos.dropout_mask, None without dropout."""
@@ -150,6 +165,13 @@ def make_problem(case: Case) -> Problem:
         for table in ("c2p", "p2c"):
             if table in o.get("tables", "c2p|p2c"):
                 params[f"deberta_{table}"] = 0.5 * rng.standard_normal(heads + (2 * span, c.d))
+    elif c.scheme == "sam":  # rows per axis 2 max(query cells, key cells) - 1
+        rows_h = 2 * max(o["q_height"], o.get("k_height") or 0) - 1
+        rows_w = 2 * max(o["q_width"], o.get("k_width") or 0) - 1
+        params["sam_rel_h"] = 0.5 * rng.standard_normal((rows_h, c.d))
+        params["sam_rel_w"] = 0.5 * rng.standard_normal((rows_w, c.d))
+    elif c.scheme == "swin":
+        params["swin_table"] = rng.standard_normal((c.H, (2 * o["window_height"] - 1) * (2 * o["window_width"] - 1)))
     key_padding = None
     if c.padding in ("random", "uint8"):
         key_padding = rng.random((c.B, c.Lk)) < 0.3
@@ -197,7 +219,9 @@ def run_oracle(pb: Problem, dtype=np.float64) -> dict:
     out, lse = torch_oracle.attention(q, k, v, c.scheme, oracle_options(c), params, causal=c.causal,
                                       key_padding=kp, q_offset=c.q_offset, k_offset=c.k_offset, scale=c.scale,
                                       dropout_mask=None if mask is None else torch.tensor(mask),
-                                      dropout_p=c.dropout_p)
+                                      dropout_p=c.dropout_p,
+                                      segments=None if pb.segments() is None else tuple(
+                                          torch.tensor(ids) for ids in pb.segments()))
     dout = torch.tensor(pb.dout.astype(dtype).astype(np.float64))
     leaves = [q, k, v, *params.values()]
     grads = torch.autograd.grad(out, leaves, grad_outputs=dout, allow_unused=True)

@@ -102,6 +102,17 @@ CASES = [
     C("xl-clamp6-cross5x13-both-signs-pad", "xl", Lq=5, Lk=13, q_offset=3, k_offset=0, padding="random",
       opts=dict(pos_dim=8, clamp_len=6)),
     C("xl-L1-pos2", "xl", Lq=1, Lk=1, opts=dict(pos_dim=2)),
+    # --- positions on a grid: SAM's tables (pooled keys both ways), Swin's bias ---
+    C("sam-3x4", "sam", Lq=12, Lk=12, opts=dict(q_height=3, q_width=4)),
+    C("sam-4x6-keys-2x3-pad", "sam", Lq=24, Lk=6, d=8, padding="random",
+      opts=dict(q_height=4, q_width=6, k_height=2, k_width=3)),
+    C("sam-2x3-keys-4x6-scale", "sam", Lq=6, Lk=24, d=8, scale=0.4, opts=dict(q_height=2, q_width=3, k_height=4,
+                                                                          k_width=6)),
+    C("sam-14x14-multi-tile", "sam", B=1, Lq=196, Lk=196, d=16, opts=dict(q_height=14, q_width=14)),
+    C("swin-3x4-pad", "swin", H=3, Lq=12, Lk=12, padding="random", opts=dict(window_height=3, window_width=4)),
+    C("swin-7x7", "swin", B=3, H=3, Lq=49, Lk=49, d=32, opts=dict(window_height=7, window_width=7)),
+    C("swin-12x12-multi-tile-causal", "swin", B=1, Lq=144, Lk=144, d=16, causal=True,
+      opts=dict(window_height=12, window_width=12)),
     # --- shapes for the index tricks: skew (causal, aligned) and rel-shift (memory) ---
     C("shaw-KV-perhead-zero-k2-L9-causal-pad-offsets4", "shaw", Lq=9, Lk=9, q_offset=4, k_offset=4, causal=True,
       padding="random", opts=dict(k=2, beyond="zero", tables="kv", per_head=True)),
@@ -116,9 +127,10 @@ SCHEME_OPTS = {
     "none": {}, "shaw": dict(k=3, tables="kv"), "t5": dict(bidirectional=False, num_buckets=8, max_distance=16),
     "alibi": dict(learn=True), "rope": dict(dims=8), "xl": dict(pos_dim=8, clamp_len=0), "kerple": {},
     "kerple_power": {}, "deberta": dict(position_buckets=8, max_relative_positions=20),
+    "sam": dict(q_height=2, q_width=3, k_height=2, k_width=4), "swin": dict(window_height=2, window_width=4),
 }
-MASKED_CASES = [C(f"{s}-fully-masked-rows", s, Lq=6, Lk=8, k_offset=3, causal=True, padding="batch", opts=o)
-                for s, o in SCHEME_OPTS.items()]
+MASKED_CASES = [C(f"{s}-fully-masked-rows", s, Lq=6 if s != "swin" else 8, Lk=8, k_offset=3, causal=True,
+                  padding="batch", opts=o) for s, o in SCHEME_OPTS.items()]
 
 
 def expected_algorithms(case: Case) -> set[str]:

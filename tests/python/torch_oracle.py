@@ -92,6 +92,25 @@ def alibi_paper_slopes(n):
     )
 
 
+def sam_rel_index(q_size: int, k_size: int) -> torch.Tensor:
+    """The (q_size, k_size) offset indices of one axis as transformers' SamVisionAttention.get_rel_pos
+    computes them: the shorter axis's coordinates scaled, in float32, truncated by .long()."""
+    q_coords = torch.arange(q_size)[:, None] * max(k_size / q_size, 1.0)
+    k_coords = torch.arange(k_size)[None, :] * max(q_size / k_size, 1.0)
+    return ((q_coords - k_coords) + (k_size - 1) * max(q_size / k_size, 1.0)).long()
+
+
+def swin_relative_position_index(height: int, width: int) -> torch.Tensor:
+    """Swin's relative_position_index (Liu et al. 2021; transformers' SwinSelfAttention) of a
+    height x width window: (N, N), N = height width."""
+    coords = torch.stack(torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")).flatten(1)
+    relative = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0).contiguous()
+    relative[:, :, 0] += height - 1
+    relative[:, :, 1] += width - 1
+    relative[:, :, 0] *= 2 * width - 1
+    return relative.sum(-1)
+
+
 def relative_distance(lq: int, lk: int, q_offset: int, k_offset: int) -> torch.Tensor:
     """(Lq, Lk) int64 matrix r = key position - query position."""
     q_pos = q_offset + torch.arange(lq, dtype=torch.long)
@@ -161,6 +180,7 @@ def attention(
     scale: Optional[float] = None,
     dropout_mask: Optional[torch.Tensor] = None,
     dropout_p: float = 0.0,
+    segments: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (out (B, H, Lq, dv), lse (B, H, Lq)).
 
@@ -173,6 +193,11 @@ def attention(
       xl     opts clamp_len; params xl_u (H, d), xl_v (H, d), xl_w_r (H, d, pos_dim)
       kerple params kerple_r1, kerple_r2 (H,): bias -r1 log(1 + r2 |r|) (Chi et al. 2022, eq. for KERPLE-log)
       kerple_power params kerple_power_r1, kerple_power_r2 (H,): bias -r1 |r|^r2 (KERPLE-power)
+      sam    opts q_height, q_width, k_height, k_width (None: the query grid's); params sam_rel_h,
+             sam_rel_w: the logit gains q_i . rel_h[y] + q_i . rel_w[x], unscaled, y and x as
+             SAM's get_rel_pos indexes them (its decomposed rel-pos, the query unscaled)
+      swin   opts window_height, window_width; params swin_table (H, (2 wh - 1)(2 ww - 1)): bias
+             table[h, relative_position_index(i, j)]
       deberta opts position_buckets (default 256), max_relative_positions (512); params deberta_c2p
              and/or deberta_p2c, (2 span, d) or (H, 2 span, d): score q_i . c2p[row(i - j)]
              + k_j . p2c[row(i - j)] (transformers' p2c gathers the key's row at -bucket(j - i)),
@@ -182,6 +207,7 @@ def attention(
     key_padding: bool (B, Lk), True = padded.
     dropout_mask: bool (B, H, Lq, Lk), True = kept; the probabilities after the softmax are
     multiplied by it and divided by 1 - dropout_p (lse stays the softmax's).
+    segments: (q_ids (B, Lq), k_ids (B, Lk)): a query sees the keys of its own segment.
     """
     opts, params = opts or {}, params or {}
     B, H, Lq, d = q.shape
@@ -244,6 +270,20 @@ def attention(
             score = score + torch.einsum("bhid,hijd->bhij", q, rows(params["deberta_c2p"], -r))
         if "deberta_p2c" in params:  # position to content: the key reads the row of query_pos - key_pos too
             score = score + torch.einsum("bhjd,hijd->bhij", k, rows(params["deberta_p2c"], -r))
+    elif scheme == "sam":  # transformers' get_decomposed_rel_pos, batch and heads kept apart
+        qh, qw = opts["q_height"], opts["q_width"]
+        kh, kw = opts.get("k_height") or qh, opts.get("k_width") or qw
+        ry = params["sam_rel_h"][sam_rel_index(qh, kh)]  # (qh, kh, d)
+        rx = params["sam_rel_w"][sam_rel_index(qw, kw)]  # (qw, kw, d)
+        grid = q.reshape(B, H, qh, qw, d)
+        rel_h = torch.einsum("bnhwc,hkc->bnhwk", grid, ry)
+        rel_w = torch.einsum("bnhwc,wkc->bnhwk", grid, rx)
+        bias = (rel_h[..., :, None] + rel_w[..., None, :]).reshape(B, H, Lq, Lk)
+        score = q @ k.transpose(-1, -2)
+    elif scheme == "swin":
+        index = swin_relative_position_index(opts["window_height"], opts["window_width"])
+        bias = params["swin_table"][:, index]  # (H, N, N)
+        score = q @ k.transpose(-1, -2)
     elif scheme == "rope":
         base, dims, style = opts.get("base", 10000.0), opts.get("dims"), opts.get("style", "half_split")
         qr = rope(q, q_offset + torch.arange(Lq), base, dims, style)
@@ -270,6 +310,8 @@ def attention(
     mask = mask[None, None]
     if key_padding is not None:
         mask = mask | key_padding.to(torch.bool)[:, None, None, :]
+    if segments is not None:
+        mask = mask | (segments[0][:, None, :, None] != segments[1][:, None, None, :])
     mask = mask.expand_as(logits)
 
     # Softmax that tolerates fully masked rows: exp(-inf) = 0 gives zero
