@@ -18,15 +18,18 @@ it against SDPA flash, FlexAttention and the PyTorch forms models use, and write
    (test_half_storage.py: 2x the exact result rounded once) is reported beside it, not
    required. Then the backward runs twice on one forward: every gradient must be the same
    bits. A scheme relpos.gpu refuses ("no GPU kernel yet") is listed as not served, not failed.
+   Attention dropout (bench/gpu_dropout.py): the mask the kernels draw against the layout's, bit
+   for bit; plain, T5 and DeBERTa with dropout 0.3 at L = 1024 against the oracle with that mask.
 2. Timing (bfloat16, B=4, H=16; d = 64 and 128; causal L = 4096 and 16384, non-causal
    L = 2048): forward and forward+backward medians (triton.testing.do_bench; a call over
    150 ms is timed 3 times by wall clock instead), forwards with autograd recording as in
    training, and the peak memory a forward+backward allocates beyond its inputs. Rows in
-   the order they are run, each skipped once the time budget (--budget-s) cannot hold it:
-   every SDPA / relpos / PyTorch-form row of the d=64 shapes, the flex rows there, then the
-   other shapes, and last every shape's rows of Shaw at the largest k (its kernels took over
-   a minute to compile on an H100); forms whose estimated memory exceeds the card's free
-   memory are skipped.
+   the order they are run, each skipped once the time budget (--budget-s) cannot hold it
+   (plain, T5 and DeBERTa also with dropout 0.1, and SDPA flash with it: their cost noted):
+   every SDPA / relpos / PyTorch-form row of the d=64 shapes, the flex rows there, the rows
+   with dropout there, then the other shapes, and last every shape's rows of Shaw at the
+   largest k (its kernels took over a minute to compile on an H100); forms whose estimated
+   memory exceeds the card's free memory are skipped.
 3. bench/results/gpu_<card>.md (or --out): card, versions, command, both tables and the
    targets met / not met; written after the correctness step and after each timing row (a
    run stopped from outside keeps what it measured), printed at the end. Exit status 1 when
@@ -66,6 +69,7 @@ elif __name__ == "__main__":
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_dropout as dropout  # noqa: E402
 import gpu_forms as forms  # noqa: E402
 from gpu_schemes import DEBERTA_OPTIONS, ROPE_BASE, oracle_options, scheme_record, scheme_values  # noqa: E402
 
@@ -217,9 +221,11 @@ def error_row(scheme, causal, Lq, Lk, tensor, got, exact, torch_half, repeat, tr
                 bitwise=same_bits)
 
 
-def check_case(S, gpu, O, plan, name, causal, device) -> tuple[list, str]:
-    """Rows of one (scheme, mask), or ([], reason) when relpos.gpu does not serve the scheme."""
-    L = plan.tables_L if name in ("shaw", "deberta") else plan.L  # their oracles hold (H, L, L, d) rows
+def check_case(S, gpu, O, plan, name, causal, device, dropout_p=0.0) -> tuple[list, str]:
+    """Rows of one (scheme, mask), or ([], reason) when relpos.gpu does not serve the scheme;
+    with dropout_p, the oracle applies the layout's mask (gpu_dropout.keep)."""
+    # Shaw's and DeBERTa's oracles hold (H, L, L, d) rows, dropout's mask is drawn in NumPy
+    L = plan.tables_L if name in ("shaw", "deberta") or dropout_p else plan.L
     memory = L // 4 if name == "xl" else 0
     B, H, d, Lq, Lk = plan.B, plan.H, plan.d, L, L + memory
     gen = torch.Generator().manual_seed(7 + 2 * CORRECTNESS_SCHEMES.index(name) + int(causal))
@@ -234,8 +240,11 @@ def check_case(S, gpu, O, plan, name, causal, device) -> tuple[list, str]:
                for f, t in scheme_values(name, H, d, SHAW_CHECK_K).items()}
     record = scheme_record(S, name, tensors, causal, SHAW_CHECK_K)
     scale = d ** -0.5
+    drop = dict(dropout_p=dropout_p, dropout_rng=dropout.rng(device)) if dropout_p else {}
+    mask = dict(dropout_p=dropout_p, dropout_mask=dropout.keep(O, B, H, Lq, Lk, dropout_p, memory, 0, device)) \
+        if dropout_p else {}
     try:
-        out = gpu.attention(q, k, v, record, causal=causal, q_offset=memory, scale=scale)
+        out = gpu.attention(q, k, v, record, causal=causal, q_offset=memory, scale=scale, **drop)
     except ValueError as e:
         if refused(e):
             return [], first_line(e)
@@ -250,42 +259,60 @@ def check_case(S, gpu, O, plan, name, causal, device) -> tuple[list, str]:
         params = {f"{record.name}_{f}": x for f, x in zip(tensors, inputs[3:])}
         with torch.device(device):  # the oracle makes its position tensors with torch's factories
             result, _ = O.attention(*inputs[:3], record.name, oracle_options(name, causal, SHAW_CHECK_K), params,
-                                    causal=causal, q_offset=memory, k_offset=0, scale=scale)
+                                    causal=causal, q_offset=memory, k_offset=0, scale=scale, **mask)
         return [result.detach(), *torch.autograd.grad(result, inputs, dout.to(dtype))]
 
     exact = oracle(torch.float64)
     in_half = oracle(bf16)
     names = ["out", "dq", "dk", "dv", *(f"d{record.name}_{f}" for f in tensors)]
-    rows = [error_row(name, causal, Lq, Lk, n, g, e, t, a, plan.truncating)
+    label = f"{name} + dropout {dropout_p}" if dropout_p else name
+    rows = [error_row(label, causal, Lq, Lk, n, g, e, t, a, plan.truncating)
             for n, g, e, t, a in zip(names, [out, *grads], exact, in_half, [out, *again])]
     rows[0]["bitwise"] = None  # the repeat is of the backward
     return rows, ""
 
 
-def correctness(S, gpu, O, plan, device) -> tuple[list, dict, list]:
-    """(rows, {scheme: why not served}, [failures])."""
+DROPOUT_CHECKS = (("none", True), ("t5", True), ("deberta", False))  # (scheme, causal) checked with dropout 0.3
+
+
+def correctness(S, gpu, O, plan, device) -> tuple[list, dict, list, list]:
+    """(rows, {scheme: why not served}, [failures], [dropout mask lines])."""
     rows, not_served, failures = [], {}, []
-    for name in plan.schemes:
-        for causal in (True, False):
-            try:
-                case_rows, reason = check_case(S, gpu, O, plan, name, causal, device)
-            except Exception as e:  # a crash is a failed check, reported with the rest
-                traceback.print_exc()
-                failures.append(f"{name} {'causal' if causal else 'full'}: {first_line(e)}")
-                case_rows, reason = [], ""
-            free_memory(device)
-            if reason:
-                not_served[name] = reason
-                log(f"correctness {name}: not served ({reason})")
-                break
-            rows += case_rows
-            bad = [r["tensor"] for r in case_rows if not r["met"] or r["bitwise"] is False]
-            failures += [f"{name} {'causal' if causal else 'full'} {t}" for t in bad]
-            if case_rows:
-                worst = max(case_rows, key=lambda r: r["ratio"])
-                log(f"correctness {name} {'causal' if causal else 'full'}: worst {worst['tensor']} "
-                    f"{worst['ratio']:.2f}x PyTorch bf16's error, {'ok' if not bad else 'FAILED ' + ', '.join(bad)}")
-    return rows, not_served, failures
+    cases = [(name, causal, 0.0) for name in plan.schemes for causal in (True, False)]
+    cases += [(name, causal, 0.3) for name, causal in DROPOUT_CHECKS if name in plan.schemes]
+    for name, causal, dropout_p in cases:
+        if name in not_served:
+            continue
+        what = f"{name}{f' + dropout {dropout_p}' if dropout_p else ''} {'causal' if causal else 'full'}"
+        try:
+            case_rows, reason = check_case(S, gpu, O, plan, name, causal, device, dropout_p)
+        except Exception as e:  # a crash is a failed check, reported with the rest
+            traceback.print_exc()
+            failures.append(f"{what}: {first_line(e)}")
+            case_rows, reason = [], ""
+        free_memory(device)
+        if reason:
+            not_served[name] = reason
+            log(f"correctness {name}: not served ({reason})")
+            continue
+        rows += case_rows
+        bad = [r["tensor"] for r in case_rows if not r["met"] or r["bitwise"] is False]
+        failures += [f"{what} {t}" for t in bad]
+        if case_rows:
+            worst = max(case_rows, key=lambda r: r["ratio"])
+            log(f"correctness {what}: worst {worst['tensor']} "
+                f"{worst['ratio']:.2f}x PyTorch bf16's error, {'ok' if not bad else 'FAILED ' + ', '.join(bad)}")
+    masks = []
+    if "none" in plan.schemes:
+        try:
+            masks = dropout.mask_checks(gpu, O, device)
+        except Exception as e:  # a crash is a failed check, reported with the rest
+            traceback.print_exc()
+            masks = [(f"dropout mask: {first_line(e)}", False)]
+        failures += [line for line, same in masks if not same]
+        for line, _ in masks:
+            log(f"correctness {line}")
+    return rows, not_served, failures, [line for line, _ in masks]
 
 
 # ---------------------------------------------------------------------------
@@ -301,7 +328,7 @@ class Skip(Exception):
 class Row:
     name: str
     group: str  # rows of one group compute the same function (or its key-only part)
-    kind: str  # "base", "relpos", "peer", "flex"
+    kind: str  # "base", "relpos", "peer", "flex", "dropout" (a row with attention dropout: gpu_dropout.py)
     build: object  # ctx -> (fn returning the output, leaves)
     compare: bool = True  # whether the forward must equal relpos's of the group
 
@@ -347,8 +374,9 @@ class Ctx:
             self.extra["xl"] = tuple(self.leaf(s.B, s.H, s.L + self.memory, s.d) for _ in range(2))
         return self.extra["xl"]
 
-    def relpos(self, group: str):
-        """(fn, leaves) of relpos.gpu for a group's scheme."""
+    def relpos(self, group: str, dropout_p: float = 0.0):
+        """(fn, leaves) of relpos.gpu for a group's scheme (with dropout_p, a new rng per call, drawn
+        on the device as relpos.torch draws it)."""
         name, _, k = group.partition(":")
         t = self.params(group)
         record = scheme_record(self.S, name, t, self.shape.causal, int(k or 0))
@@ -356,7 +384,7 @@ class Ctx:
         def fn():
             try:
                 return self.gpu.attention(q, k_, v_, record, causal=self.shape.causal, q_offset=offset,
-                                          scale=self.scale)
+                                          scale=self.scale, dropout_p=dropout_p)
             except ValueError as e:
                 if refused(e):
                     raise Skip(f"not served: {first_line(e)}") from None
@@ -434,8 +462,8 @@ def rows_for(plan: Plan, shape: Shape) -> list:
         return (lambda: forms.deberta_hf(x.q, x.k, x.v, t["c2p"], t["p2c"], **DEBERTA_OPTIONS, causal=c,
                                          scale=x.scale), [x.q, x.k, x.v, t["c2p"], t["p2c"]])
 
-    def ours(group):
-        return lambda x: x.relpos(group)
+    def ours(group, dropout_p=0.0):
+        return lambda x: x.relpos(group, dropout_p)
 
     rows = [Row("SDPA flash", "none", "base", plain), Row("relpos plain", "none", "relpos", ours("none")),
             Row("flex plain", "none", "flex", flex_plain),
@@ -458,6 +486,7 @@ def rows_for(plan: Plan, shape: Shape) -> list:
             rows.append(Row(f"OpenNMT Shaw K+V k={kk} (L x L x d gathers)", f"shaw:{kk}", "peer", opennmt(kk)))
     rows += [Row("relpos DeBERTa c2p+p2c (span 256)", "deberta", "relpos", ours("deberta")),
              Row("Hugging Face DeBERTa (c2p, p2c gathers; eager softmax)", "deberta", "peer", hf_deberta)]
+    rows += dropout.rows(Row, shape, ours)
     return [r for r in rows if r.kind == "base" or r.group.split(":")[0] in plan.schemes]
 
 
@@ -527,20 +556,22 @@ def measure(row: Row, ctx: Ctx, plan: Plan) -> Result:
 def row_pass(plan: Plan, row: Row) -> str:
     """The timing pass a row runs in: "slow" for Shaw at the largest k (its kernels took over
     a minute to compile on an H100, which ended a run's budget before the other shapes),
-    "flex" for FlexAttention's rows, else "main"."""
+    "flex" for FlexAttention's rows, "dropout" for the rows with dropout (after the rows they
+    are measured against, so that compiling their kernels costs those nothing), else "main"."""
     if row.group == f"shaw:{max(plan.shaw_ks)}":
         return "slow"
-    return "flex" if row.kind == "flex" else "main"
+    return row.kind if row.kind in ("flex", "dropout") else "main"
 
 
 def timing(S, gpu, plan: Plan, device, progress=lambda results: None) -> dict:
-    """{(shape label, row name): Result}: the main rows of the d=64 shapes, their flex rows,
-    then the other shapes' rows and theirs, then every shape's slow rows (row_pass), each
-    row only while the budget holds it; ``progress(results)`` after each row run (the report
-    so far is written)."""
+    """{(shape label, row name): Result}: the main rows of the d=64 shapes, their flex rows and
+    rows with dropout, then the other shapes' rows and theirs, then every shape's slow rows
+    (row_pass), each row only while the budget holds it; ``progress(results)`` after each row
+    run (the report so far is written)."""
     results = {}
     first, rest = plan.shapes[:2], plan.shapes[2:]
-    passes = [(first, "main"), (first, "flex"), (rest, "main"), (rest, "flex"), (plan.shapes, "slow")]
+    passes = [(first, "main"), (first, "flex"), (first, "dropout"), (rest, "main"), (rest, "flex"), (rest, "dropout"),
+              (plan.shapes, "slow")]
     for shapes, this_pass in passes:
         for shape in shapes:
             ctx = None
@@ -598,6 +629,9 @@ def targets(plan: Plan, results: dict) -> list:
     for shape in plan.shapes:
         flash = get(shape, "SDPA flash")
         for row in rows_for(plan, shape):
+            if row.kind == "dropout" and row.name.startswith("relpos"):
+                ratio(shape, f"{row.name} fwd+bwd: without / with dropout", get(shape, row.name.removesuffix(
+                    dropout.SUFFIX)), get(shape, row.name), "fb", round(1 / dropout.TARGET, 2))
             if row.kind != "relpos":
                 continue
             ours = get(shape, row.name)
@@ -678,7 +712,7 @@ def card_name(device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (Triton interpreter)"
 
 
-def report(plan, device, corr_rows, not_served, failures, results, target_rows) -> str:
+def report(plan, device, corr_rows, not_served, failures, masks, results, target_rows) -> str:
     lines = [f"# relpos.gpu on {card_name(device)}", "", *environment(device),
              f"- total time: {time.perf_counter() - T0:.0f} s (budget {plan.budget_s:.0f} s)", "",
              "## Correctness", "",
@@ -701,12 +735,14 @@ def report(plan, device, corr_rows, not_served, failures, results, target_rows) 
     lines.append("")
     for name, reason in not_served.items():
         lines.append(f"- not served by relpos.gpu: {name} ({reason})")
+    lines += [f"- {line}" for line in masks]
     lines.append(f"- correctness: {'FAILED: ' + '; '.join(failures) if failures else 'every check met'}")
     lines += ["", "## Timing", "",
               "bfloat16, forward with autograd recording (as in training); medians in ms; peak extra = "
               "max_memory_allocated during one forward+backward minus what was allocated before it; "
               "x flash = SDPA flash's time / the row's (same shape, same run); diff = max |out - relpos's out| "
-              "of the same scheme and values (a check that the form computes the same function).", "",
+              "of the same scheme and values (a check that the form computes the same function); rows ending "
+              f"'{dropout.SUFFIX}': the call with attention dropout, its note the cost.", "",
               "| shape | row | fwd ms | fwd+bwd ms | peak extra MiB | fwd x flash | fwd+bwd x flash | diff | note |",
               "|---|---|---|---|---|---|---|---|---|"]
     for shape in plan.shapes:
@@ -715,8 +751,9 @@ def report(plan, device, corr_rows, not_served, failures, results, target_rows) 
             r = results.get((shape.label, row.name), Result(note="not run"))
             rf = flash.fwd / r.fwd if flash.fwd and r.fwd else None
             rb = flash.fb / r.fb if flash.fb and r.fb else None
+            note = dropout.cost(results, shape.label, row.name, Result) if row.kind == "dropout" else r.note
             lines.append(f"| {shape.label} | {row.name} | {fmt(r.fwd)} | {fmt(r.fb)} | {fmt(r.mem, '.0f')} | "
-                         f"{fmt(rf, '.2f')} | {fmt(rb, '.2f')} | {fmt(r.diff, '.2e')} | {r.note} |")
+                         f"{fmt(rf, '.2f')} | {fmt(rb, '.2f')} | {fmt(r.diff, '.2e')} | {note} |")
     met = sum(1 for t in target_rows if t[3] is True)
     missed = sum(1 for t in target_rows if t[3] is False)
     lines += ["", "## Targets", "", f"{met} met, {missed} not met, {len(target_rows) - met - missed} not measured.", "",
@@ -754,11 +791,11 @@ def main(argv=None) -> int:
     def write(results) -> str:
         """The report as it stands, written over the file: a run stopped from outside (the
         machine's time running out) leaves the rows measured so far."""
-        text = report(plan, device, corr_rows, not_served, failures, results, targets(plan, results))
+        text = report(plan, device, corr_rows, not_served, failures, masks, results, targets(plan, results))
         out.write_text(text)
         return text
 
-    corr_rows, not_served, failures = correctness(S, gpu, O, plan, device)
+    corr_rows, not_served, failures, masks = correctness(S, gpu, O, plan, device)
     log(f"correctness: {len(corr_rows)} checks, {len(failures)} failed, not served: {', '.join(not_served) or '-'}")
     write({})
     results = {} if args.skip_timing else timing(S, gpu, plan, device, write)

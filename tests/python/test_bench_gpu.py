@@ -1,6 +1,7 @@
 """bench/gpu.py --smoke: the GPU benchmark's every step (correctness against the float64
-oracle under the bfloat16 rule, bitwise repeat, the timing rows of SDPA, relpos.gpu and the
-PyTorch forms, the targets, the markdown) at tiny sizes on CPU tensors, so that the one run
+oracle under the bfloat16 rule, bitwise repeat, attention dropout's mask and schemes with it,
+the timing rows of SDPA, relpos.gpu and the PyTorch forms with and without dropout, the
+targets, the markdown) at tiny sizes on CPU tensors, so that the one run
 on a lent GPU does not fail on a mistake a CPU could have caught. It runs in a subprocess:
 the script sets TRITON_INTERPRET itself and imports the repository's python/relpos by its
 own path, whatever relpos this process imports."""
@@ -44,6 +45,8 @@ def test_smoke_run_checks_times_and_writes_the_table(tmp_path):
     assert all(r["bitwise repeat"] in ("identical", "-") for r in checks)
     assert {r["tensor"] for r in checks if r["scheme"] == "xl"} >= {"out", "dq", "dk", "dv", "dxl_u", "dxl_v",
                                                                    "dxl_w_r"}
+    assert {"none + dropout 0.3", "t5 + dropout 0.3", "deberta + dropout 0.3"} <= schemes  # the mask's oracle
+    assert text.count("(< 0.05: the layout, bit for bit)") == 2  # the mask from keys on and off the 64 grid
     assert "every check met" in text
 
     rows = _table(text, "Timing")
@@ -51,10 +54,16 @@ def test_smoke_run_checks_times_and_writes_the_table(tmp_path):
     assert {"SDPA flash", "relpos plain", "relpos T5 (learned table)", "SDPA + T5 bias (Hugging Face)",
             "rotation + SDPA flash", "PyTorch XL, memory L/2 (rel-shift + SDPA bias)"} <= timed
     assert any(r.startswith("OpenNMT Shaw") for r in timed)
+    with_dropout = [r for r in rows if r["row"].endswith(", dropout 0.1")]
+    assert {r["row"] for r in with_dropout} == {"SDPA flash, dropout 0.1", "relpos plain, dropout 0.1",
+                                               "relpos T5 (learned table), dropout 0.1",
+                                               "relpos DeBERTa c2p+p2c (span 256), dropout 0.1"}
+    assert all(r["fwd+bwd ms"] != "-" and r["note"].endswith("x without dropout") for r in with_dropout)
     # each PyTorch form computes relpos's function: its forward agrees to bfloat16 accuracy
     diffs = [float(r["diff"]) for r in rows if r["diff"] != "-"]
     assert len(diffs) >= 6 and max(diffs) < 0.1, diffs
-    assert _table(text, "Targets")
+    targets = _table(text, "Targets")
+    assert sum(r["target"].endswith("fwd+bwd: without / with dropout") for r in targets) == 6  # 3 calls x 2 shapes
 
 
 def _smoke(script: str, tmp_path, *args) -> tuple[subprocess.CompletedProcess, str]:

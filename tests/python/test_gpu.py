@@ -92,9 +92,15 @@ def _cases():
     return list({c.id: c for c in cases}.values())
 
 
+def dropout_rng(seed: int, offset: int) -> torch.Tensor:
+    """relpos.gpu's dropout_rng for relpos.forward's dropout_seed (64 bits) and dropout_offset:
+    the int64 tensor [seed, offset] that draw_dropout_rng makes (the seed's bits as an int64)."""
+    return torch.tensor([seed - 2**64 if seed >= 2**63 else seed, offset], dtype=torch.int64)
+
+
 def run_gpu(pb, dtype=torch.float32) -> dict:
     """relpos.gpu forward and backward on torch tensors of dtype, results as float64 arrays
-    named as harness.run_oracle names them."""
+    named as harness.run_oracle names them (with the case's dropout, its seed and offset)."""
     def leaf(x):
         return torch.tensor(np.asarray(x), dtype=torch.float64).to(dtype).requires_grad_()
 
@@ -103,6 +109,8 @@ def run_gpu(pb, dtype=torch.float32) -> dict:
     kw = pb.call_kwargs()
     if kw["key_padding"] is not None:
         kw["key_padding"] = torch.tensor(kw["key_padding"] != 0)
+    if "dropout_seed" in kw:  # relpos.forward's seed and offset as the GPU path takes them
+        kw["dropout_rng"] = dropout_rng(kw.pop("dropout_seed"), kw.pop("dropout_offset"))
     out, lse = gpu().attention(q, k, v, pb.scheme(params=params), return_lse=True, **kw)
     out.backward(torch.tensor(pb.dout).to(dtype))
     res = {"out": out, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad,

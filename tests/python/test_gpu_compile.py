@@ -52,7 +52,7 @@ def test_pairwise_covers_every_pair():
     for a, b in itertools.combinations(factors, 2):
         for va, vb in itertools.product(factors[a], factors[b]):
             assert any(r[a] == va and r[b] == vb for r in rows), (a, va, b, vb)
-    assert len(rows) < len(cc.full_specs()) // 20  # a covering set, not the product (14,400)
+    assert len(rows) < len(cc.full_specs()) // 20  # a covering set, not the product (43,200 rows)
 
 
 def test_specs_match_the_launcher():
@@ -66,6 +66,9 @@ def test_specs_match_the_launcher():
     assert all(s.cfg == ROTATE for s in rotations)
     specs = [s for s in specs if s.kernel != "rotate"]
     assert any(s.dtype == "float32" and not s.tf32 and s.tables for s in specs)  # TF32 x 3, torch's default
+    # dropout: none, drawn per key, per four keys (keys on the 64 grid in 64-key tiles), as the launcher sets it
+    assert {s.dropout_switch for s in specs} == {0, 1, 2}
+    assert all(s.dropout_switch == (s.dropout != "") + (s.dropout == "aligned" and s.cfg.block_n == 64) for s in specs)
     for s in specs:
         assert s.cfg == launch_for(s.head, True, 4 if s.dtype == "float32" else 2, bool(s.tables), s.has_x,
                                    split_float32=s.dtype == "float32" and not s.tf32)
@@ -183,31 +186,36 @@ B, H, L, d, k_rows = 2, 2, 40, 16, 11
 q, k, v, out, dout = (torch.randn(B, H, L, d) for _ in range(5))
 lse = torch.randn(B, H, L)
 wk, wv = torch.randn(H, k_rows, d), torch.randn(k_rows, d)
-ints = ops.call_options(Terms(q, k, wk=wk, wv=wv, shaw_k=5), True, 0)
+ints = ops.call_options(Terms(q, k, wk=wk, wv=wv, shaw_k=5), True, 0, 0)
 absent = ("pad", "table", "bucket", "p1", "p2", "qx", "kx", "wq", "row_of", "rot_q", "rot_k", "partner", "qb")
-shaw = dict(dict.fromkeys(absent), ints=ints, scale=0.25)
-
-def fwd(q, k, v, wk, wv):
-    return ops._forward(q, k, v, wk=wk, wv=wv, **shaw)
-
-def bwd(q, k, v, out, lse, dout, wk, wv):
-    return ops._backward(q, k, v, out, lse, dout, wk=wk, wv=wv, **shaw)
-
 launches = "torch.ops.higher_order.triton_kernel_wrapper_mutation("
+counts = {}
+for name, rng, p in (("", None, 0.0), ("_dropout", torch.tensor([-5, 7]), 0.1)):
+    shaw = dict(dict.fromkeys(absent), ints=ints, scale=0.25, dropout_p=p)
+
+    def fwd(q, k, v, wk, wv, rng):
+        return ops._forward(q, k, v, wk=wk, wv=wv, dropout_rng=rng, **shaw)
+
+    def bwd(q, k, v, out, lse, dout, wk, wv, rng):
+        return ops._backward(q, k, v, out, lse, dout, wk=wk, wv=wv, dropout_rng=rng, **shaw)
+
+    counts["forward" + name] = make_fx(fwd, tracing_mode="fake")(q, k, v, wk, wv, rng).code.count(launches)
+    counts["backward" + name] = make_fx(bwd, tracing_mode="fake")(q, k, v, out, lse, dout, wk, wv, rng).code.count(
+        launches)
 print(json.dumps(dict(
     interpreting=launch.interpreting(),
-    triton_ops=sorted(n for n in triton_ops_to_kernels if n.startswith("relpos::")),
-    forward=make_fx(fwd, tracing_mode="fake")(q, k, v, wk, wv).code.count(launches),
-    backward=make_fx(bwd, tracing_mode="fake")(q, k, v, out, lse, dout, wk, wv).code.count(launches))))
+    triton_ops=sorted(n for n in triton_ops_to_kernels if n.startswith("relpos::")), **counts)))
 """
 
 
 def test_ops_are_triton_ops_whose_kernels_trace_without_a_gpu():
     """With real Triton kernels (no interpreter) the ops are torch.library.triton_ops, and
     tracing their bodies with fake tensors records the kernel launches themselves (one
-    forward kernel, the backward's two), which is what torch.compile and torch.export see."""
+    forward kernel, the backward's two), with dropout too (its [seed, offset] a tensor
+    argument), which is what torch.compile and torch.export see."""
     done = _run(["-c", _TRACE], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out == dict(interpreting=False, triton_ops=["relpos::gpu_attention_backward",
-                                                       "relpos::gpu_attention_forward"], forward=1, backward=2)
+                                                       "relpos::gpu_attention_forward"], forward=1, backward=2,
+                   forward_dropout=1, backward_dropout=2)

@@ -1,6 +1,6 @@
 """relpos.gpu as registered operators, through Triton's interpreter on CPU tensors:
 ``torch.compile(fullgraph=True)`` and ``torch.export`` trace ``relpos.gpu.attention`` and
-compute what it computes eagerly, gradients included; the backward's query programs
+compute what it computes eagerly, gradients included (with dropout too); the backward's query programs
 that own several tiles (the partial tables of Shaw's and DeBERTa's tables,
 config.TABLE_PROGRAMS) agree with the
 float64 oracle; inputs the kernels cannot address are refused by name.
@@ -57,6 +57,29 @@ def test_compiled_fullgraph_equals_eager():
     want = _run(eager_model, q, k, v, dout) + [eager_model.table.grad]
     compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
     got = _run(compiled, q, k, v, dout) + [compiled_model.table.grad]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+class _DropoutAttention(_T5Attention):
+    """The T5 core with attention dropout, its [seed, offset] an input as relpos.torch draws it."""
+
+    def forward(self, q, k, v, rng):
+        import relpos.gpu
+
+        return relpos.gpu.attention(q, k, v, relpos.T5(self.table, max_distance=20), causal=True, dropout_p=0.2,
+                                    dropout_rng=rng)
+
+
+def test_compiled_fullgraph_with_dropout_equals_eager():
+    """The dropout rng travels through the op as a tensor: the compiled call reads it on the
+    device as the eager one does, and its backward draws the forward's mask."""
+    q, k, v, table, dout = _inputs()
+    rng = torch.tensor([-3, 17])
+    eager_model, compiled_model = _DropoutAttention(table), _DropoutAttention(table)
+    want = _run(lambda *x: eager_model(*x, rng), q, k, v, dout) + [eager_model.table.grad]
+    compiled = torch.compile(compiled_model, fullgraph=True, backend="aot_eager")
+    got = _run(lambda *x: compiled(*x, rng), q, k, v, dout) + [compiled_model.table.grad]
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 

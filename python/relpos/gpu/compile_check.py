@@ -18,11 +18,13 @@ CAUSAL x HAS_PAD x head size (64,
 else padded(1)) x tables of rows per distance (none; Shaw's K+V, K, V with k = SHAW_K;
 DeBERTa's c2p + p2c through a row map) x Transformer-XL's
 clamp (with HAS_X) x RoPE (the backward writes the gradients of the rotated q and k as
-float32), each with config.launch_for(head, on_gpu=True, the dtype's
+float32) x attention dropout (none; its mask drawn per key, for keys off the 64 grid; per
+four keys, where the tiles are whole 64-key blocks: dropout.mode as the launcher applies it,
+so narrower tiles draw per key either way), each with config.launch_for(head, on_gpu=True, the dtype's
 size, the tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
 (torch's TF32 switch on; tf32x3 with it off), ieee otherwise, and X_PRECISION tf32 (tf32x3 for float32
 with the switch off; the float32
-features' product). The full product is 14,400 per arch; by default (CI) a
+features' product). The full product is 43,200 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
 specialisation) and CORNERS (among them float32 with TF32 off), ``--full`` for the product.
 Beside them RoPE's rotate_kernel (run before
@@ -64,7 +66,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
-from . import kernels
+from . import dropout, kernels
 from .config import ROTATE, Launch, launch_for, padded
 
 __all__ = ["Spec", "Result", "CompileCheckError", "SHARED_LIMIT", "covering_specs", "full_specs", "pairwise",
@@ -90,9 +92,13 @@ HEADS = (64, 128)
 TABLES = ("", "shaw_kv", "shaw_k", "shaw_v", "deberta")
 SHAW_K = 16  # the smaller k of the GPU targets
 
+# Attention dropout: none; keys starting off the 64 grid (a mask drawn per key); keys on it (per
+# four keys where the tiles allow: dropout.mode).
+DROPOUT = ("", "unaligned", "aligned")
+
 FACTORS = {"kernel": KERNELS, "dtype": DTYPES, "bias": tuple(range(5)), "has_x": (False, True),
            "causal": (False, True), "has_pad": (False, True), "head": HEADS, "tables": TABLES,
-           "clamp": (False, True), "rope": (False, True)}
+           "clamp": (False, True), "rope": (False, True), "dropout": DROPOUT}
 
 
 class CompileCheckError(RuntimeError):
@@ -116,6 +122,7 @@ class Spec:
     rope: bool = False  # RoPE: the backward writes dq and dk as float32 (launch.py rotates them back)
     tf32: bool = True  # float32 products in TF32 (torch's allow_tf32 on); False: TF32 x 3, torch's default
     transpose: bool = False  # rotate_kernel: the rotation's transpose (a gradient's; X float32)
+    dropout: str = ""  # one of DROPOUT
     launch: Optional[Launch] = None  # None: config.launch_for as the launcher calls it
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
 
@@ -143,6 +150,12 @@ class Spec:
         return dict(KEMB="k" in shaw or deberta, VEMB="v" in shaw, QEMB=deberta, ROW_MAP=deberta)
 
     @property
+    def dropout_switch(self) -> int:
+        """DROPOUT as the launcher sets it (dropout.mode) in the spec's tiles: 0 without dropout; for a
+        call with it whose keys start on the 64 grid ("aligned") or off it ("unaligned")."""
+        return dropout.mode(0.1 if self.dropout else 0.0, 0 if self.dropout == "aligned" else 1, self.cfg.block_n)
+
+    @property
     def nb(self) -> int:
         return 32 if self.bias == 1 else 16
 
@@ -153,6 +166,7 @@ class Spec:
                                         (f"+{self.tables}", bool(self.tables)),
                                         ("+clamp", self.has_x and self.clamp), ("+rope", self.rope),
                                         ("+transpose", self.transpose),
+                                        (("", "+dropout", "+dropout4")[self.dropout_switch], self.dropout != ""),
                                         ("+tf32x3", self.dtype == "float32" and not self.tf32)) if on)
         tail = "" if self.aligned else "/generic"
         return (f"{self.kernel}/{self.dtype}/{BIAS_NAMES[self.bias]}{flags}/d{self.head}/"
@@ -171,7 +185,7 @@ class Spec:
                      X_PRECISION="tf32x3" if self.precision == "tf32x3" else "tf32", **self.table_flags,
                      ZERO_BEYOND=False,
                      X_CLAMP=self.has_x and self.clamp, QUERY_BIAS=self.has_x,
-                     BR=c.block_m, TRANSPOSE=self.transpose)
+                     BR=c.block_m, TRANSPOSE=self.transpose, DROPOUT=self.dropout_switch)
         unknown = [n for n in names if n not in known]
         if unknown:
             raise KeyError(f"{self.kernel}: switches {unknown} unknown to compile_check.Spec.constexprs: "
@@ -185,7 +199,8 @@ class Spec:
         t = "*" + _TRITON_DTYPE[self.dtype]
         present = {"PAD": self.has_pad, "BIAS_ROWS": self.bias == 1, "BUCKET": self.bias == 1,
                    "P1": self.bias >= 2, "P2": self.bias >= 3, "QX": self.has_x, "KX": self.has_x,
-                   "DQX": self.has_x, "DQ": self.rope, "DK": self.rope, "X": self.transpose, "QB": self.has_x}
+                   "DQX": self.has_x, "DQ": self.rope, "DK": self.rope, "X": self.transpose, "QB": self.has_x,
+                   "RNG": bool(self.dropout)}
         flags = self.table_flags
         present.update(WK=flags["KEMB"], DWK=flags["KEMB"], WV=flags["VEMB"], DWV=flags["VEMB"], WQ=flags["QEMB"],
                        DWQ=flags["QEMB"], ROW_OF=flags["ROW_MAP"])
@@ -195,7 +210,7 @@ class Spec:
                     "BUCKET": "*i32", "P1": "*fp32", "P2": "*fp32", "QX": "*fp32", "KX": "*fp32", "DQX": "*fp32",
                     "WK": t, "WV": t, "WQ": t, "ROW_OF": "*i32", "DWK": "*fp32", "DWV": "*fp32", "DWQ": "*fp32",
                     "DQ": "*fp32", "DK": "*fp32", "X": "*fp32",
-                    "ROT": "*fp32", "PARTNER": "*i32", "QB": "*fp32"}
+                    "ROT": "*fp32", "PARTNER": "*i32", "QB": "*fp32", "RNG": "*i64"}
         # absent outputs: launch.py passes dq (float32 with RoPE) for DQX, the partial sums for DWK, DWV, DWQ
         absent = {"DQX": "*fp32" if self.rope else t, "DWK": "*fp32", "DWV": "*fp32", "DWQ": "*fp32"}
         n_parts = {0: 1, 1: self.nb, 2: 1}.get(self.bias, 2)
@@ -209,7 +224,7 @@ class Spec:
             elif name in pointers:  # an absent input gets q's, an absent output the buffer launch.py gives
                 sig[name] = own_type[name] if present.get(name, name in own_type) else absent.get(name, t)
                 div16.append(name)
-            elif name in ("qk_scale", "scale"):
+            elif name in ("qk_scale", "scale", "keep_scale"):
                 sig[name] = "fp32"
             elif name in ("delta", "r_min"):
                 sig[name] = "i64"
@@ -293,14 +308,17 @@ def pairwise(factors: dict) -> list[dict]:
 # Pairs alone need not meet them, and an overflow hides in exactly such a corner. And float32
 # with torch's default, TF32 off, where every product runs in TF32 three times (twice the
 # operand registers of TF32): with DeBERTa's tables at head 64, and with every input at head 128.
-CORNERS = ({"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128,
-            "tables": "shaw_kv", "clamp": True, "rope": True},
+# Some with dropout as well, which adds to the largest tiles: bfloat16's 64-key tiles drawing per
+# four keys (the words reordered through tl.permute), float32's every input (TF32 off) per key.
+_ALL_BUT_TABLES = {"bias": 1, "has_x": True, "causal": True, "has_pad": True, "tables": "", "clamp": True,
+                   "rope": True}
+_EVERY_INPUT = {"dtype": "float32", "head": 128, **_ALL_BUT_TABLES, "tables": "shaw_kv"}
+CORNERS = ({**_EVERY_INPUT, "dropout": ""},
            {"dtype": "float32", "bias": 0, "has_x": False, "causal": True, "has_pad": False, "head": 64,
-            "tables": "deberta", "clamp": False, "rope": False, "tf32": False},
-           {"dtype": "float32", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": 128,
-            "tables": "shaw_kv", "clamp": True, "rope": True, "tf32": False},
-           *({"dtype": "bfloat16", "bias": 1, "has_x": True, "causal": True, "has_pad": True, "head": head,
-              "tables": "", "clamp": True, "rope": True} for head in HEADS))
+            "tables": "deberta", "clamp": False, "rope": False, "dropout": "", "tf32": False},
+           *({**_EVERY_INPUT, "dropout": drop, "tf32": False} for drop in ("", "unaligned")),
+           *({"dtype": "bfloat16", "head": head, **_ALL_BUT_TABLES, "dropout": drop}
+             for head in HEADS for drop in ("", "aligned")))
 
 
 def rotate_specs(factors: dict, aligned: bool = True) -> list[Spec]:
@@ -324,15 +342,25 @@ def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only
             row = {"kernel": kernel, **corner}
             if all(row[k] in factors[k] for k in factors) and row not in rows:
                 rows.append(row)
-    return [Spec(**row, launch=launch, aligned=aligned) for row in rows] + rotate_specs(factors, aligned)
+    return _distinct([Spec(**row, launch=launch, aligned=aligned) for row in rows]) + rotate_specs(factors, aligned)
 
 
 def full_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:
-    """Every specialisation of the product (14,400 without ``only``) and rotate_kernel's 12."""
+    """Every specialisation of the product (43,200 rows without ``only``, fewer kernels: dropout on
+    keys on the 64 grid compiles as off it in tiles narrower than 64 keys) and rotate_kernel's 12."""
     factors = {k: tuple(only.get(k, v)) for k, v in FACTORS.items()}
     attention = {**factors, "kernel": tuple(k for k in factors["kernel"] if k in ATTENTION_KERNELS)}
-    return [Spec(**dict(zip(attention, values)), launch=launch, aligned=aligned)
-            for values in itertools.product(*attention.values())] + rotate_specs(factors, aligned)
+    return _distinct([Spec(**dict(zip(attention, values)), launch=launch, aligned=aligned)
+                      for values in itertools.product(*attention.values())]) + rotate_specs(factors, aligned)
+
+
+def _distinct(specs: list[Spec]) -> list[Spec]:
+    """specs without repeats of a kernel they compile (by name: dropout on keys on the 64 grid is
+    dropout off it where the tiles are narrower than 64 keys), in order."""
+    first = {}
+    for spec in specs:
+        first.setdefault(spec.name, spec)
+    return list(first.values())
 
 
 def _ast_source(ASTSource, fn, signature: dict, constexprs: dict, attrs: dict):
@@ -578,7 +606,7 @@ def _parse_only(item: str) -> tuple[str, tuple]:
             values.append(int(v))
         elif name in ("has_x", "causal", "has_pad", "clamp", "rope"):
             values.append(v.lower() in ("1", "true", "yes"))
-        elif name == "tables":
+        elif name in ("tables", "dropout"):
             values.append("" if v == "none" else v)
         else:
             values.append(v)
@@ -606,7 +634,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--only", action="append", default=[], metavar="SWITCH=V1,V2",
                    help="narrow a switch to some values (repeatable): kernel (" + ",".join(KERNELS) + "), dtype ("
                    + ",".join(DTYPES) + "), bias (0..4 or " + ",".join(BIAS_NAMES) + "), has_x, causal, has_pad "
-                   "(0/1), head (64,128)")
+                   "(0/1), head (64,128), tables (none," + ",".join(TABLES[1:]) + "), dropout (none,"
+                   + ",".join(DROPOUT[1:]) + ")")
     p.add_argument("--quiet", action="store_true", help="print the summary only")
     args = p.parse_args(argv)
     for a in args.arch:

@@ -24,6 +24,10 @@ The attention kernels' terms:
   as one more float32 product per key, ``u . k``;
 - causal cut and key padding; grouped-query heads (query head ``h`` reads key
   head ``h // GROUP``).
+- attention dropout ``DROPOUT`` (dropout.py: how the mask is drawn): the forward
+  multiplies P by the tile's ``z = keep / (1 - p)`` after the softmax has taken its
+  sums, the backward takes dV and the value table's gradient from ``P z`` and
+  ``dS = P (z dP - D)``; the mask, drawn again per tile, is never stored.
 
 Semantics are the library's (docs/design.md, section 1): query row ``i`` at
 ``q_offset + i``, key row ``j`` at ``k_offset + j``, distance
@@ -41,6 +45,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .dropout import dropped, multipliers, seed_offset
+
 # Kinds of bias per (head, distance); the int travels as a tl.constexpr.
 BIAS_NONE, BIAS_ROW, BIAS_ALIBI, BIAS_KERPLE_LOG, BIAS_KERPLE_POWER = range(5)
 
@@ -52,7 +58,8 @@ LOG2E = 1.4426950408889634
 # otherwise make a separate compile of every kernel for H = 16 after H = 4 (bench/gpu.py's
 # correctness step and its timings: about 3 kernels x 16 specialisations of compile time).
 _INT64_ARGS = ["delta", "r_min"]
-_UNSPECIALISED = [*_INT64_ARGS, "H"]
+# Dropout's positions and threshold (int32 bits, dropout.py) vary per call and enter no address.
+_UNSPECIALISED = [*_INT64_ARGS, "H", "query_pos", "key_pos", "keep_from"]
 LN2 = 0.6931471805599453
 
 
@@ -408,19 +415,20 @@ def _causal_key_end(m_start, Lk, delta, BM: tl.constexpr, CAUSAL: tl.constexpr):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_forward_kernel(
-        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF,
+        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp, qk_scale,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp,
+        query_pos, key_pos, keep_from, keep_scale, qk_scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
         QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
-        QUERY_BIAS: tl.constexpr):
+        QUERY_BIAS: tl.constexpr, DROPOUT: tl.constexpr):
     bh, b, h, hk = _query_program(H, GROUP)
     m_start = tl.program_id(0) * BM
     offs_m = m_start + tl.arange(0, BM)
@@ -436,6 +444,7 @@ def attention_forward_kernel(
     row_max = tl.full([BM], float("-inf"), tl.float32)
     row_sum = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DV], tl.float32)
+    seed, offset = seed_offset(RNG, DROPOUT)
     for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
         offs_n = n_start + offs_n0
         t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)  # the tile pair's first distance
@@ -450,6 +459,9 @@ def attention_forward_kernel(
         p = tl.exp2(s - shift[:, None])
         rescale = tl.exp2(row_max - shift)
         row_sum = row_sum * rescale + tl.sum(p, 1)
+        # dropout after the softmax's sums: the normaliser and lse are the softmax's
+        p = dropped(p, multipliers(seed, offset, bh, offs_m, n_start, query_pos, key_pos, keep_from, keep_scale, BM,
+                                   BN, DROPOUT), DROPOUT)
         v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                     mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
         acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v, PRECISION)
@@ -475,20 +487,21 @@ def _probabilities(s, ok, lse_ptr, dlt_ptr, offs_m, Lq):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_kv_kernel(
-        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF,
+        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp, qk_scale,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp,
+        query_pos, key_pos, keep_from, keep_scale, qk_scale,
         scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
         QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
-        QUERY_BIAS: tl.constexpr):
+        QUERY_BIAS: tl.constexpr, DROPOUT: tl.constexpr):
     """dk, dv of one key tile of one key head, over the query tiles of every query head
     that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
     n_start = tl.program_id(0) * BN
@@ -507,6 +520,7 @@ def attention_backward_kv_kernel(
                 mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
     dk = tl.zeros([BN, D], tl.float32)
     dvv = tl.zeros([BN, DV], tl.float32)
+    seed, offset = seed_offset(RNG, DROPOUT)
     # under a causal mask, the first query that sees key n_start is at row n_start + delta
     first = 0
     if CAUSAL:
@@ -529,12 +543,14 @@ def attention_backward_kv_kernel(
             p, dlt = _probabilities(s, ok, LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
             do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
                          mask=row & (offs_v[None, :] < dv), other=0.0)
-            dvv += _dot(tl.trans(p).to(do.dtype), do, PRECISION)
+            z = multipliers(seed, offset, b * H + h, offs_m, n_start, query_pos, key_pos, keep_from, keep_scale, BM,
+                            BN, DROPOUT)
+            dvv += _dot(tl.trans(dropped(p, z, DROPOUT)).to(do.dtype), do, PRECISION)
             dp = _dot(do, tl.trans(v), PRECISION)
             if VEMB:
                 dp += _rows_read(do, WV, h, t0, rel, shaw_k, ROW_OF, r_min, R, stride_wvh, dv, offs_v, PRECISION,
                                  ZERO_BEYOND, ROW_MAP, False, BM, BN)
-            ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
+            ds = tl.where(p > 0, p * (dropped(dp, z, DROPOUT) - dlt[:, None]), 0.0)  # P (z dP - D)
             dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION)
             if QEMB:  # the key's p2c term: dS's per-distance sums by key times the rows
                 dk += _rows_weighted(ds, q, WQ, h, t0, shaw_k, ROW_OF, r_min, R, stride_wqh, d, offs_d, D, PRECISION,
@@ -581,7 +597,7 @@ def _bias_grads(ds, rel, ok, h, bucket, r_min, R, p1, p2, g1, g2, gt, NB: tl.con
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_q_kernel(
-        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF,
+        Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG,
         DWK, DWV, DWQ,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
@@ -589,13 +605,14 @@ def attention_backward_q_kernel(
         stride_ob, stride_oh, stride_om, stride_od,
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
-        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp, qk_scale,
+        H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp,
+        query_pos, key_pos, keep_from, keep_scale, qk_scale,
         scale, n_parts, table_rows,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
         QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
-        QUERY_BIAS: tl.constexpr):
+        QUERY_BIAS: tl.constexpr, DROPOUT: tl.constexpr):
     """dq (and dqx) of the query tiles pid, pid + programs, ... (pid = program_id(0), programs =
     num_programs(0)) of one head, and the program's partial sums of the positional parameters'
     gradients, PARTS[(b * H + h) * programs + pid, :] and its slabs of DWK, DWV, DWQ (table_rows
@@ -617,6 +634,7 @@ def attention_backward_q_kernel(
     first_row, last_row, first_k, last_k = _end_rows(shaw_k, ROW_OF, r_min, R, D, ZERO_BEYOND, ROW_MAP)
     _, _, first_v, last_v = _end_rows(shaw_k, ROW_OF, r_min, R, DV, ZERO_BEYOND, ROW_MAP)
     first_q, last_q = first_k, last_k
+    seed, offset = seed_offset(RNG, DROPOUT)
     for tile in range(tl.program_id(0), tl.cdiv(Lq, BM), tl.num_programs(0)):
         m_start = tile * BM
         offs_m = m_start + tl.arange(0, BM)
@@ -644,13 +662,16 @@ def attention_backward_q_kernel(
             p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
             v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                         mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
+            z = multipliers(seed, offset, bh, offs_m, n_start, query_pos, key_pos, keep_from, keep_scale, BM, BN,
+                            DROPOUT)
             dp = _dot(do, tl.trans(v), PRECISION)
-            if VEMB:  # dP gains dout . wv[c(r)]; the table's rows gain P's per-distance sums times dout
+            if VEMB:  # dP gains dout . wv[c(r)]; the table's rows gain (P z)'s per-distance sums times dout
                 dp += _rows_read(do, WV, h, t0, rel, shaw_k, ROW_OF, r_min, R, stride_wvh, dv, offs_v, PRECISION,
                                  ZERO_BEYOND, ROW_MAP, False, BM, BN)
-                first_v, last_v = _rows_grad(dwv, first_row, last_row, first_v, last_v, p, do, t0, shaw_k, ROW_OF,
-                                             r_min, R, offs_v, DV, PRECISION, ZERO_BEYOND, ROW_MAP, False, BM, BN)
-            ds = tl.where(p > 0, p * (dp - dlt[:, None]), 0.0)
+                first_v, last_v = _rows_grad(dwv, first_row, last_row, first_v, last_v, dropped(p, z, DROPOUT), do,
+                                             t0, shaw_k, ROW_OF, r_min, R, offs_v, DV, PRECISION, ZERO_BEYOND,
+                                             ROW_MAP, False, BM, BN)
+            ds = tl.where(p > 0, p * (dropped(dp, z, DROPOUT) - dlt[:, None]), 0.0)  # P (z dP - D)
             if KEMB:  # dq gains dS's per-distance sums times the rows; the rows gain them times q
                 dq += _rows_weighted(ds, q, WK, h, t0, shaw_k, ROW_OF, r_min, R, stride_wkh, d, offs_d, D, PRECISION,
                                      ZERO_BEYOND, ROW_MAP, False, BM, BN)

@@ -17,7 +17,7 @@ import triton
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
 
-from . import kernels
+from . import dropout, kernels
 from .config import ROTATE, Launch, launch_for, padded, query_programs
 from .terms import Terms
 
@@ -58,6 +58,9 @@ class Call:
     causal: bool
     delta: int
     scale: float
+    q_offset: int  # the first query's position (its key's is q_offset + delta)
+    dropout_p: float  # 0: no dropout
+    dropout_rng: Optional[torch.Tensor]  # with dropout, [seed, offset] int64 on the device
 
     @property
     def q(self) -> torch.Tensor:
@@ -85,11 +88,12 @@ class Call:
         return precisions(self.q.dtype, self.q.device.type)
 
     def pointers(self, bias_rows: Optional[torch.Tensor]) -> list[torch.Tensor]:
-        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF; q's where an input is absent
+        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG; q's where an input is absent
         (never read)."""
         t = self.terms
         return [x if x is not None else self.q
-                for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv, t.qb, t.wq, t.row_of)]
+                for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv, t.qb, t.wq, t.row_of,
+                          self.dropout_rng)]
 
     def strides(self, out_or_dout: torch.Tensor) -> list[int]:
         return [*self.q.stride(), *self.k.stride(), *self.v.stride(), *out_or_dout.stride(),
@@ -106,6 +110,12 @@ class Call:
         return [H, H // Hkv, Lq, Lk, d, dv, self.features(), self.delta, self.delta - (Lq - 1), Lq + Lk - 1,
                 t.shaw_k, head_stride(t.wk), head_stride(t.wv), head_stride(t.wq), t.xl_clamp]
 
+    def dropout_args(self) -> list:
+        """query_pos, key_pos, keep_from, keep_scale: the positions of the first query and key and
+        dropout's threshold as int32 bits, and its scale (dropout.py; unread without dropout)."""
+        return [dropout.int32_bits(self.q_offset), dropout.int32_bits(self.q_offset + self.delta),
+                dropout.threshold(self.dropout_p), dropout.scale(self.dropout_p)]
+
     def features(self) -> int:
         """The width of the query / key feature product (qx's columns but the clamp's two)."""
         return self.terms.kx.shape[1] if self.terms.kx is not None else 0
@@ -119,7 +129,8 @@ class Call:
                     CAUSAL=self.causal, HAS_PAD=self.pad is not None, PRECISION=products,
                     X_PRECISION=features, KEMB=t.wk is not None, VEMB=t.wv is not None,
                     QEMB=t.wq is not None, ZERO_BEYOND=t.zero_beyond, ROW_MAP=t.row_of is not None,
-                    X_CLAMP=t.xl_clamp > 0, QUERY_BIAS=t.qb is not None)
+                    X_CLAMP=t.xl_clamp > 0, QUERY_BIAS=t.qb is not None,
+                    DROPOUT=dropout.mode(self.dropout_p, self.q_offset + self.delta, cfg.block_n))
 
     def table_rows(self) -> int:
         """Rows of the call's tables (all have as many), as the backward's partial sums hold them."""
@@ -179,7 +190,7 @@ def forward(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     if call.runs_kernels():
         wrap_triton(kernels.attention_forward_kernel)[(triton.cdiv(Lq, cfg.block_m), B * H)](
             call.q, call.k, call.v, out, lse, *call.pointers(call.bias_rows()), *call.strides(out), *call.sizes(),
-            call.scale * kernels.LOG2E, **call.switches(cfg))
+            *call.dropout_args(), call.scale * kernels.LOG2E, **call.switches(cfg))
     return out, lse
 
 
@@ -223,11 +234,12 @@ def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
     if runs:
         dout, lse = dout.to(q.dtype), lse.contiguous()  # the kernels read lse as (B, H, Lq) rows
         delta_rows = _row_dots(dout, out)
-        pointers, strides, sizes = call.pointers(call.bias_rows()), call.strides(dout), call.sizes()
+        pointers, strides = call.pointers(call.bias_rows()), call.strides(dout)
+        sizes = call.sizes() + call.dropout_args()  # the kernels take dropout's after the sizes
         wrap_triton(kernels.attention_backward_kv_kernel)[(triton.cdiv(Lk, cfg.block_n), B * k.shape[1])](
             q, k, v, dout, lse, delta_rows, dk, dvv, *pointers, *strides, *sizes,
             call.scale * kernels.LOG2E, call.scale, **switches)
-        pad_p, rows_p, *rest = pointers  # the q kernel takes BUCKET after BIAS_ROWS, DWK, DWV, DWQ after ROW_OF
+        pad_p, rows_p, *rest = pointers  # the q kernel takes BUCKET after BIAS_ROWS, DWK, DWV, DWQ after RNG
         wrap_triton(kernels.attention_backward_q_kernel)[(programs, B * H)](
             q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
             t.bucket if t.bucket is not None else q, *rest, *(x if x is not None else parts for x in (dwk, dwv, dwq)),

@@ -10,7 +10,9 @@ trace sees the op as one opaque call, whose fake implementation is the body with
 launches left out (launch.Call.runs_kernels).
 
 An op takes tensors, numbers and lists of them only: the kernels' terms (terms.py) travel
-as tensors (``None`` where absent) and the rest as six integers and the scale.
+as tensors (``None`` where absent), dropout's ``[seed, offset]`` as a tensor too (saved for
+the backward, which draws the forward's mask again from it), and the rest as seven integers,
+the scale and dropout's probability.
 
 Eager calls that no trace sees run the ops' bodies themselves, through one
 ``torch.autograd.Function``: the registered ops' Python dispatch (argument defaults filled
@@ -32,20 +34,20 @@ from .terms import Terms
 __all__ = ["forward", "backward", "call_options", "input_gradients"]
 
 # The op's integer arguments, in order.
-_OPTIONS = ("bias", "causal", "delta", "shaw_k", "zero_beyond", "xl_clamp")
+_OPTIONS = ("bias", "causal", "delta", "shaw_k", "zero_beyond", "xl_clamp", "q_offset")
 
 
-def call_options(terms: Terms, causal: bool, delta: int) -> list[int]:
-    """The ints argument of the ops for a call's terms."""
-    return [terms.bias, int(causal), delta, terms.shaw_k, int(terms.zero_beyond), terms.xl_clamp]
+def call_options(terms: Terms, causal: bool, delta: int, q_offset: int) -> list[int]:
+    """The ints argument of the ops for a call's terms, its mask and its positions."""
+    return [terms.bias, int(causal), delta, terms.shaw_k, int(terms.zero_beyond), terms.xl_clamp, q_offset]
 
 
-def _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, ints,
-          scale) -> launch.Call:
+def _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, dropout_rng,
+          ints, scale, dropout_p) -> launch.Call:
     o = dict(zip(_OPTIONS, ints))
     terms = Terms(q, k, o["bias"], p1, p2, table, bucket, qx, kx, wk, wv, wq, row_of, o["shaw_k"],
                   bool(o["zero_beyond"]), o["xl_clamp"], rot_q, rot_k, partner, qb)
-    return launch.Call(terms, v, pad, bool(o["causal"]), o["delta"], scale)
+    return launch.Call(terms, v, pad, bool(o["causal"]), o["delta"], scale, o["q_offset"], dropout_p, dropout_rng)
 
 
 def _register(name: str, body):
@@ -60,22 +62,24 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, pad: Optional[Tensor], table: Opti
              bucket: Optional[Tensor], p1: Optional[Tensor], p2: Optional[Tensor], qx: Optional[Tensor],
              kx: Optional[Tensor], wk: Optional[Tensor], wv: Optional[Tensor], wq: Optional[Tensor],
              row_of: Optional[Tensor], rot_q: Optional[Tensor], rot_k: Optional[Tensor], partner: Optional[Tensor],
-             qb: Optional[Tensor], ints: list[int], scale: float) -> tuple[Tensor, Tensor]:
-    """out ``(B, H, Lq, dv)`` and the rows' logsumexp ``(B, H, Lq)`` in float32."""
+             qb: Optional[Tensor], dropout_rng: Optional[Tensor], ints: list[int], scale: float,
+             dropout_p: float) -> tuple[Tensor, Tensor]:
+    """out ``(B, H, Lq, dv)`` and the rows' logsumexp ``(B, H, Lq)`` in float32 (the softmax's,
+    before dropout)."""
     return launch.forward(_call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k,
-                                partner, qb, ints, scale))
+                                partner, qb, dropout_rng, ints, scale, dropout_p))
 
 
 def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, pad: Optional[Tensor],
               table: Optional[Tensor], bucket: Optional[Tensor], p1: Optional[Tensor], p2: Optional[Tensor],
               qx: Optional[Tensor], kx: Optional[Tensor], wk: Optional[Tensor], wv: Optional[Tensor],
               wq: Optional[Tensor], row_of: Optional[Tensor], rot_q: Optional[Tensor], rot_k: Optional[Tensor],
-              partner: Optional[Tensor], qb: Optional[Tensor], ints: list[int],
-              scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+              partner: Optional[Tensor], qb: Optional[Tensor], dropout_rng: Optional[Tensor], ints: list[int],
+              scale: float, dropout_p: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """dq, dk, dv, dqx and the per-head sums of the bias parameters' and the tables' (wk, wv,
     wq) gradients (launch.backward); an absent one is an empty tensor (an op returns tensors)."""
-    call = _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, ints,
-                 scale)
+    call = _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb,
+                 dropout_rng, ints, scale, dropout_p)
     grads = launch.backward(call, out, lse, dout)
     return tuple(g if g is not None else q.new_empty(0, dtype=torch.float32) for g in grads)
 
@@ -113,9 +117,9 @@ def _eager(body, inputs):
 
 
 def _setup_context(ctx, inputs, output):
-    *tensors, ints, scale = inputs
+    *tensors, ints, scale, dropout_p = inputs  # dropout's [seed, offset] among the tensors saved
     ctx.save_for_backward(*tensors, *output)
-    ctx.ints, ctx.scale = ints, scale
+    ctx.ints, ctx.scale, ctx.dropout_p = ints, scale, dropout_p
     ctx.mark_non_differentiable(output[1])
 
 
@@ -131,7 +135,8 @@ def _table_grad(per_head: Tensor, table: Optional[Tensor]) -> Optional[Tensor]:
 def input_gradients(inputs, grads) -> list:
     """The gradient of each argument of relpos::gpu_attention_forward (``inputs``, None where
     it has none) from relpos::gpu_attention_backward's results ``grads``."""
-    q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, ints, scale = inputs
+    (q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, dropout_rng, ints,
+     scale, dropout_p) = inputs
     dq, dk, dv, dqx, bias_sums, wk_sums, wv_sums, wq_sums = grads
     bias = ints[0]
     dtable = dp1 = dp2 = None
@@ -142,12 +147,12 @@ def input_gradients(inputs, grads) -> list:
         dp2 = bias_sums[:, 1].to(p2.dtype) if p2 is not None else None
     return [dq, dk, dv, None, dtable, None, dp1, dp2, dqx if qx is not None else None, None,
             _table_grad(wk_sums, wk), _table_grad(wv_sums, wv), _table_grad(wq_sums, wq), None, None, None, None,
-            dq.float().sum((0, 2)).to(qb.dtype) if qb is not None else None, None, None]
+            dq.float().sum((0, 2)).to(qb.dtype) if qb is not None else None, None, None, None, None]
 
 
 def _gradients(ctx, dout, _dlse):
     *tensors, out, lse = ctx.saved_tensors
-    inputs = (*tensors, ctx.ints, ctx.scale)
+    inputs = (*tensors, ctx.ints, ctx.scale, ctx.dropout_p)
     return tuple(input_gradients(inputs, backward(*inputs[:3], out, lse, dout, *inputs[3:])))
 
 
