@@ -106,8 +106,9 @@ class Problem:
 
     def call_kwargs(self) -> dict:
         c = self.case
+        segments = {} if self.segments() is None else {"segments": self.segments()}
         return dict(causal=c.causal, key_padding=self.key_padding, q_offset=c.q_offset,
-                    k_offset=c.k_offset, scale=c.scale, segments=self.segments(), **c.dropout_kwargs())
+                    k_offset=c.k_offset, scale=c.scale, **segments, **c.dropout_kwargs())
 
     def segments(self) -> Optional[tuple[np.ndarray, np.ndarray]]:
         """The case's (q_ids (B, Lq), k_ids (B, Lk)), None without segments."""

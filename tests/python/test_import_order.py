@@ -17,6 +17,7 @@ ORDER = (
     "relpos.schemes",
     "relpos._autograd",  # what the two operator families share: autograd registration, the eager path
     "relpos.gpu.config",  # the GPU path: Triton kernels, needing relpos.schemes alone
+    "relpos.gpu.dropout",
     "relpos.gpu.kernels",
     "relpos.gpu.terms",
     "relpos.gpu.launch",
@@ -32,6 +33,8 @@ ORDER = (
     "relpos.torch.modules",
     "relpos.torch.hf_t5",
     "relpos.torch.hf_deberta",
+    "relpos.torch.hf_sam",
+    "relpos.torch.hf_swin",
     "relpos.torch",  # re-exports the public names of the modules above
     "relpos.context_parallel",  # README's path to relpos.torch.context_parallel
 )

@@ -210,3 +210,123 @@ def test_autocast_bfloat16_runs_the_op_in_bfloat16():
     y.float().square().sum().backward()
     assert m.t5_table.grad is not None and m.t5_table.grad.dtype == torch.float32
     assert m.t5_table.grad.abs().sum() > 0
+
+
+# ---- attention dropout: the rng is drawn inside the graph (torch.randint), the op saves it for
+# the backward; nothing host-side, no graph break.
+
+def dropout_model():
+    """A training-mode module with attention dropout, called as Causal calls it."""
+    return Causal(model("t5", dropout=0.3, t5_bidirectional=False)).train()
+
+
+def seeded(fn, m, x, pad, seed):
+    torch.manual_seed(seed)
+    return output_and_grads(fn, m, x, pad)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compile_with_dropout_draws_in_the_graph_as_eager_draws(backend):
+    """fullgraph with dropout: one graph, no break; under one torch.manual_seed the compiled
+    module draws what the eager module draws (on the CPU the 2-element draw runs as aten's
+    randint in both backends), so output and gradients equal eager's; another seed, another mask."""
+    m = dropout_model()
+    x, pad = inputs()
+    explanation = torch._dynamo.explain(m)(x, pad)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    torch._dynamo.reset()
+    compiled = torch.compile(m, fullgraph=True, backend=backend)
+    want_y, want_g = seeded(m, m, x, pad, 5)
+    got_y, got_g = seeded(compiled, m, x, pad, 5)
+    torch.testing.assert_close(got_y, want_y, rtol=1e-12, atol=1e-12)
+    for name, g in want_g.items():
+        torch.testing.assert_close(got_g[name], g, rtol=1e-10, atol=1e-12, msg=name)
+    assert not torch.allclose(seeded(compiled, m, x, pad, 6)[0], got_y)
+    m.eval()  # eval mode: no dropout, a graph of its own
+    torch.testing.assert_close(compiled(x, pad), m(x, pad), rtol=1e-12, atol=1e-12)
+
+
+def assert_backward_meets_the_forwards_mask(out, v, dout):
+    """Without value terms out = (P z) v is linear in v, so <dout, out> = <v, dv> exactly when the
+    backward's dv = (P z)^T dout is drawn with the forward's mask z."""
+    (dv,) = torch.autograd.grad(out, v, dout)
+    torch.testing.assert_close((dout * out).sum(), (v * dv).sum(), rtol=1e-12, atol=1e-12)
+
+
+def test_compiled_functional_dropout_backward_uses_the_forwards_mask():
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(2, 4, 9, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    f = torch.compile(lambda q, k, v: rt.attention(q, k, v, relpos.ALiBi(), causal=True, dropout_p=0.4),
+                      fullgraph=True, backend="aot_eager")
+    out = f(q, k, v)
+    assert not torch.allclose(out, rt.attention(q, k, v, relpos.ALiBi(), causal=True))
+    assert_backward_meets_the_forwards_mask(out, v, torch.randn_like(out))
+
+
+def test_export_and_jit_trace_with_dropout_draw_as_eager_draws():
+    m = dropout_model()
+    x, pad = inputs()
+    ep = torch.export.export(m, (x, pad))
+    targets = [str(n.target) for n in ep.graph.nodes]
+    assert any("randint" in t for t in targets) and any("relpos.attention_forward" in t for t in targets)
+    torch.manual_seed(8)
+    want = m(x, pad)
+    torch.manual_seed(8)
+    torch.testing.assert_close(ep.module()(x, pad), want, rtol=0, atol=0)
+    traced = torch.jit.trace(m, (x, pad), check_trace=False)  # a second trace would draw another mask
+    torch.manual_seed(8)
+    torch.testing.assert_close(traced(x, pad), want, rtol=0, atol=0)
+
+
+def test_vmap_with_dropout_follows_vmaps_randomness():
+    """vmap's default (randomness="error") refuses the draw, as it refuses SDPA's dropout; "same"
+    draws once, and every mapped entry is the unmapped call with that draw (entry by entry: folded
+    into the batch, the entries would meet different rows of the mask); "different" gives each
+    entry a draw of its own, and each backward its forward's mask."""
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(3, 2, 4, 9, 8, dtype=torch.float64) for _ in range(3))
+
+    def f(q, k, v):
+        return rt.attention(q, k, v, relpos.ALiBi(), causal=True, dropout_p=0.3)
+
+    with pytest.raises(RuntimeError, match="randomness"):
+        torch.vmap(f)(q, k, v)
+    torch.manual_seed(3)
+    same = torch.vmap(f, randomness="same")(q, k, v)
+    for i in range(3):
+        torch.manual_seed(3)
+        torch.testing.assert_close(same[i], f(q[i], k[i], v[i]), rtol=0, atol=0)
+    copies = [x[:1].expand(3, *x.shape[1:]) for x in (q, k, v)]
+    different = torch.vmap(f, randomness="different")(*copies)
+    assert not torch.allclose(different[0], different[1]) and not torch.allclose(different[1], different[2])
+    vg = v.clone().requires_grad_()
+    out = torch.vmap(f, randomness="different")(q, k, vg)
+    assert_backward_meets_the_forwards_mask(out, vg, torch.randn_like(out))
+
+
+@pytest.mark.parametrize("rng_dim", [0, None], ids=["rng-mapped", "rng-shared"])
+def test_the_ops_mapped_with_dropout_run_entry_by_entry(rng_dim):
+    """The forward and backward operators under vmap with an rng per entry (or one for all):
+    each entry's results are the operators' on that entry with its rng."""
+    from relpos.torch.ops import encode
+
+    torch.manual_seed(4)
+    q, k, v, dout = (torch.randn(3, 1, 2, 7, 4, dtype=torch.float64) for _ in range(4))
+    rngs = torch.tensor([[1, 2], [3, 4], [5, 6]]) if rng_dim == 0 else torch.tensor([7, 8])
+    name, params, ints, floats = encode(relpos.ALiBi(), True, 0, 0, None, "auto", None)
+    ops = torch.ops.relpos
+
+    def forward(q, k, v, rng):
+        return ops.attention_forward(q, k, v, None, params, name, ints, floats, rng, 0.3)
+
+    def backward(q, k, v, out, lse, dout, rng):
+        return ops.attention_backward(q, k, v, out, lse, dout, None, params, name, ints, floats, rng, 0.3)[:3]
+
+    out, lse = torch.vmap(forward, in_dims=(0, 0, 0, rng_dim))(q, k, v, rngs)
+    grads = torch.vmap(backward, in_dims=(0,) * 6 + (rng_dim,))(q, k, v, out, lse, dout, rngs)
+    for i in range(3):
+        rng = rngs[i] if rng_dim == 0 else rngs
+        want_out, want_lse = forward(q[i], k[i], v[i], rng)
+        assert torch.equal(out[i], want_out) and torch.equal(lse[i], want_lse)
+        for got, want in zip(grads, backward(q[i], k[i], v[i], want_out, want_lse, dout[i], rng)):
+            assert torch.equal(got[i], want)

@@ -14,6 +14,13 @@ owners; it calls relpos's backward with the merged out and lse, which makes each
 step's gradients exact. The scheme's parameter gradients are summed locally in
 step order and then all-reduced. Nothing depends on timing: a run repeats its bits.
 
+Attention dropout: every rank draws a ``[seed, offset]`` from its own generator (so that
+generators advance alike on every rank) and takes the group's rank 0's, broadcast; each
+step's call draws its part of the whole sequence's mask (the mask is keyed by absolute
+positions), so a ring run equals one process with rank 0's generator. The all-to-all
+strategy keys its calls' masks by their heads, which are not the whole call's (its own
+mask, the same distribution: ``ulysses_attention``).
+
 Written against the backend-neutral API (``isend``/``irecv``/``all_reduce``): gloo
 for CPU tensors, whose steps run relpos's C++ kernels, NCCL for CUDA tensors, whose
 steps run relpos.gpu's Triton kernels (``_steps_for``); every buffer and exchange is
@@ -33,7 +40,7 @@ import relpos
 from relpos import gpu
 from relpos.schemes import flag, integer, record_of
 from relpos.torch.functional import attention
-from relpos.torch.ops import decode, encode
+from relpos.torch.ops import decode, dropout_of, dropout_options, encode
 
 __all__ = ["ring_attention", "ulysses_attention", "shard_sequence", "gather_sequence"]
 
@@ -194,18 +201,29 @@ def _padding_of(pad, like: torch.Tensor):
     return pad.to(device=like.device, dtype=torch.uint8).contiguous()
 
 
+def _shared_rng(dropout_p, dropout_rng, group, device):
+    """``(p, rng)`` of a call with dropout for every rank of ``group`` alike: each rank's own (given,
+    or drawn from its generator as one process would draw it), replaced by the group's rank 0's."""
+    dropout_p, dropout_rng = dropout_of(dropout_p, dropout_rng, device)
+    if dropout_rng is not None and dist.get_world_size(group) > 1:
+        dropout_rng = dropout_rng.clone()
+        dist.broadcast(dropout_rng, dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return dropout_p, dropout_rng
+
+
 class _CpuSteps:
     """A ring step on relpos's C++ kernels: the forward of one (query rows, visiting keys)
     pair, and its backward added into the accumulators ``into`` (named as relpos.backward
-    names gradients)."""
+    names gradients). ``dropout`` is the call's ``(p, rng)``."""
 
     @staticmethod
-    def forward(q, k, v, record, options, **call):
-        return relpos.forward(q, k, v, record, **call, **options)
+    def forward(q, k, v, record, options, dropout, **call):
+        return relpos.forward(q, k, v, record, **call, **options, **dropout_options(*dropout))
 
     @staticmethod
-    def backward(q, k, v, out, lse, dout, record, options, into, **call):
-        relpos.backward(q, k, v, out, lse, dout, record, add_into=into, **call, **options)
+    def backward(q, k, v, out, lse, dout, record, options, dropout, into, **call):
+        relpos.backward(q, k, v, out, lse, dout, record, add_into=into, **call, **options,
+                        **dropout_options(*dropout))
 
 
 class _GpuSteps:
@@ -213,12 +231,14 @@ class _GpuSteps:
     settings: the fused kernels run); the backward's gradients from relpos.gpu.gradients."""
 
     @staticmethod
-    def forward(q, k, v, record, options, **call):
-        return gpu.attention(q, k, v, record, scale=options["scale"], return_lse=True, **call)
+    def forward(q, k, v, record, options, dropout, **call):
+        return gpu.attention(q, k, v, record, scale=options["scale"], return_lse=True, dropout_p=dropout[0],
+                             dropout_rng=dropout[1], **call)
 
     @staticmethod
-    def backward(q, k, v, out, lse, dout, record, options, into, **call):
-        grads = gpu.gradients(q, k, v, out, lse, dout, record, scale=options["scale"], **call)
+    def backward(q, k, v, out, lse, dout, record, options, dropout, into, **call):
+        grads = gpu.gradients(q, k, v, out, lse, dout, record, scale=options["scale"], dropout_p=dropout[0],
+                              dropout_rng=dropout[1], **call)
         for name, accumulator in into.items():
             accumulator += grads[name]
 
@@ -230,8 +250,8 @@ def _steps_for(q: torch.Tensor):
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, key_padding, group, q_segments, k_segments, pieces, reduce_params, scheme_name, ints,
-                floats, *params):
+    def forward(ctx, q, k, v, key_padding, dropout_rng, dropout_p, group, q_segments, k_segments, pieces,
+                reduce_params, scheme_name, ints, floats, *params):
         record, options = decode(scheme_name, params, ints, floats)
         causal = options.pop("causal")
         del options["q_offset"], options["k_offset"]  # the segments hold the positions
@@ -246,20 +266,22 @@ class _RingAttention(torch.autograd.Function):
             for segments, (kp, vp, pad) in ring.visit(i, own, backward=False):
                 for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, segments, causal):
                     out_s, lse_s = steps.forward(q.detach()[:, :, qrows], kp[:, :, krows], vp[:, :, krows], record,
-                                                 options, causal=causal, key_padding=pad[:, krows],
-                                                 q_offset=q_offset, k_offset=k_offset)
+                                                 options, (dropout_p, dropout_rng), causal=causal,
+                                                 key_padding=pad[:, krows], q_offset=q_offset, k_offset=k_offset)
                     _merge_into(out[:, :, qrows], lse[:, :, qrows], out_s, lse_s)
-        ctx.save_for_backward(q, k, v, out, lse, *(() if key_padding is None else (key_padding,)), *params)
+        optional = [x for x in (key_padding, dropout_rng) if x is not None]
+        ctx.save_for_backward(q, k, v, out, lse, *optional, *params)
         ctx.meta = (group, q_segments, ring.segments, ring.pieces, reduce_params, scheme_name, ints, floats,
-                    key_padding is not None)
+                    key_padding is not None, dropout_rng is not None, dropout_p)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        group, q_segments, every, pieces, reduce_params, scheme_name, ints, floats, has_padding = ctx.meta
+        group, q_segments, every, pieces, reduce_params, scheme_name, ints, floats, has_padding, has_rng, p = ctx.meta
         q, k, v, out, lse, *rest = ctx.saved_tensors
         key_padding = rest.pop(0) if has_padding else None
+        dropout = (p, rest.pop(0) if has_rng else None)
         params = rest
         record, options = decode(scheme_name, params, ints, floats)
         causal = options.pop("causal")
@@ -282,7 +304,7 @@ class _RingAttention(torch.autograd.Function):
                 for qrows, krows, q_offset, k_offset in ring.pairs(q_segments, segments, causal):
                     # added in place into dq and the travelling dk, dv: no per-call gradient buffers
                     steps.backward(q.detach()[:, :, qrows], kp[:, :, krows], vp[:, :, krows], out[:, :, qrows],
-                                   lse[:, :, qrows], dout[:, :, qrows], record, options,
+                                   lse[:, :, qrows], dout[:, :, qrows], record, options, dropout,
                                    {"q": dq[:, :, qrows], "k": dkp[:, :, krows], "v": dvp[:, :, krows],
                                     **dict(zip(names, dparams))},
                                    causal=causal, key_padding=pad[:, krows], q_offset=q_offset, k_offset=k_offset)
@@ -293,13 +315,14 @@ class _RingAttention(torch.autograd.Function):
         if reduce_params:
             for g in dparams:
                 dist.all_reduce(g, group=group)
-        return (dq, dk, dv, None, None, None, None, None, None, None, None, None, *dparams)
+        return (dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, *dparams)
 
 
 def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"] = None, causal: bool = False,
                    key_padding=None, q_offset: int = 0, k_offset: int = 0, q_segments=None, k_segments=None,
                    scale: Optional[float] = None, threads: Optional[int] = None, return_lse: bool = False,
-                   reduce_param_grads: bool = True, kv_pieces: Optional[int] = None):
+                   reduce_param_grads: bool = True, kv_pieces: Optional[int] = None, dropout_p: float = 0.0,
+                   dropout_rng: Optional[torch.Tensor] = None):
     """Attention with ``scheme`` over a sequence sharded across ``group`` (default:
     the whole world), differentiable. Each rank passes its own rows: q
     ``(B, H, Lq_r, d)`` at absolute positions ``q_offset + i``, k, v
@@ -319,7 +342,10 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
     chunks below 4096 keys, longer ones in pieces of at least 512 keys, at most
     16): a rank holds one visiting piece and the next, so more pieces need less
     memory (the ring's own buffers shrink from 8 to 8 / pieces rows of H x d per
-    local row) and make more, smaller calls."""
+    local row) and make more, smaller calls.
+    ``dropout_p``: attention dropout as ``relpos.torch.attention``'s, with the group's rank 0's
+    ``dropout_rng`` (drawn from its generator unless given) on every rank, so that the result
+    equals one process's call with that rng."""
     scheme = record_of(scheme)
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("relpos: ring_attention: torch.distributed is not initialised (init_process_group first)")
@@ -341,7 +367,9 @@ def ring_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"]
         q, k, v = q.float(), k.float(), v.float()
         params = [p.float() for p in params]
     reduce = flag(reduce_param_grads, "reduce_param_grads")
-    out, lse = _RingAttention.apply(q, k, v, key_padding, group, qs, ks, kv_pieces, reduce, name, ints, floats, *params)
+    dropout_p, dropout_rng = _shared_rng(dropout_p, dropout_rng, group, q.device)
+    out, lse = _RingAttention.apply(q, k, v, key_padding, dropout_rng, dropout_p, group, qs, ks, kv_pieces, reduce,
+                                    name, ints, floats, *params)
     out = out.to(stored)
     return (out, lse) if return_lse else out
 
@@ -415,14 +443,19 @@ def _scheme_for_heads(scheme, h0: int, h1: int, group):
 
 def ulysses_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGroup"] = None, causal: bool = False,
                       key_padding=None, q_offset: int = 0, segments=None, scale: Optional[float] = None,
-                      threads: Optional[int] = None):
+                      threads: Optional[int] = None, dropout_p: float = 0.0,
+                      dropout_rng: Optional[torch.Tensor] = None):
     """Self-attention over a sequence sharded across ``group`` by all-to-all
     exchanges: each rank sends every other rank its rows of that rank's heads,
     attends over the whole sequence for H / P query heads (and Hkv / P key heads),
     and sends the output rows back. Arguments as ``ring_attention`` (one set of
     segments for queries and keys; together they must cover one run of positions).
     H and Hkv must divide by the group size. Differentiable; the scheme's tensors
-    get the sum of their gradients over the group."""
+    get the sum of their gradients over the group.
+    ``dropout_p``: attention dropout with the group's rank 0's ``dropout_rng`` as in
+    ``ring_attention``; but each rank's call holds H / P heads, and the kernels key the mask by
+    the call's head index, so rank r draws with the offset moved by r (a mask of its own for
+    each of the H heads, not the one a single process draws)."""
     scheme = record_of(scheme)
     if not dist.is_available() or not dist.is_initialized():
         raise ValueError("relpos: ulysses_attention: torch.distributed is not initialised (init_process_group first)")
@@ -471,6 +504,11 @@ def ulysses_attention(q, k, v, scheme=None, *, group: Optional["dist.ProcessGrou
         # float32) for one call on all heads, so such a call computes in float32, rounded once.
         compute = torch.float32 if compute in (torch.bfloat16, torch.float16) else compute
         scheme = replace(scheme, slopes=torch.tensor(relpos.alibi_slopes(H), dtype=compute, device=q.device))
+    dropout_p, dropout_rng = _shared_rng(dropout_p, dropout_rng, group, q.device)
+    if dropout_rng is not None:
+        # The calls of the ranks number their heads from 0 alike: distinct offsets keep their masks apart.
+        dropout_rng = dropout_rng + torch.tensor([0, rank], dtype=torch.int64, device=q.device)
     out = attention(*(to_heads(x).to(compute) for x in (q, k, v)), _scheme_for_heads(scheme, h0, h1, group),
-                    causal=causal, key_padding=padding, q_offset=start, k_offset=start, scale=scale, threads=threads)
+                    causal=causal, key_padding=padding, q_offset=start, k_offset=start, scale=scale, threads=threads,
+                    dropout_p=dropout_p, dropout_rng=dropout_rng)
     return to_rows(out.to(q.dtype))

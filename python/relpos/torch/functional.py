@@ -10,6 +10,10 @@ Transformer-XL u/v/w_r). Being an operator with fake implementations, it runs
 under ``torch.compile(fullgraph=True)``, ``torch.export``, ``torch.jit.trace``
 and ``torch.vmap``. Tensors reach the core in place (DLPack), so strided views
 such as ``(B, L, H, d)`` projections seen as ``(B, H, L, d)`` are not copied.
+
+Attention dropout (``dropout_p``) draws each call's ``[seed, offset]`` from torch's
+generator of q's device unless given (``ops.dropout_of``); the op's autograd saves it, and
+its backward draws the same mask again (docs/design.md, "Attention dropout").
 """
 from __future__ import annotations
 
@@ -20,18 +24,19 @@ import torch
 from relpos import gpu
 from relpos._calls import heads_first, resolve_q_offset
 from relpos.schemes import flag, record_of
-from relpos.torch.ops import encode, forward
+from relpos.torch.ops import dropout_of, encode, forward
 
 __all__ = ["attention"]
 
 
-def _on_gpu(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm):
+def _on_gpu(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, dropout_p, dropout_rng):
     """CUDA tensors run relpos.gpu's Triton kernels (one fused algorithm; ``threads`` is a CPU
     setting and has no effect there)."""
     if algorithm not in ("auto", "fused"):
         raise ValueError(f"relpos: algorithm: CUDA tensors run the fused Triton kernels only, got {algorithm!r}")
     return gpu.attention(q, k, v, scheme, causal=causal, key_padding=key_padding, q_offset=q_offset,
-                         k_offset=k_offset, scale=scale, return_lse=True)
+                         k_offset=k_offset, scale=scale, dropout_p=dropout_p, dropout_rng=dropout_rng,
+                         return_lse=True)
 
 
 def attention(
@@ -49,6 +54,8 @@ def attention(
     threads: Optional[int] = None,
     return_lse: bool = False,
     layout: str = "bhld",
+    dropout_p: float = 0.0,
+    dropout_rng: Optional[torch.Tensor] = None,
 ):
     """Differentiable ``relpos.forward``: q ``(B, H, Lq, d)``, k ``(B, Hkv, Lk, d)``,
     v ``(B, Hkv, Lk, dv)`` -> out ``(B, H, Lq, dv)``; with ``layout="blhd"`` each
@@ -60,19 +67,30 @@ def attention(
     ``return_lse=True`` returns ``(out, lse)``, the row logsumexp ``(B, H, Lq)``
     as a constant (no gradient flows through it), e.g. to merge attention over
     key chunks. CUDA tensors run the Triton kernels of ``relpos.gpu`` (``algorithm``
-    "auto" or "fused"); CPU tensors the C++ kernels."""
+    "auto" or "fused"); CPU tensors the C++ kernels.
+
+    ``dropout_p`` in [0, 1): attention dropout, as ``scaled_dot_product_attention``'s (applied
+    whatever the caller's training mode: a module passes 0 in eval): the probabilities after
+    the softmax dropped, the kept ones scaled by ``1 / (1 - dropout_p)``, lse the softmax's, the
+    backward through the same mask. Its mask is keyed by the batch row, query head and the
+    absolute query and key positions (docs/design.md, "Attention dropout"), drawn from
+    ``dropout_rng``: an int64 tensor ``[seed, offset]`` on q's device, by default drawn per call
+    from torch's generator of that device (``torch.manual_seed`` repeats a run). 0 draws nothing
+    and is the call without dropout, bit for bit."""
     scheme, return_lse = record_of(scheme), flag(return_lse, "return_lse")
     for arg, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             raise ValueError(f"relpos: {arg}: expected a 4-dimensional torch tensor, got "
                              f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     q, k, v = (heads_first(x, layout) for x in (q, k, v))
+    dropout_p, dropout_rng = dropout_of(dropout_p, dropout_rng, q.device)
     if q.device.type == "cuda":
-        out, lse = _on_gpu(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm)
+        out, lse = _on_gpu(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, algorithm, dropout_p,
+                           dropout_rng)
         out = heads_first(out, layout)
         return (out, lse.detach()) if return_lse else out
     q_offset = resolve_q_offset(q_offset, q.shape[2], k.shape[2], k_offset)
     name, params, ints, floats = encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads)
-    out, lse = forward(q, k, v, key_padding, params, name, ints, floats)
+    out, lse = forward(q, k, v, key_padding, params, name, ints, floats, dropout_rng, dropout_p)
     out = heads_first(out, layout)
     return (out, lse.detach()) if return_lse else out

@@ -9,11 +9,15 @@ tables inside the fused kernel instead of (B H, L, L) gathers. transformers' att
 (the outer product of the input mask) becomes relpos's key padding; a padded query row,
 which transformers fills with the mean of every value (all its scores are the same minimum),
 gets that mean too, so the patched model's outputs equal the unpatched one's everywhere.
+In training, the layer's attention-probability dropout (``attention_probs_dropout_prob``,
+the ``self.dropout`` transformers applies after the softmax) is relpos's ``dropout_p``;
+a padded query row then gets the mean of the values undropped (dropout's expectation, where
+transformers drops them too; such a row reaches no unpadded position's output).
 
 Refused by name, with a ValueError at the call: ``output_attentions`` (relpos forms no
-probability matrix), attention-probability dropout in training (relpos's kernels have
-none), a mask that is not an outer product of a padding mask, relative positions other
-than transformers' own, and DeBERTa v1 (``DebertaModel``: another attention module).
+probability matrix), a mask that is not an outer product of a padding mask, relative
+positions other than transformers' own, and DeBERTa v1 (``DebertaModel``: another
+attention module).
 """
 from __future__ import annotations
 
@@ -71,10 +75,8 @@ def _forward(self, hidden_states, attention_mask, output_attentions=False, query
     if output_attentions:
         raise ValueError("relpos: patch_hf_deberta: output_attentions is not served (relpos forms no attention "
                          "probabilities); call the model with output_attentions=False")
-    dropout = getattr(self.dropout, "p", getattr(self.dropout, "drop_prob", 0.0))  # nn.Dropout or StableDropout
-    if self.training and dropout > 0:
-        raise ValueError("relpos: patch_hf_deberta: attention-probability dropout in training is not served "
-                         f"(attention_probs_dropout_prob = {dropout}); set it to 0 or call model.eval()")
+    # transformers applies self.dropout (nn.Dropout; StableDropout in older versions) to the probabilities.
+    dropout = getattr(self.dropout, "p", getattr(self.dropout, "drop_prob", 0.0)) if self.dropout.training else 0.0
     queries = hidden_states if query_states is None else query_states
     B, Lq, Lk = queries.shape[0], queries.shape[1], hidden_states.shape[1]
     if Lq != Lk:
@@ -101,7 +103,7 @@ def _forward(self, hidden_states, attention_mask, output_attentions=False, query
     # where relative_attention is off and no term is computed: given here for every layer.
     factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
     scale = 1.0 / float(torch.sqrt(torch.tensor(float(d), dtype=torch.float32) * factor))
-    out = attention(q, k, v, scheme, key_padding=padded_keys, scale=scale, layout="blhd")
+    out = attention(q, k, v, scheme, key_padding=padded_keys, scale=scale, layout="blhd", dropout_p=dropout)
     if padded_queries is not None:  # every score of such a row is the same minimum: the mean of all values
         out = torch.where(padded_queries[:, :, None, None], v.mean(1, keepdim=True).expand_as(out), out)
     return out.reshape(B, Lq, heads * d), None

@@ -7,7 +7,9 @@ exactly as transformers does (``DynamicCache`` / ``EncoderDecoderCache``), and c
 first layer's ``relative_attention_bias``, which receives the gradient), causal in
 the decoder's self-attention with the queries at the end of the cached keys, and
 no position bias in cross-attention. transformers' attention mask becomes relpos's
-causal flag plus key padding; a mask that is not of that form is refused.
+causal flag plus key padding; a mask that is not of that form is refused. In training
+mode the layer's attention dropout (``config.dropout_rate``, which T5Attention applies to
+its attention weights when ``self.training``) is relpos's ``dropout_p``.
 """
 from __future__ import annotations
 
@@ -81,9 +83,6 @@ def _project_and_cache(attn, hidden_states, key_value_states, past_key_values):
 
 def _forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, past_key_values=None,
              **kwargs):
-    if self.training and self.dropout > 0:
-        raise ValueError("relpos: patch_hf_t5: relpos has no attention dropout: call model.eval() or set the "
-                         "config's dropout_rate to 0")
     if kwargs.get("output_attentions"):
         raise ValueError("relpos: patch_hf_t5: output_attentions=True needs the attention weights, which relpos "
                          "never forms; unpatch the model to inspect them")
@@ -102,7 +101,7 @@ def _forward(self, hidden_states, mask=None, key_value_states=None, position_bia
                            max_distance=self.relative_attention_max_distance)
     # Self-attention's queries are the last cached positions; cross-attention has no positions.
     out = attention(query, key, value, scheme, causal=causal, key_padding=padding, q_offset=0 if cross else "end",
-                    scale=1.0)
+                    scale=1.0, dropout_p=self.dropout if self.training else 0.0)  # where T5Attention drops
     out = self.o(out.transpose(1, 2).reshape(B, Lq, -1))
     return out, None, None
 
@@ -157,8 +156,8 @@ def patch_hf_t5(model: nn.Module) -> nn.Module:
     T5ForConditionalGeneration, T5EncoderModel and their MT5 versions) by
     relpos's; returns the model. UMT5 (a table per layer) and LongT5 (local attention)
     are refused by name, and nothing is patched then. Outputs, gradients and
-    ``generate()`` (with its cache) equal the unpatched model's to rounding; no
-    attention dropout (``model.eval()`` or ``dropout_rate=0``), no
+    ``generate()`` (with its cache) equal the unpatched model's to rounding (in training,
+    with attention dropout, in distribution: relpos draws its own masks); no
     ``output_attentions``. Each stack's self-attention layers use the first
     layer's ``relative_attention_bias``."""
     _refuse_relatives(model)

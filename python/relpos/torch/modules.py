@@ -24,7 +24,7 @@ from torch import nn
 
 import relpos
 from relpos._calls import check_threads
-from relpos.schemes import KERPLE_MIN, flag, integer  # noqa: F401  (rt.KERPLE_MIN: the floor the records clamp at)
+from relpos.schemes import KERPLE_MIN, flag, integer, number  # noqa: F401  (rt.KERPLE_MIN: the records' floor)
 from relpos.torch.context_parallel import ring_attention
 from relpos.torch.functional import attention
 
@@ -54,6 +54,9 @@ class RelativeMultiheadAttention(nn.Module):
     ``num_kv_heads`` (dividing ``num_heads``; default ``num_heads``) projects keys and
     values to fewer heads, each shared by ``num_heads / num_kv_heads`` query heads
     (grouped-query attention; 1: multi-query).
+    ``dropout`` in [0, 1): attention dropout on the probabilities, in training mode only, as
+    ``nn.MultiheadAttention``'s (``attention(dropout_p=)``; each call draws its mask from torch's
+    generator of the inputs' device). ``layer.dropout`` may be changed between calls.
 
     Scheme parameters (created only for the chosen ``scheme``):
       shaw   ``shaw_wk`` / ``shaw_wv``: ``(2k+1, head_dim)`` shared by heads, or
@@ -91,6 +94,7 @@ class RelativeMultiheadAttention(nn.Module):
         vdim: Optional[int] = None,
         bias: bool = True,
         scale: Optional[float] = None,
+        dropout: float = 0.0,
         shaw_k: int = 16,
         shaw_tables: str = "kv",
         shaw_per_head: bool = False,
@@ -147,6 +151,9 @@ class RelativeMultiheadAttention(nn.Module):
             o.check(self.scheme_options[o.core], o.core)
         if threads is not None:
             check_threads(threads)
+        if not 0 <= number(dropout, "dropout") < 1:
+            raise ValueError(f"relpos: dropout: must be in [0, 1) (the probability of dropping an attention "
+                             f"probability), got {dropout!r}")
         if head_dim is None:
             if embed_dim % num_heads:
                 raise ValueError(f"relpos: embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
@@ -171,7 +178,7 @@ class RelativeMultiheadAttention(nn.Module):
                              f"got {deberta_pos_att_type!r}")
         self.embed_dim, self.num_heads, self.head_dim, self.scheme = embed_dim, num_heads, head_dim, scheme
         self.num_kv_heads = num_kv_heads
-        self.scale, self.algorithm, self.threads = scale, algorithm, threads
+        self.scale, self.algorithm, self.threads, self.dropout = scale, algorithm, threads, float(dropout)
         # A torch.distributed process group (True: the whole world) over which the
         # sequence is sharded: forward then takes this rank's rows (ring attention).
         self.context_parallel = context_parallel
@@ -256,6 +263,7 @@ class RelativeMultiheadAttention(nn.Module):
         q = self._heads(self.q_proj(query))
         k = self._heads(self.k_proj(key), self.num_kv_heads)
         v = self._heads(self.v_proj(value), self.num_kv_heads)
+        dropout_p = self.dropout if self.training else 0.0
         if self.context_parallel is not None:
             if mems is not None or key is not query:
                 raise ValueError("relpos: context_parallel: self-attention over the sharded sequence only "
@@ -265,11 +273,12 @@ class RelativeMultiheadAttention(nn.Module):
             # the model sums them all over the group, as for data parallelism.
             out = ring_attention(q, k, v, self.position_scheme(), group=group, causal=causal, key_padding=key_padding,
                                  q_offset=q_offset, k_offset=q_offset, q_segments=segments, k_segments=segments,
-                                 scale=self.scale, threads=self.threads, reduce_param_grads=False)
+                                 scale=self.scale, threads=self.threads, reduce_param_grads=False,
+                                 dropout_p=dropout_p)
         else:
             out = attention(q, k, v, self.position_scheme(), causal=causal, key_padding=key_padding,
                             q_offset=q_offset, k_offset=k_offset, scale=self.scale, algorithm=self.algorithm,
-                            threads=self.threads)
+                            threads=self.threads, dropout_p=dropout_p)
         return self.out_proj(out.transpose(1, 2).flatten(2))
 
 

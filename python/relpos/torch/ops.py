@@ -10,7 +10,11 @@ An op's arguments can only be tensors, numbers, bools, strings and lists of
 them, so a scheme travels as its name, its learnable tensors in a fixed order
 per scheme (``None`` where absent) and its options packed into an int list and
 a float list; ``encode`` and ``decode`` are the two ends of that packing
-(``relpos.torch.functional`` and ``relpos.torch.context_parallel`` call them).
+(``relpos.torch.functional`` and ``relpos.torch.context_parallel`` call them). Attention
+dropout travels as two trailing arguments with defaults, ``dropout_rng`` (the int64
+``[seed, offset]`` tensor of ``relpos._autograd.draw_dropout_rng``, or None) and
+``dropout_p``: a call without dropout is the op's call as it always was, and the backward
+draws the forward's mask again from the rng its autograd formula saved.
 
 ``forward`` is how relpos.torch calls the forward operator: where nothing traces the call
 (``relpos._autograd.traced``) and CPU autocast is off, it runs the operators' bodies through
@@ -26,11 +30,11 @@ from typing import Optional, Sequence
 import torch
 
 import relpos
-from relpos._autograd import no_double_backward, setup_nothing, traced
-from relpos._calls import ALGORITHMS, check_dtypes, check_threads
+from relpos._autograd import draw_dropout_rng, dropout_seed_offset, no_double_backward, setup_nothing, traced
+from relpos._calls import ALGORITHMS, check_dtypes, check_threads, dropout_args
 from relpos.schemes import SCHEMES, choice, flag, integer, number
 
-__all__ = ["attention_forward", "attention_backward", "forward", "encode", "decode"]
+__all__ = ["attention_forward", "attention_backward", "forward", "encode", "decode", "dropout_of", "dropout_options"]
 
 
 def encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
@@ -70,7 +74,40 @@ def decode(name: str, params: Sequence[torch.Tensor], ints: Sequence[int], float
     return scheme, options
 
 
-def _check_tensors(tensors: dict, record) -> None:
+def _check_rng(dropout_rng: Optional[torch.Tensor], device) -> None:
+    if dropout_rng is not None and (not isinstance(dropout_rng, torch.Tensor) or dropout_rng.dtype != torch.int64
+                                    or dropout_rng.numel() != 2 or dropout_rng.device != device):
+        what = (f"{dropout_rng.dtype} of shape {tuple(dropout_rng.shape)} on {dropout_rng.device}"
+                if isinstance(dropout_rng, torch.Tensor) else type(dropout_rng).__name__)
+        raise ValueError(f"relpos: dropout_rng: expected an int64 tensor [seed, offset] on q's device ({device}), "
+                         f"got {what}")
+
+
+def dropout_of(dropout_p, dropout_rng: Optional[torch.Tensor], device) -> tuple[float, Optional[torch.Tensor]]:
+    """A call's ``(dropout_p, dropout_rng)`` as the ops take them, checked by name: p in [0, 1);
+    the rng the caller gave (an int64 ``[seed, offset]`` tensor on q's ``device``) or one drawn
+    from torch's generator of the device (``draw_dropout_rng``: ``torch.manual_seed`` repeats
+    it, and under torch.compile it is a random op of the graph). p = 0 draws nothing and gives
+    None: the call without dropout, bit for bit, its generator untouched."""
+    p = dropout_args(dropout_p, 0, 0).get("dropout_p", 0.0)
+    _check_rng(dropout_rng, device)
+    if not p:
+        return 0.0, None
+    return p, draw_dropout_rng(device) if dropout_rng is None else dropout_rng.reshape(2)
+
+
+def dropout_options(dropout_p: float, dropout_rng: Optional[torch.Tensor]) -> dict:
+    """relpos.forward / backward's dropout options for an op's ``dropout_p`` and rng, its seed
+    and offset read on the host (the C++ kernels' calls, on CPU tensors); none without dropout."""
+    if not dropout_p:
+        return {}
+    if dropout_rng is None:
+        raise ValueError("relpos: dropout_rng: a call with dropout_p > 0 needs its [seed, offset] tensor")
+    seed, offset = dropout_seed_offset(dropout_rng)
+    return dict(dropout_p=dropout_p, dropout_seed=seed, dropout_offset=offset)
+
+
+def _check_tensors(tensors: dict, record, dropout_rng: Optional[torch.Tensor] = None) -> None:
     """Every tensor argument's device and dtype, by name (the scheme ``record``'s as
     ``t5_table``, ...), in the ops and in their fake implementations alike: a meta tensor
     among CPU ones sends the whole call to the fake implementation, which would otherwise
@@ -84,23 +121,27 @@ def _check_tensors(tensors: dict, record) -> None:
         if x is not None and x.device != device:
             raise ValueError(f"relpos: {name}: on device {x.device}, expected {device} like q")
     check_dtypes({name: x for name, x in named.items() if x is not None})
+    _check_rng(dropout_rng, device)
 
 
 def _forward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding: Optional[torch.Tensor],
-                  params: list[torch.Tensor], scheme: str, ints: list[int], floats: list[float]
+                  params: list[torch.Tensor], scheme: str, ints: list[int], floats: list[float],
+                  dropout_rng: Optional[torch.Tensor] = None, dropout_p: float = 0.0
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """out (B, H, Lq, dv) and the row logsumexp (B, H, Lq)."""
+    """out (B, H, Lq, dv) and the row logsumexp (B, H, Lq), the softmax's (before dropout)."""
     record, options = decode(scheme, params, ints, floats)
-    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), record)
-    return relpos.forward(q, k, v, record, key_padding=key_padding, **options)
+    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), record, dropout_rng)
+    return relpos.forward(q, k, v, record, key_padding=key_padding, **options,
+                          **dropout_options(dropout_p, dropout_rng))
 
 
 attention_forward = torch.library.custom_op("relpos::attention_forward", _forward_body, mutates_args=())
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats):
-    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), decode(scheme, params, ints, floats)[0])
+def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng=None, dropout_p=0.0):
+    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), decode(scheme, params, ints, floats)[0],
+                   dropout_rng)
     B, H, Lq, _ = q.shape
     half = q.dtype in (torch.bfloat16, torch.float16)  # stored in a half type: lse is float32
     return q.new_empty(B, H, Lq, v.shape[-1]), q.new_empty(B, H, Lq, dtype=torch.float32 if half else q.dtype)
@@ -108,12 +149,14 @@ def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats):
 
 def _backward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                    dout: torch.Tensor, key_padding: Optional[torch.Tensor], params: list[torch.Tensor],
-                   scheme: str, ints: list[int], floats: list[float]
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """dq, dk, dv and the gradient of each tensor of ``params`` (same order)."""
+                   scheme: str, ints: list[int], floats: list[float], dropout_rng: Optional[torch.Tensor] = None,
+                   dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """dq, dk, dv and the gradient of each tensor of ``params`` (same order); with dropout, the
+    forward's ``dropout_rng`` draws its mask again."""
     record, options = decode(scheme, params, ints, floats)
-    _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding), record)
-    grads = relpos.backward(q, k, v, out, lse, dout, record, key_padding=key_padding, **options)
+    _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding), record, dropout_rng)
+    grads = relpos.backward(q, k, v, out, lse, dout, record, key_padding=key_padding, **options,
+                            **dropout_options(dropout_p, dropout_rng))
     names = list(record._params())
     # A tensor given twice (one Shaw table tied for keys and values) is one
     # entry of _params per role; params holds it once per role too.
@@ -124,31 +167,39 @@ attention_backward = torch.library.custom_op("relpos::attention_backward", _back
 
 
 @attention_backward.register_fake
-def _attention_backward_fake(q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats):
+def _attention_backward_fake(q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats, dropout_rng=None,
+                             dropout_p=0.0):
     _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding),
-                   decode(scheme, params, ints, floats)[0])
+                   decode(scheme, params, ints, floats)[0], dropout_rng)
     # relpos.backward returns new contiguous tensors whatever the inputs' strides.
     fresh = [x.new_empty(x.shape) for x in (q, k, v, *params)]
     return fresh[0], fresh[1], fresh[2], fresh[3:]
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, key_padding, params, scheme, ints, floats = inputs
+    q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p = inputs  # defaults filled in
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, *(() if key_padding is None else (key_padding,)), *params)
-    ctx.has_padding, ctx.scheme, ctx.ints, ctx.floats = key_padding is not None, scheme, ints, floats
+    # The rng is saved with the tensors: the backward draws the forward's mask again from it.
+    optional = [x for x in (key_padding, dropout_rng) if x is not None]
+    ctx.save_for_backward(q, k, v, out, lse, *optional, *params)
+    ctx.has_padding, ctx.has_rng = key_padding is not None, dropout_rng is not None
+    ctx.scheme, ctx.ints, ctx.floats, ctx.dropout_p = scheme, ints, floats, dropout_p
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, *rest = ctx.saved_tensors
     key_padding = rest.pop(0) if ctx.has_padding else None
-    inputs = (q, k, v, out, lse, dout, key_padding, rest, ctx.scheme, ctx.ints, ctx.floats)
+    dropout_rng = rest.pop(0) if ctx.has_rng else None
+    inputs = (q, k, v, out, lse, dout, key_padding, rest, ctx.scheme, ctx.ints, ctx.floats, dropout_rng,
+              ctx.dropout_p)
     # The registered op where a graph of the gradients is being built (its autograd refuses a
     # second backward by name) or the call is not plainly eager, else its body.
     op = _backward_body if not torch.is_grad_enabled() and _eager((q, k, v, dout, *rest)) else attention_backward
     dq, dk, dv, dparams = op(*inputs)
-    return dq, dk, dv, None, list(dparams), None, None, None
+    # One entry per argument the op was called with: its dispatcher leaves out trailing arguments
+    # equal to their defaults (no dropout), which setup_context sees filled in.
+    return (dq, dk, dv, None, list(dparams), *(None,) * (len(ctx.needs_input_grad) - 5))
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -170,24 +221,24 @@ def _eager(tensors) -> bool:
     return not traced(tensors) and not torch.is_autocast_enabled("cpu") and tensors[0].device.type == "cpu"
 
 
-def forward(q, k, v, key_padding, params, scheme, ints, floats):
+def forward(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng=None, dropout_p=0.0):
     """relpos::attention_forward on its arguments, differentiable through
     relpos::attention_backward: its body where the call is plainly eager (_eager), through
     _Attention when a gradient is wanted, else the registered op."""
-    tensors = (q, k, v, key_padding, *params)
+    tensors = (q, k, v, key_padding, *params, dropout_rng)
     if not _eager(tensors):
-        return attention_forward(q, k, v, key_padding, params, scheme, ints, floats)
+        return attention_forward(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors):
-        return _Attention.apply(scheme, ints, floats, q, k, v, key_padding, *params)
-    return _forward_body(q, k, v, key_padding, params, scheme, ints, floats)
+        return _Attention.apply(scheme, ints, floats, dropout_p, q, k, v, key_padding, dropout_rng, *params)
+    return _forward_body(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p)
 
 
 class _Attention(torch.autograd.Function):
     """The forward op's body and its registered autograd formula, for eager calls (forward)."""
 
     @staticmethod
-    def forward(ctx, scheme, ints, floats, q, k, v, key_padding, *params):
-        inputs = (q, k, v, key_padding, list(params), scheme, ints, floats)
+    def forward(ctx, scheme, ints, floats, dropout_p, q, k, v, key_padding, dropout_rng, *params):
+        inputs = (q, k, v, key_padding, list(params), scheme, ints, floats, dropout_rng, dropout_p)
         output = _forward_body(*inputs)
         _setup_context(ctx, inputs, output)
         return output
@@ -195,10 +246,14 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         dq, dk, dv, _, dparams, *_ = _backward(ctx, dout, dlse)
-        return (None, None, None, dq, dk, dv, None, *dparams)
+        return (None, None, None, None, dq, dk, dv, None, None, *dparams)
 
 
-# ---- vmap: a mapped dimension of q, k, v (and key_padding) folds into the batch.
+# ---- vmap: a mapped dimension of q, k, v (and key_padding) folds into the batch, one call for
+# all mapped entries. With dropout it cannot: the mask is keyed by the batch row, so folded
+# entries would draw different masks where vmap(randomness="same") promises one (an unmapped
+# rng), and entries with their own rngs (randomness="different") need one call each; those
+# calls run entry by entry (vmap's default, randomness="error", refuses the draw itself).
 
 def _fold(x: Optional[torch.Tensor], dim: Optional[int], n: int) -> Optional[torch.Tensor]:
     """(.., n at dim, ..) -> (n * B, ...); an unmapped x is repeated n times."""
@@ -212,6 +267,17 @@ def _unfold(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.reshape(n, x.shape[0] // n, *x.shape[1:])
 
 
+def _entry(x: Optional[torch.Tensor], dim: Optional[int], i: int) -> Optional[torch.Tensor]:
+    """Mapped entry i of x; an unmapped x (or None) as it is."""
+    return x if x is None or dim is None else x.select(dim, i)
+
+
+def _per_entry(op, n: int, tensors, dims) -> list[torch.Tensor]:
+    """op on each mapped entry of ``tensors``, its results stacked."""
+    results = [op(*(_entry(x, d, i) for x, d in zip(tensors, dims))) for i in range(n)]
+    return [torch.stack(r) for r in zip(*results)]
+
+
 def _check_unmapped_params(param_dims) -> None:
     if param_dims is not None and any(d is not None for d in param_dims):
         raise ValueError("relpos: vmap over the scheme's parameters is not supported; "
@@ -219,17 +285,26 @@ def _check_unmapped_params(param_dims) -> None:
 
 
 @torch.library.register_vmap("relpos::attention_forward")
-def _attention_forward_vmap(info, in_dims, q, k, v, key_padding, params, scheme, ints, floats):
+def _attention_forward_vmap(info, in_dims, q, k, v, key_padding, params, scheme, ints, floats, dropout_rng=None,
+                            dropout_p=0.0):
     q_dim, k_dim, v_dim, pad_dim, param_dims = in_dims[:5]
     _check_unmapped_params(param_dims)
     n = info.batch_size
+    if dropout_rng is not None:
+        tensors, dims = (q, k, v, key_padding, dropout_rng), (q_dim, k_dim, v_dim, pad_dim, in_dims[8])
+
+        def entry(q, k, v, key_padding, dropout_rng):
+            return attention_forward(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p)
+
+        return tuple(_per_entry(entry, n, tensors, dims)), (0, 0)
     out, lse = attention_forward(_fold(q, q_dim, n), _fold(k, k_dim, n), _fold(v, v_dim, n),
                                  _fold(key_padding, pad_dim, n), params, scheme, ints, floats)
     return (_unfold(out, n), _unfold(lse, n)), (0, 0)
 
 
 @torch.library.register_vmap("relpos::attention_backward")
-def _attention_backward_vmap(info, in_dims, q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats):
+def _attention_backward_vmap(info, in_dims, q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats,
+                             dropout_rng=None, dropout_p=0.0):
     *tensor_dims, pad_dim, param_dims = in_dims[:8]
     _check_unmapped_params(param_dims)
     if params:
@@ -237,6 +312,14 @@ def _attention_backward_vmap(info, in_dims, q, k, v, out, lse, dout, key_padding
         # a mapped backward may want them per entry, which one call cannot give.
         raise ValueError("relpos: vmap of the backward with learnable positional parameters is not supported")
     n = info.batch_size
+    if dropout_rng is not None:
+        tensors = (q, k, v, out, lse, dout, key_padding, dropout_rng)
+
+        def entry(q, k, v, out, lse, dout, key_padding, dropout_rng):
+            return attention_backward(q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats,
+                                      dropout_rng, dropout_p)[:3]
+
+        return (*_per_entry(entry, n, tensors, (*tensor_dims, pad_dim, in_dims[11])), []), (0, 0, 0, None)
     folded = [_fold(x, d, n) for x, d in zip((q, k, v, out, lse, dout), tensor_dims)]
     dq, dk, dv, _ = attention_backward(*folded, _fold(key_padding, pad_dim, n), params, scheme, ints, floats)
     return (_unfold(dq, n), _unfold(dk, n), _unfold(dv, n), []), (0, 0, 0, None)
