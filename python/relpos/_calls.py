@@ -75,8 +75,8 @@ def check_dtypes(arrays: dict) -> None:
             if got not in ("bool", "uint8"):
                 raise ValueError(f"relpos: key_padding: dtype must be bool or uint8, got {got}")
         elif name in ("q_segments", "k_segments"):
-            if got != "int32":
-                raise ValueError(f"relpos: {name}: dtype must be int32, got {got}")
+            if got not in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32"):
+                raise ValueError(f"relpos: {name}: dtype must be an integer type, got {got}")
         elif name == "lse":
             expected = "float32" if storage in _HALF else storage
             if got != expected:

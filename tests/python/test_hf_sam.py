@@ -31,6 +31,20 @@ def pair(seed=0, **kw):
     return upstream, rt.patch_hf_sam(copy.deepcopy(upstream))
 
 
+@pytest.fixture(autouse=True)
+def float64_softmax(monkeypatch):
+    """transformers takes the attention softmax in float32 even in a float64 model (its
+    eager_attention_forward's dtype=torch.float32), which leaves it float32's rounding (1e-8 of
+    the outputs); here a float64 input keeps float64, so that the comparison shows relpos's
+    agreement, not float32's."""
+    softmax = torch.nn.functional.softmax
+
+    def exact(x, dim=None, *args, dtype=None, **kwargs):
+        return softmax(x, dim, *args, dtype=None if x.dtype == torch.float64 else dtype, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "softmax", exact)
+
+
 def assert_same_gradients(upstream, ours):
     theirs = dict(upstream.named_parameters())
     for name, p in ours.named_parameters():

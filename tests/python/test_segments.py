@@ -69,3 +69,28 @@ def test_a_key_that_is_not_finite_beside_segments_is_refused_unless_padded():
         relpos.forward(q, q, v, segments=ids)
     out, _ = relpos.forward(q, q, v, segments=ids, key_padding=np.array([[0, 0, 0, 1]], bool))
     assert np.isfinite(out).all()
+
+
+def test_the_torch_op_takes_segments_through_autograd_and_compile():
+    import torch
+    import relpos.torch as rt
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 10, 8, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3))
+    table = torch.randn(3, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    ids = torch.tensor([[0] * 4 + [1] * 6, [5] * 10])  # int64: the op takes int32 of them
+    scheme = relpos.T5(table, max_distance=20)
+    out = rt.attention(q, k, v, scheme, causal=True, segments=ids)
+    out.square().sum().backward()
+    expected, lse = relpos.forward(*(x.detach().numpy() for x in (q, k, v)), relpos.T5(table.detach().numpy(),
+                                   max_distance=20), causal=True, segments=ids.numpy())
+    np.testing.assert_allclose(out.detach().numpy(), expected, rtol=1e-13, atol=1e-13)
+    grads = relpos.backward(*(x.detach().numpy() for x in (q, k, v)), expected, lse, 2 * expected,
+                            relpos.T5(table.detach().numpy(), max_distance=20), causal=True, segments=ids.numpy())
+    for name, x in (("q", q), ("k", k), ("v", v), ("t5_table", table)):
+        np.testing.assert_allclose(x.grad.numpy(), grads[name], rtol=1e-12, atol=1e-12, err_msg=name)
+    compiled = torch.compile(lambda q, k, v: rt.attention(q, k, v, scheme, causal=True, segments=ids),
+                             backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), out, rtol=1e-13, atol=1e-13)
+    with pytest.raises(ValueError, match="q_segments: expected a tensor of integer segment ids"):
+        rt.attention(q, k, v, segments=ids.double())

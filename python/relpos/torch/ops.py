@@ -124,24 +124,32 @@ def _check_tensors(tensors: dict, record, dropout_rng: Optional[torch.Tensor] = 
     _check_rng(dropout_rng, device)
 
 
+def _segments(q_segments: Optional[torch.Tensor], k_segments: Optional[torch.Tensor]):
+    """relpos.forward / backward's ``segments`` of the op's two optional int32 tensors."""
+    return None if q_segments is None else (q_segments, k_segments)
+
+
 def _forward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding: Optional[torch.Tensor],
                   params: list[torch.Tensor], scheme: str, ints: list[int], floats: list[float],
-                  dropout_rng: Optional[torch.Tensor] = None, dropout_p: float = 0.0
+                  dropout_rng: Optional[torch.Tensor] = None, dropout_p: float = 0.0,
+                  q_segments: Optional[torch.Tensor] = None, k_segments: Optional[torch.Tensor] = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """out (B, H, Lq, dv) and the row logsumexp (B, H, Lq), the softmax's (before dropout)."""
     record, options = decode(scheme, params, ints, floats)
-    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), record, dropout_rng)
-    return relpos.forward(q, k, v, record, key_padding=key_padding, **options,
-                          **dropout_options(dropout_p, dropout_rng))
+    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding, q_segments=q_segments, k_segments=k_segments),
+                   record, dropout_rng)
+    return relpos.forward(q, k, v, record, key_padding=key_padding, segments=_segments(q_segments, k_segments),
+                          **options, **dropout_options(dropout_p, dropout_rng))
 
 
 attention_forward = torch.library.custom_op("relpos::attention_forward", _forward_body, mutates_args=())
 
 
 @attention_forward.register_fake
-def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng=None, dropout_p=0.0):
-    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding), decode(scheme, params, ints, floats)[0],
-                   dropout_rng)
+def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng=None, dropout_p=0.0,
+                            q_segments=None, k_segments=None):
+    _check_tensors(dict(q=q, k=k, v=v, key_padding=key_padding, q_segments=q_segments, k_segments=k_segments),
+                   decode(scheme, params, ints, floats)[0], dropout_rng)
     B, H, Lq, _ = q.shape
     half = q.dtype in (torch.bfloat16, torch.float16)  # stored in a half type: lse is float32
     return q.new_empty(B, H, Lq, v.shape[-1]), q.new_empty(B, H, Lq, dtype=torch.float32 if half else q.dtype)
@@ -150,12 +158,16 @@ def _attention_forward_fake(q, k, v, key_padding, params, scheme, ints, floats, 
 def _backward_body(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                    dout: torch.Tensor, key_padding: Optional[torch.Tensor], params: list[torch.Tensor],
                    scheme: str, ints: list[int], floats: list[float], dropout_rng: Optional[torch.Tensor] = None,
-                   dropout_p: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+                   dropout_p: float = 0.0, q_segments: Optional[torch.Tensor] = None,
+                   k_segments: Optional[torch.Tensor] = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor]]:
     """dq, dk, dv and the gradient of each tensor of ``params`` (same order); with dropout, the
     forward's ``dropout_rng`` draws its mask again."""
     record, options = decode(scheme, params, ints, floats)
-    _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding), record, dropout_rng)
-    grads = relpos.backward(q, k, v, out, lse, dout, record, key_padding=key_padding, **options,
+    _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding, q_segments=q_segments,
+                        k_segments=k_segments), record, dropout_rng)
+    grads = relpos.backward(q, k, v, out, lse, dout, record, key_padding=key_padding,
+                            segments=_segments(q_segments, k_segments), **options,
                             **dropout_options(dropout_p, dropout_rng))
     names = list(record._params())
     # A tensor given twice (one Shaw table tied for keys and values) is one
@@ -168,21 +180,22 @@ attention_backward = torch.library.custom_op("relpos::attention_backward", _back
 
 @attention_backward.register_fake
 def _attention_backward_fake(q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats, dropout_rng=None,
-                             dropout_p=0.0):
-    _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding),
-                   decode(scheme, params, ints, floats)[0], dropout_rng)
+                             dropout_p=0.0, q_segments=None, k_segments=None):
+    _check_tensors(dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout, key_padding=key_padding, q_segments=q_segments,
+                        k_segments=k_segments), decode(scheme, params, ints, floats)[0], dropout_rng)
     # relpos.backward returns new contiguous tensors whatever the inputs' strides.
     fresh = [x.new_empty(x.shape) for x in (q, k, v, *params)]
     return fresh[0], fresh[1], fresh[2], fresh[3:]
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p = inputs  # defaults filled in
-    out, lse = output
+    q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p, q_segments, k_segments = inputs
+    out, lse = output  # (the inputs' defaults filled in)
     # The rng is saved with the tensors: the backward draws the forward's mask again from it.
-    optional = [x for x in (key_padding, dropout_rng) if x is not None]
+    optional = [x for x in (key_padding, dropout_rng, q_segments, k_segments) if x is not None]
     ctx.save_for_backward(q, k, v, out, lse, *optional, *params)
-    ctx.has_padding, ctx.has_rng = key_padding is not None, dropout_rng is not None
+    ctx.has_padding, ctx.has_rng, ctx.has_segments = key_padding is not None, dropout_rng is not None, \
+        q_segments is not None
     ctx.scheme, ctx.ints, ctx.floats, ctx.dropout_p = scheme, ints, floats, dropout_p
     ctx.mark_non_differentiable(lse)
 
@@ -191,8 +204,9 @@ def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, *rest = ctx.saved_tensors
     key_padding = rest.pop(0) if ctx.has_padding else None
     dropout_rng = rest.pop(0) if ctx.has_rng else None
+    q_segments, k_segments = (rest.pop(0), rest.pop(0)) if ctx.has_segments else (None, None)
     inputs = (q, k, v, out, lse, dout, key_padding, rest, ctx.scheme, ctx.ints, ctx.floats, dropout_rng,
-              ctx.dropout_p)
+              ctx.dropout_p, q_segments, k_segments)
     # The registered op where a graph of the gradients is being built (its autograd refuses a
     # second backward by name) or the call is not plainly eager, else its body.
     op = _backward_body if not torch.is_grad_enabled() and _eager((q, k, v, dout, *rest)) else attention_backward
@@ -221,24 +235,32 @@ def _eager(tensors) -> bool:
     return not traced(tensors) and not torch.is_autocast_enabled("cpu") and tensors[0].device.type == "cpu"
 
 
-def forward(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng=None, dropout_p=0.0):
+def forward(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng=None, dropout_p=0.0, q_segments=None,
+            k_segments=None):
     """relpos::attention_forward on its arguments, differentiable through
     relpos::attention_backward: its body where the call is plainly eager (_eager), through
-    _Attention when a gradient is wanted, else the registered op."""
-    tensors = (q, k, v, key_padding, *params, dropout_rng)
+    _Attention when a gradient is wanted, else the registered op. Segments travel as trailing
+    arguments, left out where there are none (the op's schema then stays as it was)."""
+    tensors = (q, k, v, key_padding, *params, dropout_rng, q_segments, k_segments)
+    segments = () if q_segments is None else (q_segments, k_segments)
     if not _eager(tensors):
-        return attention_forward(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p)
+        return attention_forward(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p,
+                                 *segments)
     if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors):
-        return _Attention.apply(scheme, ints, floats, dropout_p, q, k, v, key_padding, dropout_rng, *params)
-    return _forward_body(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p)
+        return _Attention.apply(scheme, ints, floats, dropout_p, q, k, v, key_padding, dropout_rng, q_segments,
+                                k_segments, *params)
+    return _forward_body(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p, q_segments,
+                         k_segments)
 
 
 class _Attention(torch.autograd.Function):
     """The forward op's body and its registered autograd formula, for eager calls (forward)."""
 
     @staticmethod
-    def forward(ctx, scheme, ints, floats, dropout_p, q, k, v, key_padding, dropout_rng, *params):
-        inputs = (q, k, v, key_padding, list(params), scheme, ints, floats, dropout_rng, dropout_p)
+    def forward(ctx, scheme, ints, floats, dropout_p, q, k, v, key_padding, dropout_rng, q_segments, k_segments,
+                *params):
+        inputs = (q, k, v, key_padding, list(params), scheme, ints, floats, dropout_rng, dropout_p, q_segments,
+                  k_segments)
         output = _forward_body(*inputs)
         _setup_context(ctx, inputs, output)
         return output
@@ -246,7 +268,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         dq, dk, dv, _, dparams, *_ = _backward(ctx, dout, dlse)
-        return (None, None, None, None, dq, dk, dv, None, None, *dparams)
+        return (None, None, None, None, dq, dk, dv, None, None, None, None, *dparams)
 
 
 # ---- vmap: a mapped dimension of q, k, v (and key_padding) folds into the batch, one call for
@@ -286,26 +308,31 @@ def _check_unmapped_params(param_dims) -> None:
 
 @torch.library.register_vmap("relpos::attention_forward")
 def _attention_forward_vmap(info, in_dims, q, k, v, key_padding, params, scheme, ints, floats, dropout_rng=None,
-                            dropout_p=0.0):
+                            dropout_p=0.0, q_segments=None, k_segments=None):
     q_dim, k_dim, v_dim, pad_dim, param_dims = in_dims[:5]
+    segment_dims = (in_dims + (None, None))[10:12]  # in_dims holds the arguments given
     _check_unmapped_params(param_dims)
     n = info.batch_size
     if dropout_rng is not None:
-        tensors, dims = (q, k, v, key_padding, dropout_rng), (q_dim, k_dim, v_dim, pad_dim, in_dims[8])
+        tensors = (q, k, v, key_padding, dropout_rng, q_segments, k_segments)
+        dims = (q_dim, k_dim, v_dim, pad_dim, in_dims[8], *segment_dims)
 
-        def entry(q, k, v, key_padding, dropout_rng):
-            return attention_forward(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p)
+        def entry(q, k, v, key_padding, dropout_rng, q_segments, k_segments):
+            return attention_forward(q, k, v, key_padding, params, scheme, ints, floats, dropout_rng, dropout_p,
+                                     q_segments, k_segments)
 
         return tuple(_per_entry(entry, n, tensors, dims)), (0, 0)
+    segments = [_fold(x, d, n) for x, d in zip((q_segments, k_segments), segment_dims)]
     out, lse = attention_forward(_fold(q, q_dim, n), _fold(k, k_dim, n), _fold(v, v_dim, n),
-                                 _fold(key_padding, pad_dim, n), params, scheme, ints, floats)
+                                 _fold(key_padding, pad_dim, n), params, scheme, ints, floats, None, 0.0, *segments)
     return (_unfold(out, n), _unfold(lse, n)), (0, 0)
 
 
 @torch.library.register_vmap("relpos::attention_backward")
 def _attention_backward_vmap(info, in_dims, q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats,
-                             dropout_rng=None, dropout_p=0.0):
+                             dropout_rng=None, dropout_p=0.0, q_segments=None, k_segments=None):
     *tensor_dims, pad_dim, param_dims = in_dims[:8]
+    segment_dims = (in_dims + (None, None))[13:15]
     _check_unmapped_params(param_dims)
     if params:
         # The folded call sums the parameter gradients over the mapped entries;
@@ -313,13 +340,16 @@ def _attention_backward_vmap(info, in_dims, q, k, v, out, lse, dout, key_padding
         raise ValueError("relpos: vmap of the backward with learnable positional parameters is not supported")
     n = info.batch_size
     if dropout_rng is not None:
-        tensors = (q, k, v, out, lse, dout, key_padding, dropout_rng)
+        tensors = (q, k, v, out, lse, dout, key_padding, dropout_rng, q_segments, k_segments)
 
-        def entry(q, k, v, out, lse, dout, key_padding, dropout_rng):
+        def entry(q, k, v, out, lse, dout, key_padding, dropout_rng, q_segments, k_segments):
             return attention_backward(q, k, v, out, lse, dout, key_padding, params, scheme, ints, floats,
-                                      dropout_rng, dropout_p)[:3]
+                                      dropout_rng, dropout_p, q_segments, k_segments)[:3]
 
-        return (*_per_entry(entry, n, tensors, (*tensor_dims, pad_dim, in_dims[11])), []), (0, 0, 0, None)
+        dims = (*tensor_dims, pad_dim, in_dims[11], *segment_dims)
+        return (*_per_entry(entry, n, tensors, dims), []), (0, 0, 0, None)
     folded = [_fold(x, d, n) for x, d in zip((q, k, v, out, lse, dout), tensor_dims)]
-    dq, dk, dv, _ = attention_backward(*folded, _fold(key_padding, pad_dim, n), params, scheme, ints, floats)
+    segments = [_fold(x, d, n) for x, d in zip((q_segments, k_segments), segment_dims)]
+    dq, dk, dv, _ = attention_backward(*folded, _fold(key_padding, pad_dim, n), params, scheme, ints, floats, None,
+                                       0.0, *segments)
     return (_unfold(dq, n), _unfold(dk, n), _unfold(dv, n), []), (0, 0, 0, None)
