@@ -5,11 +5,13 @@
 
 DebertaV2ForSequenceClassification from a random DeBERTa-v3 style configuration (256 log
 buckets reaching 512, c2p and p2c, relative embeddings shared with the content projections
-and layer-normed; no download), float32, dropout 0 (relpos.torch.patch_hf_deberta refuses
-attention dropout in training), the same weights on both sides (the patched model is loaded
-from the unpatched one's state). A step: forward, cross-entropy loss, backward, AdamW step.
-Median ms of --reps steps per side after a warm-up step, the two sides alternating; their
-first losses must agree (relative 1e-4) before any timing. Writes
+and layer-normed; no download), float32, the same weights on both sides (the patched model is
+loaded from the unpatched one's state), without dropout and with DeBERTa-v3's configured dropout
+(0.1 on the hidden states and on the attention probabilities: transformers draws its mask, relpos
+its own). A step: forward, cross-entropy loss, backward, AdamW step. Median ms of --reps steps per
+side after a warm-up step, the two sides alternating. Before any timing the two sides' losses
+must agree (relative 1e-4): the first step's without dropout; with dropout, the loss of the
+model in eval mode (the masks differ, not the function). Writes
 bench/results/deberta_step_<cpu>.md (or --out FILE).
 """
 from __future__ import annotations
@@ -30,12 +32,13 @@ from timing import cpu_model, interleaved_median_ms  # noqa: E402
 SIZES = {"tiny": (128, 2, 4, 8, 128), "small": (384, 6, 6, 8, 256), "base": (768, 12, 12, 4, 512)}
 
 
-def config(hidden: int, layers: int, heads: int) -> DebertaV2Config:
+def config(hidden: int, layers: int, heads: int, dropout: float) -> DebertaV2Config:
     return DebertaV2Config(vocab_size=1000, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                            intermediate_size=4 * hidden, max_position_embeddings=512, relative_attention=True,
                            position_buckets=256, max_relative_positions=512, pos_att_type=["p2c", "c2p"],
                            share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False,
-                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=3, type_vocab_size=0)
+                           hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, num_labels=3,
+                           type_vocab_size=0)
 
 
 def training_step(model, batch):
@@ -55,9 +58,18 @@ def training_step(model, batch):
     return step
 
 
-def measure(name: str, reps: int) -> dict:
+def eval_loss(model, batch) -> float:
+    """The model's loss on batch in eval mode (no dropout), its mode restored."""
+    model.eval()
+    with torch.no_grad():
+        loss = model(**batch).loss.item()
+    model.train()
+    return loss
+
+
+def measure(name: str, reps: int, dropout: float) -> dict:
     hidden, layers, heads, B, L = SIZES[name]
-    cfg = config(hidden, layers, heads)
+    cfg = config(hidden, layers, heads, dropout)
     torch.manual_seed(0)
     plain = DebertaV2ForSequenceClassification(cfg).train()
     patched = DebertaV2ForSequenceClassification(cfg).train()
@@ -66,15 +78,18 @@ def measure(name: str, reps: int) -> dict:
     g = torch.Generator().manual_seed(1)
     batch = {"input_ids": torch.randint(0, cfg.vocab_size, (B, L), generator=g),
              "labels": torch.randint(0, cfg.num_labels, (B,), generator=g)}
+    losses = [eval_loss(plain, batch), eval_loss(patched, batch)] if dropout else None
     steps = [training_step(plain, batch), training_step(patched, batch)]
     for s in steps:  # the first (untimed) step: the losses must agree before anything is timed
         s()
-    gap = abs(steps[0].first - steps[1].first) / abs(steps[0].first)
+    if not dropout:
+        losses = [steps[0].first, steps[1].first]
+    gap = abs(losses[0] - losses[1]) / abs(losses[0])
     if not gap < 1e-4:
-        raise SystemExit(f"deberta_step: {name}: patched loss {steps[1].first} != unpatched {steps[0].first}")
+        raise SystemExit(f"deberta_step: {name}: patched loss {losses[1]} != unpatched {losses[0]}")
     plain_ms, patched_ms = interleaved_median_ms(steps, reps)
-    return {"size": name, "hidden": hidden, "layers": layers, "heads": heads, "B": B, "L": L, "loss_gap": gap,
-            "transformers_ms": plain_ms, "relpos_ms": patched_ms, "speed": plain_ms / patched_ms}
+    return {"size": name, "dropout": dropout, "hidden": hidden, "layers": layers, "heads": heads, "B": B, "L": L,
+            "loss_gap": gap, "transformers_ms": plain_ms, "relpos_ms": patched_ms, "speed": plain_ms / patched_ms}
 
 
 def main():
@@ -82,6 +97,7 @@ def main():
     ap.add_argument("--sizes", default=",".join(SIZES), help="comma list of " + ", ".join(SIZES))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dropouts", default="0,0.1", help="comma list of dropout probabilities (each size's rows)")
     ap.add_argument("--quick", action="store_true", help="the tiny size, one rep")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
@@ -94,13 +110,15 @@ def main():
     cpu = cpu_model()
     lines = [f"DebertaV2ForSequenceClassification training step (forward, loss, backward, AdamW), float32, "
              f"{args.threads} threads, {cpu}; 256 buckets to 512, c2p + p2c; median of {args.reps} alternating steps.",
-             "", "| size | hidden | layers | heads | B | L | transformers ms | patched by relpos ms | speed "
-             "| first losses, relative gap |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| size | hidden | layers | heads | B | L | dropout | transformers ms | patched by relpos ms | speed "
+             "| losses, relative gap |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in args.sizes.split(","):
-        r = measure(name, args.reps)
-        print(r, flush=True)
-        lines.append(f"| {r['size']} | {r['hidden']} | {r['layers']} | {r['heads']} | {r['B']} | {r['L']} "
-                     f"| {r['transformers_ms']:.0f} | {r['relpos_ms']:.0f} | {r['speed']:.2f}x | {r['loss_gap']:.1e} |")
+        for dropout in (float(x) for x in args.dropouts.split(",")):
+            r = measure(name, args.reps, dropout)
+            print(r, flush=True)
+            lines.append(f"| {r['size']} | {r['hidden']} | {r['layers']} | {r['heads']} | {r['B']} | {r['L']} "
+                         f"| {r['dropout']:g} | {r['transformers_ms']:.0f} | {r['relpos_ms']:.0f} | {r['speed']:.2f}x "
+                         f"| {r['loss_gap']:.1e} |")
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / (

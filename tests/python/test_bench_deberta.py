@@ -34,10 +34,11 @@ def test_training_step_quick_run_agrees_and_writes_its_row(tmp_path):
     run = subprocess.run([sys.executable, str(ROOT / "bench" / "deberta_step.py"), "--quick", "--out", str(out)],
                          capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
-    row = [line for line in out.read_text().splitlines() if line.startswith("| tiny |")]
-    assert len(row) == 1
-    cells = [c.strip() for c in row[0].strip("|").split("|")]
-    assert float(cells[6]) > 0 and float(cells[7]) > 0 and float(cells[9]) < 1e-4
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| tiny |")]
+    assert len(rows) == 2  # without dropout and with 0.1
+    for row, dropout in zip(rows, (0.0, 0.1)):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert float(cells[6]) == dropout and float(cells[7]) > 0 and float(cells[8]) > 0 and float(cells[10]) < 1e-4
 
 
 def test_training_step_refuses_an_unknown_size(tmp_path):
