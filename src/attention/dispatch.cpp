@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../backend/row_ops.hpp"
 #include "../backend/scratch.hpp"
 #include "../backend/signals.hpp"
 #include "../schemes/registry.hpp"
@@ -221,17 +222,27 @@ template <class T>
 void check_segmented_keys_finite(const AttentionForward<T>& p) {
   if (p.q_segments.empty()) return;
   const int64_t B = p.k.shape[0], Hkv = p.k.shape[1], Lk = p.k.shape[2];
+  const auto refuse = [](int64_t b, int64_t j) {
+    throw std::invalid_argument("relpos: k, v: key " + std::to_string(j) + " of batch row " + std::to_string(b) +
+                                " holds a value that is not finite, beside segments (q_segments, k_segments), which "
+                                "would reach other segments' rows as NaN; pad such a key (key_padding) instead");
+  };
+  const auto row_finite = [](const View4<const T>& x, int64_t b, int64_t h, int64_t j) {
+    return all_finite(View<const T, 1>{&x(b, h, j, 0), {x.shape[3]}, {x.stride[3]}});
+  };
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < Hkv; ++h)
-      for (int64_t j = 0; j < Lk; ++j) {
-        if (!p.key_padding.empty() && p.key_padding(b, j) != 0) continue;
-        for (const auto* x : {&p.k, &p.v})
-          if (!all_finite(View<const T, 1>{&(*x)(b, h, j, 0), {x->shape[3]}, {x->stride[3]}}))
-            throw std::invalid_argument("relpos: k, v: key " + std::to_string(j) + " of batch row " +
-                                        std::to_string(b) + " holds a value that is not finite, beside segments "
-                                        "(q_segments, k_segments), which would reach other segments' rows as NaN; "
-                                        "pad such a key (key_padding) instead");
-      }
+    for (int64_t h = 0; h < Hkv; ++h) {
+      // A head's rows at once where the vector check reads them (the common case), else row by row.
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>)
+        if (p.key_padding.empty() && p.k.stride[3] == 1 && p.v.stride[3] == 1 &&
+            rows::rows_finite(&p.k(b, h, 0, 0), Lk, p.k.shape[3], p.k.stride[2]) &&
+            rows::rows_finite(&p.v(b, h, 0, 0), Lk, p.v.shape[3], p.v.stride[2]))
+          continue;
+      for (int64_t j = 0; j < Lk; ++j)
+        if (!(!p.key_padding.empty() && p.key_padding(b, j) != 0) &&
+            !(row_finite(p.k, b, h, j) && row_finite(p.v, b, h, j)))
+          refuse(b, j);
+    }
 }
 }  // namespace
 

@@ -391,9 +391,17 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
     }
     if constexpr (F::causal)
       for (int64_t jj = shown; jj < bk; ++jj) row[jj] = kNegInf<T>;
-    if constexpr (F::padding)
-      for (int64_t jj = 0; jj < bk; ++jj)
-        if (pair_hidden(p, hd.b, t.i0 + ii, t.j0 + jj)) row[jj] = kNegInf<T>;
+    if constexpr (F::padding) {
+      if (!p.key_padding.empty())
+        for (int64_t jj = 0; jj < bk; ++jj)
+          if (p.key_padding(hd.b, t.j0 + jj)) row[jj] = kNegInf<T>;
+      if (!p.q_segments.empty()) {  // the keys of other segments than the row's, as a select over the row
+        const int32_t segment = p.q_segments(hd.b, t.i0 + ii);
+        const int32_t* keys = &p.k_segments(hd.b, t.j0);
+        const int64_t step = p.k_segments.stride[1];
+        for (int64_t jj = 0; jj < bk; ++jj) row[jj] = keys[jj * step] != segment ? kNegInf<T> : row[jj];
+      }
+    }
   }
 }
 
