@@ -176,6 +176,7 @@ class _Scheme:
 
     name: ClassVar[str]
     _tensors: ClassVar[tuple[str, ...]] = ()  # learnable fields, in the order the ops take them
+    _grid: ClassVar[bool] = False  # positions on a grid (SAM, Swin): L = the grid's cells, no trainer kind
     # The (min, max) a module keeps a learnable tensor in, by field (None: unbounded).
     _clamps: ClassVar[dict[str, tuple[Optional[float], Optional[float]]]] = {}
     _option_table: ClassVar[tuple[Option, ...]]  # set by @record
@@ -532,6 +533,7 @@ class SAM(_Scheme):
     k_width: Optional[int] = option("sam_k_width")
     name = "sam"
     _tensors = ("rel_h", "rel_w")
+    _grid = True
 
     @classmethod
     def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):
@@ -562,6 +564,7 @@ class Swin(_Scheme):
     window_width: int = option("swin_window_width", required=True)
     name = "swin"
     _tensors = ("table",)
+    _grid = True
 
     @classmethod
     def init_params(cls, heads, head_dim, embed_dim, options, *, dtype=None, device=None):

@@ -125,14 +125,19 @@ VARIANTS = {
     "deberta": [dict(deberta_position_buckets=4, deberta_max_relative_positions=6, deberta_pos_att_type="c2p"),
                 dict(deberta_position_buckets=-1, deberta_max_relative_positions=3, deberta_pos_att_type="p2c",
                      deberta_per_head=True)],
+    # on a grid, whose options the module needs: the tests' 5 queries and 7 keys as rows of cells,
+    # Swin's window of 7
+    "sam": [dict(sam_q_height=1, sam_q_width=5, sam_k_height=1, sam_k_width=7)],
+    "swin": [dict(swin_window_height=1, swin_window_width=7)],
 }
-CASES = [(name, args) for name in SCHEMES for args in [{}, *VARIANTS.get(name, [])]]
+CASES = [(name, args) for name in SCHEMES
+         for args in [*([] if SCHEMES[name]._grid else [{}]), *VARIANTS.get(name, [])]]
 
 
 @pytest.mark.parametrize("name,args", CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)])
 def test_created_tensors_are_what_the_core_takes(name, args):
     cls = SCHEMES[name]
-    B, H, Lq, Lk, d, E = 2, 3, 5, 7, 4, 12
+    B, H, Lq, Lk, d, E = 2, 3, 7 if name == "swin" else 5, 7, 4, 12  # Swin's queries are its window's keys
     options = rt.RelativeMultiheadAttention(E, H, name, **args).scheme_options
     torch.manual_seed(0)
     params = cls.init_params(H, d, E, options, dtype=torch.float64)
@@ -236,12 +241,14 @@ def test_the_core_and_the_record_state_a_range_alike(name, o):
     declaration) refuse it with the same range in their messages."""
     from relpos import _relpos
     bad = o.low - 1 if o.low is not None else o.high + 1
+    if bad == o.core_none:  # 0 means None to the core: a value past the range is then one lower
+        bad -= 1
     with pytest.raises(ValueError) as by_record:
         record(SCHEMES[name], **{o.field: bad})._args()
     q = np.zeros((1, 1, 2, 4))
     args = dict(q=q, k=q.copy(), v=q.copy(), out=np.zeros_like(q), lse=np.zeros((1, 1, 2)), scheme=name)
-    with pytest.raises(ValueError) as by_core:
-        _relpos.forward(dict(args, **{o.core: bad}))
+    with pytest.raises(ValueError) as by_core:  # the other options valid (a grid's are required)
+        _relpos.forward({**args, **record(SCHEMES[name])._args(), o.core: bad})
 
     def stated(e):  # the range, and the note but for what None (Python) or 0 (C++) means
         text = str(e.value).split(": must be ", 1)[1].rsplit(", got ", 1)[0]

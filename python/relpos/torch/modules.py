@@ -147,6 +147,9 @@ class RelativeMultiheadAttention(nn.Module):
         defaults = {o.core: o.default for o in record.option_table() if o.default is not dataclasses.MISSING}
         given = {n: x for n, x in arguments.items() if n.startswith(f"{scheme}_") or n in cores}
         self.scheme_options = {**defaults, **given}
+        if missing := [o.core for o in record.option_table() if o.core not in self.scheme_options]:
+            raise ValueError(f"relpos: RelativeMultiheadAttention: scheme {scheme!r} needs {', '.join(missing)} "
+                             "(its grid: the sequence's rows of cells)")
         for o in record.option_table():
             o.check(self.scheme_options[o.core], o.core)
         if threads is not None:
