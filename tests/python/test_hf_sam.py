@@ -24,10 +24,12 @@ def tiny_config(window_size=3, **kw):
 def pair(seed=0, **kw):
     torch.manual_seed(seed)
     upstream = SamVisionModel(tiny_config(**kw)).double().eval()
-    with torch.no_grad():  # SAM initialises its tables to zeros: give them values to check
+    with torch.no_grad():  # SAM's vision config draws weights of std 1e-10 and tables of zeros: give them values
         for name, p in upstream.named_parameters():
             if "rel_pos" in name:
                 p.normal_(0, 0.5)
+            elif p.dim() > 1:
+                p.normal_(0, 0.2)
     return upstream, rt.patch_hf_sam(copy.deepcopy(upstream))
 
 
