@@ -36,7 +36,7 @@ import relpos
 import relpos.torch as rt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import cpu_model, interleaved_median_ms  # noqa: E402
+from timing import cpu_model, interleaved_median_ms, peak_growth_mb  # noqa: E402
 
 HEADS, HEAD_DIM, BUCKETS, MAX_RELATIVE = 12, 64, 256, 512
 
@@ -120,23 +120,10 @@ def check(L: int) -> float:
     return worst
 
 
-def resident_kb(field: str) -> int:
-    """VmRSS (now) or VmHWM (the high-water mark) of this process, in KiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def measure_peak(side: str, B: int, L: int) -> float:
-    """In this process: the high-water mark of one forward + backward over the resident
-    set before it (inputs made), in MB; the mark is reset first (clear_refs 5), so that
-    what importing torch and transformers touched does not hide it."""
-    run = transformers_step(hf_core(), B, L)[0] if side == "transformers" else relpos_step(B, L)[0]
-    Path("/proc/self/clear_refs").write_text("5")
-    base = resident_kb("VmRSS")
-    run()
-    return (resident_kb("VmHWM") - base) / 1024
+    """In this process: the high-water mark of one forward + backward over the resident set
+    before it (inputs made), in MB (timing.peak_growth_mb)."""
+    return peak_growth_mb(transformers_step(hf_core(), B, L)[0] if side == "transformers" else relpos_step(B, L)[0])
 
 
 def peak_mb(side: str, B: int, L: int) -> float:

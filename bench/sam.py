@@ -39,7 +39,7 @@ import relpos
 import relpos.torch as rt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import cpu_model, interleaved_median_ms  # noqa: E402
+from timing import cpu_model, interleaved_median_ms, peak_growth_mb  # noqa: E402
 
 SIZES = {  # image, patch, width, layers, heads, window, global layers; Swin: map, width, heads, window, images
     "full": dict(image=1024, patch=16, width=768, layers=12, heads=12, window=14, globals=(2, 5, 8, 11),
@@ -142,22 +142,11 @@ def swin_steps(s: dict):
 STEPS = {"encoder": encoder_steps, "global": global_steps, "swin": swin_steps}
 
 
-def resident_kb(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
 def measure_peak(row: str, side: int, size: str, threads: int) -> float:
     """In this process: the high-water mark of one call of side `side` of row `row` over the
-    resident set before it (inputs made), in MB; the mark reset first (clear_refs 5)."""
+    resident set before it (inputs made), in MB (timing.peak_growth_mb)."""
     torch.set_num_threads(threads)
-    run = STEPS[row](SIZES[size])[side]
-    Path("/proc/self/clear_refs").write_text("5")
-    base = resident_kb("VmRSS")
-    run()
-    return (resident_kb("VmHWM") - base) / 1024
+    return peak_growth_mb(STEPS[row](SIZES[size])[side])
 
 
 def peak_mb(row: str, side: int, size: str, threads: int) -> float:

@@ -23,6 +23,24 @@ def interleaved_median_ms(fns, reps: int) -> list[float]:
     return [statistics.median(t) * 1e3 for t in times]
 
 
+def resident_kb(field: str) -> int:
+    """VmRSS (now) or VmHWM (the high-water mark) of this process, in KiB (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def peak_growth_mb(run) -> float:
+    """The high-water mark of one call of ``run`` over the resident set before it, in MB; the mark
+    reset first (clear_refs 5), so that what importing torch and transformers touched does not hide
+    it. Run it in a fresh process, whose allocator starts empty."""
+    Path("/proc/self/clear_refs").write_text("5")
+    base = resident_kb("VmRSS")
+    run()
+    return (resident_kb("VmHWM") - base) / 1024
+
+
 def cpu_model() -> str:
     """The CPU's model name (Linux), or what platform knows."""
     try:

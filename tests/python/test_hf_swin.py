@@ -11,6 +11,9 @@ import torch
 from transformers import SwinConfig, SwinForImageClassification
 
 import relpos.torch as rt
+from hf_checks import assert_same_gradients, float64_softmax  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.usefixtures("float64_softmax")
 
 
 def pair(image_size=32, seed=0):
@@ -25,29 +28,6 @@ def pair(image_size=32, seed=0):
             if "relative_position_bias_table" in name:
                 p.normal_(0, 0.5)
     return upstream, rt.patch_hf_swin(copy.deepcopy(upstream))
-
-
-@pytest.fixture(autouse=True)
-def float64_softmax(monkeypatch):
-    """transformers takes the attention softmax in float32 even in a float64 model (its
-    eager_attention_forward's dtype=torch.float32), which leaves it float32's rounding (1e-8 of
-    the outputs); here a float64 input keeps float64, so that the comparison shows relpos's
-    agreement, not float32's."""
-    softmax = torch.nn.functional.softmax
-
-    def exact(x, dim=None, *args, dtype=None, **kwargs):
-        return softmax(x, dim, *args, dtype=None if x.dtype == torch.float64 else dtype, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "softmax", exact)
-
-
-def assert_same_gradients(upstream, ours):
-    theirs = dict(upstream.named_parameters())
-    for name, p in ours.named_parameters():
-        q = theirs[name]
-        assert (p.grad is None) == (q.grad is None), name
-        if q.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-11, msg=name)
 
 
 @pytest.mark.parametrize("image_size", [32, 40])

@@ -12,6 +12,7 @@ from transformers import (MT5Config, MT5ForConditionalGeneration, T5Config, T5En
                           T5ForConditionalGeneration, UMT5Config, UMT5EncoderModel)
 
 import relpos.torch as rt
+from hf_checks import assert_same_gradients
 
 
 def tiny_config(config_class=T5Config, **kw):
@@ -33,15 +34,6 @@ def inputs(seed=1):
     mask = torch.ones(2, 27, dtype=torch.long)
     mask[1, -5:] = 0
     return ids, mask
-
-
-def assert_same_gradients(upstream, ours):
-    theirs = dict(upstream.named_parameters())
-    for name, p in ours.named_parameters():
-        q = theirs[name]
-        assert (p.grad is None) == (q.grad is None), name
-        if q.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-11, msg=name)
 
 
 def test_encoder_model():
