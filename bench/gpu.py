@@ -7,8 +7,9 @@ it against SDPA flash, FlexAttention and the PyTorch forms models use, and write
     python bench/gpu.py --schemes rope,t5   # those schemes' checks and rows only (SDPA flash's rows stay)
 
 1. Correctness (B=1, H=4, L=4096, d=64; Shaw and DeBERTa at L=1024 because the oracle
-   materialises (H, L, L, d) tables; Transformer-XL with L/4 memory keys), causal and not,
-   every scheme: bfloat16 q, k, v, dout and learnable scheme tensors; relpos.gpu's output
+   materialises (H, L, L, d) tables; Transformer-XL with L/4 memory keys; SAM and Swin on a 64 x 64
+   grid, gpu_schemes.grid_of), causal and not, every scheme: bfloat16 q, k, v, dout and
+   learnable scheme tensors; relpos.gpu's output
    and the gradients of q, k, v and every learnable tensor against tests/python/torch_oracle.py
    run in float64 on the GPU on the same (bfloat16) values. The error rule is FlashAttention's,
    as tests/python/test_gpu.py states it for these kernels: relpos.gpu's max error is at most
@@ -27,7 +28,9 @@ it against SDPA flash, FlexAttention and the PyTorch forms models use, and write
    the order they are run, each skipped once the time budget (--budget-s) cannot hold it
    (plain, T5 and DeBERTa also with dropout 0.1, and SDPA flash with it: their cost noted):
    every SDPA / relpos / PyTorch-form row of the d=64 shapes, the flex rows there, the rows
-   with dropout there, then the other shapes, and last every shape's rows of Shaw at the
+   with dropout there, then the other shapes (first a SAM global layer, B = 1, a 64 x 64 grid,
+   H = 12, non-causal: relpos against transformers' SamVisionAttention and SDPA given the dense
+   decomposed bias, gpu_grid.py), and last every shape's rows of Shaw at the
    largest k (its kernels took over a minute to compile on an H100); forms whose estimated
    memory exceeds the card's free memory are skipped.
 3. bench/results/gpu_<card>.md (or --out): card, versions, command, both tables and the
@@ -71,7 +74,9 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gpu_dropout as dropout  # noqa: E402
 import gpu_forms as forms  # noqa: E402
-from gpu_schemes import DEBERTA_OPTIONS, ROPE_BASE, oracle_options, scheme_record, scheme_values  # noqa: E402
+import gpu_grid as grid  # noqa: E402
+from gpu_schemes import (DEBERTA_OPTIONS, ROPE_BASE, grid_of, oracle_options, scheme_record,  # noqa: E402
+                         scheme_values)
 
 
 def log(message: str) -> None:
@@ -93,7 +98,7 @@ def import_relpos():
     return schemes, gpu
 
 
-CORRECTNESS_SCHEMES = ("none", "alibi", "t5", "kerple", "kerple_power", "rope", "xl", "shaw", "deberta")
+CORRECTNESS_SCHEMES = ("none", "alibi", "t5", "kerple", "kerple_power", "rope", "xl", "shaw", "deberta", "sam", "swin")
 
 
 @dataclass(frozen=True)
@@ -104,9 +109,12 @@ class Shape:
     d: int
     causal: bool
     gather: bool = False  # the OpenNMT Shaw form runs here (its (L, L, d) tables fit at L = 2048)
+    grid: bool = False  # SAM's global layer (gpu_grid.py): its rows only
 
     @property
     def label(self) -> str:
+        if self.grid:
+            return "SAM global layer {} x {} B={} H={} d={}".format(*grid_of(self.L), self.B, self.H, self.d)
         return f"d={self.d} {'causal' if self.causal else 'non-causal'} L={self.L}"
 
 
@@ -156,10 +164,12 @@ def round_like_a_gpu() -> bool:
 
 def plan_for(args) -> Plan:
     if args.smoke:
-        shapes = [Shape(1, 1, 32, 16, True), Shape(1, 1, 32, 16, False, gather=True)]
+        shapes = [Shape(1, 1, 32, 16, True), Shape(1, 1, 32, 16, False, gather=True),
+                  Shape(**grid.SMOKE, causal=False, grid=True)]
         return Plan(1, 2, 32, 64, 32, shapes, (2,), False, args.budget_s or 1e9, warm=False,
                     truncating=not round_like_a_gpu())
-    d64 = [Shape(4, 16, 4096, 64, True), Shape(4, 16, 2048, 64, False, gather=True)]
+    d64 = [Shape(4, 16, 4096, 64, True), Shape(4, 16, 2048, 64, False, gather=True),
+           Shape(**grid.SHAPE, causal=False, grid=True)]
     if args.quick:
         return Plan(1, 4, 2048, 64, 1024, d64, (16, 64), False, args.budget_s or 150)
     rest = [Shape(4, 16, 4096, 128, True), Shape(4, 16, 16384, 64, True), Shape(4, 16, 2048, 128, False, gather=True),
@@ -237,8 +247,8 @@ def check_case(S, gpu, O, plan, name, causal, device, dropout_p=0.0) -> tuple[li
     q, k, v = leaf(B, H, Lq, d), leaf(B, H, Lk, d), leaf(B, H, Lk, d)
     dout = torch.randn(B, H, Lq, d, generator=gen).to(device=device, dtype=bf16)
     tensors = {f: t.to(device=device, dtype=bf16).requires_grad_()
-               for f, t in scheme_values(name, H, d, SHAW_CHECK_K).items()}
-    record = scheme_record(S, name, tensors, causal, SHAW_CHECK_K)
+               for f, t in scheme_values(name, H, d, SHAW_CHECK_K, L).items()}
+    record = scheme_record(S, name, tensors, causal, SHAW_CHECK_K, L)
     scale = d ** -0.5
     drop = dict(dropout_p=dropout_p, dropout_rng=dropout.rng(device)) if dropout_p else {}
     mask = dict(dropout_p=dropout_p, dropout_mask=dropout.keep(O, B, H, Lq, Lk, dropout_p, memory, 0, device)) \
@@ -258,7 +268,7 @@ def check_case(S, gpu, O, plan, name, causal, device, dropout_p=0.0) -> tuple[li
         inputs = [x.detach().to(dtype).requires_grad_() for x in leaves]
         params = {f"{record.name}_{f}": x for f, x in zip(tensors, inputs[3:])}
         with torch.device(device):  # the oracle makes its position tensors with torch's factories
-            result, _ = O.attention(*inputs[:3], record.name, oracle_options(name, causal, SHAW_CHECK_K), params,
+            result, _ = O.attention(*inputs[:3], record.name, oracle_options(name, causal, SHAW_CHECK_K, L), params,
                                     causal=causal, q_offset=memory, k_offset=0, scale=scale, **mask)
         return [result.detach(), *torch.autograd.grad(result, inputs, dout.to(dtype))]
 
@@ -364,7 +374,7 @@ class Ctx:
     def params(self, group: str) -> dict:
         if group not in self.tensors:
             name, _, k = group.partition(":")
-            values = scheme_values(name, self.shape.H, self.shape.d, int(k or 0))
+            values = scheme_values(name, self.shape.H, self.shape.d, int(k or 0), self.shape.L)
             self.tensors[group] = {f: t.to(self.device, torch.bfloat16).requires_grad_() for f, t in values.items()}
         return self.tensors[group]
 
@@ -379,7 +389,7 @@ class Ctx:
         on the device as relpos.torch draws it)."""
         name, _, k = group.partition(":")
         t = self.params(group)
-        record = scheme_record(self.S, name, t, self.shape.causal, int(k or 0))
+        record = scheme_record(self.S, name, t, self.shape.causal, int(k or 0), self.shape.L)
         q, (k_, v_), offset = (self.q, self.xl_keys(), self.memory) if name == "xl" else (self.q, (self.k, self.v), 0)
         def fn():
             try:
@@ -464,6 +474,10 @@ def rows_for(plan: Plan, shape: Shape) -> list:
 
     def ours(group, dropout_p=0.0):
         return lambda x: x.relpos(group, dropout_p)
+
+    if shape.grid:  # SAM's global layer: its rows only (gpu_grid.py)
+        return [Row("SDPA flash", "none", "base", plain), *(r for r in grid.rows(Row, grid_of, ours)
+                                                            if "sam" in plan.schemes)]
 
     rows = [Row("SDPA flash", "none", "base", plain), Row("relpos plain", "none", "relpos", ours("none")),
             Row("flex plain", "none", "flex", flex_plain),
@@ -639,6 +653,9 @@ def targets(plan: Plan, results: dict) -> list:
                 out.append((shape.label, f"{row.name}: every target", ours.note, None))
                 continue
             group = row.group.split(":")[0]
+            if group == "sam":  # against its peers (its extra memory holds SAM's per-row scores, no flash target)
+                grid.targets(shape, ours, get, ratio)
+                continue
             if group == "none":
                 ratio(shape, f"{row.name} fwd vs SDPA flash", flash, ours, "fwd", 0.8)
                 ratio(shape, f"{row.name} fwd+bwd vs SDPA flash", flash, ours, "fb", 0.8)
@@ -780,6 +797,7 @@ def main(argv=None) -> int:
     if unknown:
         parser.error(f"--schemes: unknown {', '.join(unknown)} (known: {', '.join(CORRECTNESS_SCHEMES)})")
     plan = replace(plan_for(args), schemes=args.schemes)
+    plan = replace(plan, shapes=[s for s in plan.shapes if not s.grid or "sam" in plan.schemes])
     torch.manual_seed(0)
     S, gpu = import_relpos()
     O = forms.oracle()

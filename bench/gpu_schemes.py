@@ -12,8 +12,16 @@ T5_MAX_DISTANCE, ROPE_BASE = forms.T5_MAX_DISTANCE, 10000.0
 DEBERTA_OPTIONS = {"position_buckets": 256, "max_relative_positions": 512}
 
 
-def scheme_values(name: str, H: int, d: int, shaw_k: int) -> dict:
-    """The learnable tensors of a scheme (float32, CPU, from a fixed seed; callers cast)."""
+def grid_of(L: int) -> tuple[int, int]:
+    """The grid SAM's and Swin's calls of L rows lay them on: the closest to square, height <= width
+    (64 x 64 at 4096, 32 x 64 at 2048)."""
+    height = max(h for h in range(1, int(L ** 0.5) + 1) if L % h == 0)
+    return height, L // height
+
+
+def scheme_values(name: str, H: int, d: int, shaw_k: int, L: int = 0) -> dict:
+    """The learnable tensors of a scheme (float32, CPU, from a fixed seed; callers cast); SAM's and
+    Swin's for a call of L rows (grid_of)."""
     gen = torch.Generator().manual_seed(1000 + sum(map(ord, name)) + shaw_k)
 
     def randn(*shape, s=1.0):
@@ -35,10 +43,16 @@ def scheme_values(name: str, H: int, d: int, shaw_k: int) -> dict:
     if name == "deberta":
         rows = 2 * DEBERTA_OPTIONS["position_buckets"]
         return {"c2p": randn(rows, d, s=0.5), "p2c": randn(rows, d, s=0.5)}
+    if name == "sam":
+        h, w = grid_of(L)
+        return {"rel_h": randn(2 * h - 1, d, s=0.5), "rel_w": randn(2 * w - 1, d, s=0.5)}
+    if name == "swin":
+        h, w = grid_of(L)
+        return {"table": randn(H, (2 * h - 1) * (2 * w - 1), s=0.5)}
     return {}
 
 
-def scheme_record(S, name: str, t: dict, causal: bool, shaw_k: int = 0):
+def scheme_record(S, name: str, t: dict, causal: bool, shaw_k: int = 0, L: int = 0):
     if name == "none":
         return S.NoPosition()
     if name == "alibi":
@@ -57,10 +71,17 @@ def scheme_record(S, name: str, t: dict, causal: bool, shaw_k: int = 0):
         return S.Shaw(k=shaw_k, wk=t["wk"], wv=t["wv"], beyond="clip")
     if name == "deberta":
         return S.DeBERTa(c2p=t["c2p"], p2c=t["p2c"], **DEBERTA_OPTIONS)
+    if name == "sam":
+        return S.SAM(t["rel_h"], t["rel_w"], *grid_of(L))
+    if name == "swin":
+        return S.Swin(t["table"], *grid_of(L))
     raise ValueError(name)
 
 
-def oracle_options(name: str, causal: bool, shaw_k: int = 0) -> dict:
+def oracle_options(name: str, causal: bool, shaw_k: int = 0, L: int = 0) -> dict:
+    if name in ("sam", "swin"):
+        h, w = grid_of(L)
+        return dict(q_height=h, q_width=w) if name == "sam" else dict(window_height=h, window_width=w)
     return {"t5": {"bidirectional": not causal, "max_distance": T5_MAX_DISTANCE},
             "rope": {"base": ROPE_BASE, "dims": None, "style": "half_split"},
             "xl": {"clamp_len": 0}, "shaw": {"k": shaw_k, "beyond": "clip"}, "deberta": DEBERTA_OPTIONS}.get(name, {})

@@ -8,9 +8,13 @@ L = 2048, docs/benchmarks.md), so eager calls run the operators' bodies through 
 ``torch.autograd.Function`` instead. And how both draw attention dropout's seed and offset."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from relpos.schemes import dropout_probability
 
 # Tensor types an eager call passes: plain tensors and parameters (a table given as a
 # parameter reaches the kernels as itself). Any other (fake, functional, a user's subclass)
@@ -49,6 +53,30 @@ def draw_dropout_rng(device, generator=None) -> Tensor:
     torch.compile traces it as a random op of its own. The kernels take the seed as the 64-bit
     word the int64 holds and the offset as its low 32 bits (docs/design.md, "Attention dropout")."""
     return torch.randint(-(2**63), 2**63 - 1, (2,), dtype=torch.int64, device=device, generator=generator)
+
+
+def check_dropout_rng(dropout_rng, device) -> None:
+    """A caller's ``dropout_rng`` checked by name: None, or an int64 tensor ``[seed, offset]`` of
+    two elements on q's ``device``."""
+    if dropout_rng is not None and (not isinstance(dropout_rng, Tensor) or dropout_rng.dtype != torch.int64
+                                    or dropout_rng.numel() != 2 or dropout_rng.device != device):
+        what = (f"{dropout_rng.dtype} of shape {tuple(dropout_rng.shape)} on {dropout_rng.device}"
+                if isinstance(dropout_rng, Tensor) else type(dropout_rng).__name__)
+        raise ValueError(f"relpos: dropout_rng: expected an int64 tensor [seed, offset] on q's device ({device}), "
+                         f"got {what}")
+
+
+def dropout_of(dropout_p, dropout_rng, device) -> tuple[float, Optional[Tensor]]:
+    """A call's ``(dropout_p, dropout_rng)`` as relpos.torch's and relpos.gpu's ops take them,
+    checked by name: p in [0, 1); the rng the caller gave or one drawn from torch's generator of
+    the device (``draw_dropout_rng``: ``torch.manual_seed`` repeats it, and under torch.compile it
+    is a random op of the graph). p = 0 draws nothing and gives None: the call without dropout,
+    bit for bit, its generator untouched."""
+    p = dropout_probability(dropout_p)
+    check_dropout_rng(dropout_rng, device)
+    if not p:
+        return 0.0, None
+    return p, (draw_dropout_rng(device) if dropout_rng is None else dropout_rng.reshape(2).contiguous())
 
 
 def dropout_seed_offset(rng: Tensor) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from relpos.schemes import choice, flag, integer, number, record_of
+from relpos.schemes import choice, dropout_probability, flag, integer, number, record_of
 
 ALGORITHMS = ("auto", "reference", "split", "gather", "skew", "generalized_skew", "relshift", "fused")
 LAYOUTS = ("bhld", "blhd")
@@ -224,10 +224,7 @@ def dropout_args(dropout_p, dropout_seed, dropout_offset) -> dict:
     ``dropout_p`` is 0: the call's exact path). The seed is a 64-bit word (a negative
     int64, as a torch int64 tensor holds one, is taken as its two's complement), the
     offset a 32-bit one."""
-    p = number(dropout_p, "dropout_p")
-    if not 0 <= p < 1:
-        raise ValueError(f"relpos: dropout_p: must be in [0, 1) (the probability of dropping an attention "
-                         f"probability), got {dropout_p!r}")
+    p = dropout_probability(dropout_p)
     if isinstance(dropout_seed, (bool, np.bool_)) or not isinstance(dropout_seed, (int, np.integer)) \
             or not -(2**63) <= int(dropout_seed) < 2**64:
         raise ValueError(f"relpos: dropout_seed: expected an integer in [0, 2^64) (or a negative int64), "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
@@ -50,6 +51,16 @@ def number(x: Any, name: str) -> float:
         return float(x)
     except (TypeError, ValueError):
         raise ValueError(f"relpos: {name}: expected a number, got {x!r}") from None
+
+
+def dropout_probability(x: Any) -> float:
+    """``dropout_p`` as a Python float in [0, 1), or a ValueError naming it (1 would drop every
+    probability, and the kept ones' 1 / (1 - p) would divide by zero). A tensor is refused: reading
+    it would synchronise a GPU call with the host."""
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real) or not 0 <= x < 1:
+        raise ValueError(f"relpos: dropout_p: must be a number in [0, 1) (the probability of dropping an "
+                         f"attention probability), got {x!r}")
+    return float(x)
 
 
 def flag(x: Any, name: str) -> bool:

@@ -40,11 +40,14 @@ def test_smoke_run_checks_times_and_writes_the_table(tmp_path):
 
     checks = _table(text, "Correctness")
     schemes = {r["scheme"] for r in checks}
-    assert {"none", "alibi", "t5", "kerple", "kerple_power", "rope", "xl"} <= schemes
+    assert {"none", "alibi", "t5", "kerple", "kerple_power", "rope", "xl", "sam", "swin"} <= schemes
     assert all(r["rule"] == "met" for r in checks), [r for r in checks if r["rule"] != "met"]
     assert all(r["bitwise repeat"] in ("identical", "-") for r in checks)
     assert {r["tensor"] for r in checks if r["scheme"] == "xl"} >= {"out", "dq", "dk", "dv", "dxl_u", "dxl_v",
                                                                    "dxl_w_r"}
+    assert {r["tensor"] for r in checks if r["scheme"] == "sam"} == {"out", "dq", "dk", "dv", "dsam_rel_h",
+                                                                    "dsam_rel_w"}
+    assert {r["tensor"] for r in checks if r["scheme"] == "swin"} == {"out", "dq", "dk", "dv", "dswin_table"}
     assert {"none + dropout 0.3", "t5 + dropout 0.3", "deberta + dropout 0.3"} <= schemes  # the mask's oracle
     assert text.count("(< 0.05: the layout, bit for bit)") == 2  # the mask from keys on and off the 64 grid
     assert "every check met" in text
@@ -54,6 +57,11 @@ def test_smoke_run_checks_times_and_writes_the_table(tmp_path):
     assert {"SDPA flash", "relpos plain", "relpos T5 (learned table)", "SDPA + T5 bias (Hugging Face)",
             "rotation + SDPA flash", "PyTorch XL, memory L/2 (rel-shift + SDPA bias)"} <= timed
     assert any(r.startswith("OpenNMT Shaw") for r in timed)
+    # SAM's global layer (a 4 x 8 grid here): relpos against transformers' attention and SDPA with the dense bias
+    sam = {r["row"]: r for r in rows if r["shape"].startswith("SAM global layer 4 x 8")}
+    assert set(sam) == {"SDPA flash", "relpos SAM (global layer)", "transformers SamVisionAttention core",
+                        "SDPA + SAM's decomposed bias (dense)"} and all(r["fwd+bwd ms"] != "-" for r in sam.values())
+    assert all(float(r["diff"]) < 0.1 for n, r in sam.items() if n not in ("SDPA flash", "relpos SAM (global layer)"))
     with_dropout = [r for r in rows if r["row"].endswith(", dropout 0.1")]
     assert {r["row"] for r in with_dropout} == {"SDPA flash, dropout 0.1", "relpos plain, dropout 0.1",
                                                "relpos T5 (learned table), dropout 0.1",

@@ -127,10 +127,10 @@ def test_the_mean_over_seeds_approaches_the_output_without_dropout():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(dropout_p=1.0), "dropout_p: must be in \\[0, 1\\)"),
-    (dict(dropout_p=-0.1), "dropout_p: must be in \\[0, 1\\)"),
-    (dict(dropout_p=float("nan")), "dropout_p: must be in \\[0, 1\\)"),
-    (dict(dropout_p="0.1"), "dropout_p: expected a number"),
+    (dict(dropout_p=1.0), "dropout_p: must be a number in \\[0, 1\\)"),
+    (dict(dropout_p=-0.1), "dropout_p: must be a number in \\[0, 1\\)"),
+    (dict(dropout_p=float("nan")), "dropout_p: must be a number in \\[0, 1\\)"),
+    (dict(dropout_p="0.1"), "dropout_p: must be a number"),
     (dict(dropout_p=0.1, dropout_seed=2**64), "dropout_seed: expected an integer in \\[0, 2\\^64\\)"),
     (dict(dropout_p=0.1, dropout_seed=1.5), "dropout_seed: expected an integer"),
     (dict(dropout_p=0.1, dropout_offset=2**32), "dropout_offset: must be in \\[0, 2\\^32\\)"),

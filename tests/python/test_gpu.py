@@ -58,6 +58,8 @@ SCHEMES = {
     "xl": {"pos_dim": 12},
     "shaw": {"k": 5},
     "deberta": {"position_buckets": 8, "max_relative_positions": 20},
+    "sam": {},  # grids from the shape (_grid)
+    "swin": {},  # one window of the shape's cells: Lq == Lk only
 }
 MASKS = [dict(causal=False), dict(causal=True), dict(causal=False, padding="batch"),
          dict(causal=True, padding="random")]
@@ -71,9 +73,11 @@ def _cases():
     else:  # each scheme meets every mask and every shape once, in rotation
         combos = [(s, i % len(MASKS), (i + n) % len(SHAPES)) for n, s in enumerate(SCHEMES) for i in range(2)]
         combos += [("t5", 3, 0), ("xl", 1, 1), ("rope", 2, 2), ("shaw", 1, 3), ("shaw", 3, 2), ("deberta", 1, 1),
-                   ("deberta", 3, 0)]
+                   ("deberta", 3, 0), ("sam", 2, 0), ("swin", 2, 0), ("swin", 3, 0)]
     cases = []
     for scheme, m, s in combos:
+        if scheme == "swin" and SHAPES[s]["Lq"] != SHAPES[s]["Lk"]:
+            continue  # Swin's queries and keys are the cells of one window: Lq == Lk only
         opts = dict(SCHEMES[scheme])
         if scheme == "t5" and MASKS[m]["causal"]:
             opts["bidirectional"] = False
@@ -88,8 +92,18 @@ def _cases():
             opts.update(tables=("c2p|p2c", "c2p", "p2c")[m % 3], per_head=bool(s % 2))
             if m == 2:
                 opts.update(position_buckets=-1, max_relative_positions=24)
+        if scheme in ("sam", "swin"):  # the rows as grids: SAM's query and key grids, Swin's window
+            (qh, qw), (kh, kw) = _grid(SHAPES[s]["Lq"]), _grid(SHAPES[s]["Lk"])
+            opts.update(dict(q_height=qh, q_width=qw, k_height=kh, k_width=kw) if scheme == "sam" else
+                        dict(window_height=qh, window_width=qw))
         cases.append(Case(f"{scheme}_m{m}_s{s}", scheme, B=2, H=2, d=16, **MASKS[m], **SHAPES[s], opts=opts))
     return list({c.id: c for c in cases}.values())
+
+
+def _grid(L: int) -> tuple[int, int]:
+    """The grid of L cells closest to square (height <= width)."""
+    height = max(h for h in range(1, int(L ** 0.5) + 1) if L % h == 0)
+    return height, L // height
 
 
 def dropout_rng(seed: int, offset: int) -> torch.Tensor:
@@ -111,6 +125,8 @@ def run_gpu(pb, dtype=torch.float32) -> dict:
         kw["key_padding"] = torch.tensor(kw["key_padding"] != 0)
     if "dropout_seed" in kw:  # relpos.forward's seed and offset as the GPU path takes them
         kw["dropout_rng"] = dropout_rng(kw.pop("dropout_seed"), kw.pop("dropout_offset"))
+    if "segments" in kw:  # (q_ids, k_ids) arrays as tensors
+        kw["segments"] = tuple(torch.from_numpy(np.asarray(ids)) for ids in kw["segments"])
     out, lse = gpu().attention(q, k, v, pb.scheme(params=params), return_lse=True, **kw)
     out.backward(torch.tensor(pb.dout).to(dtype))
     res = {"out": out, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad,
@@ -133,7 +149,11 @@ def test_float32_matches_the_float64_oracle(case):
                                   Case("xl_bf16", "xl", causal=True, Lq=64, Lk=96, q_offset=32,
                                        opts={"pos_dim": 16, "clamp_len": 20}),
                                   Case("deberta_bf16", "deberta", padding="random", Lq=48, Lk=64, q_offset=16,
-                                       opts={"position_buckets": 16, "max_relative_positions": 40})],
+                                       opts={"position_buckets": 16, "max_relative_positions": 40}),
+                                  Case("sam_bf16", "sam", padding="random", Lq=48, Lk=24,
+                                       opts={"q_height": 6, "q_width": 8, "k_height": 3, "k_width": 8}),
+                                  Case("swin_bf16", "swin", B=3, H=3, Lq=49, Lk=49, causal=True,
+                                       opts={"window_height": 7, "window_width": 7})],
                          ids=lambda c: c.id)
 def test_bfloat16_meets_flash_attentions_error_rule(case, monkeypatch):
     """FlashAttention's rule for its GPU kernels: a bfloat16 result's error (against float64

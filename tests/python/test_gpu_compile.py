@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -52,7 +53,7 @@ def test_pairwise_covers_every_pair():
     for a, b in itertools.combinations(factors, 2):
         for va, vb in itertools.product(factors[a], factors[b]):
             assert any(r[a] == va and r[b] == vb for r in rows), (a, va, b, vb)
-    assert len(rows) < len(cc.full_specs()) // 20  # a covering set, not the product (43,200 rows)
+    assert len(rows) < math.prod(len(v) for v in factors.values()) // 20  # a covering set, not the product
 
 
 def test_specs_match_the_launcher():
@@ -69,6 +70,17 @@ def test_specs_match_the_launcher():
     # dropout: none, drawn per key, per four keys (keys on the 64 grid in 64-key tiles), as the launcher sets it
     assert {s.dropout_switch for s in specs} == {0, 1, 2}
     assert all(s.dropout_switch == (s.dropout != "") + (s.dropout == "aligned" and s.cfg.block_n == 64) for s in specs)
+    # positions on a grid (each kind, SAM's dq kernel on both widths) and segments, as the launcher sets them
+    from relpos.gpu.grid import GRID_AXES, fold_widths
+
+    assert {(s.grid, s.segments) for s in specs} >= {(g, seg) for g in cc.GRIDS for seg in (False, True)} - {
+        ("sam_narrow", False)} and any(s.grid == "sam_narrow" and s.kernel == "backward_q" for s in specs)
+    for s in specs:
+        switches = s.grid_switches
+        if switches["GRID"] == GRID_AXES:
+            width = cc.SAM_NARROW if s.grid == "sam_narrow" else cc.SAM_WIDE
+            assert (switches["GY"], switches["GX"]) == fold_widths(width, s.cfg.block_n)
+            assert (switches["GX"] == 0) == (width >= s.cfg.block_n), s.name
     for s in specs:
         assert s.cfg == launch_for(s.head, True, 4 if s.dtype == "float32" else 2, bool(s.tables), s.has_x,
                                    split_float32=s.dtype == "float32" and not s.tf32)
@@ -187,7 +199,8 @@ q, k, v, out, dout = (torch.randn(B, H, L, d) for _ in range(5))
 lse = torch.randn(B, H, L)
 wk, wv = torch.randn(H, k_rows, d), torch.randn(k_rows, d)
 ints = ops.call_options(Terms(q, k, wk=wk, wv=wv, shaw_k=5), True, 0, 0)
-absent = ("pad", "table", "bucket", "p1", "p2", "qx", "kx", "wq", "row_of", "rot_q", "rot_k", "partner", "qb")
+absent = ("pad", "table", "bucket", "p1", "p2", "qx", "kx", "wq", "row_of", "rot_q", "rot_k", "partner", "qb", "grid",
+          "segments")
 launches = "torch.ops.higher_order.triton_kernel_wrapper_mutation("
 counts = {}
 for name, rng, p in (("", None, 0.0), ("_dropout", torch.tensor([-5, 7]), 0.1)):

@@ -18,6 +18,7 @@ ORDER = (
     "relpos._autograd",  # what the two operator families share: autograd registration, the eager path
     "relpos.gpu.config",  # the GPU path: Triton kernels, needing relpos.schemes alone
     "relpos.gpu.dropout",
+    "relpos.gpu.grid",  # positions on a grid and segments in the kernels
     "relpos.gpu.kernels",
     "relpos.gpu.terms",
     "relpos.gpu.launch",

@@ -199,11 +199,11 @@ def test_the_mean_of_many_module_calls_approaches_the_call_without_dropout():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(dropout_p=1.0), r"^relpos: dropout_p: must be in \[0, 1\)"),
-    (dict(dropout_p=-0.1), r"^relpos: dropout_p: must be in \[0, 1\)"),
-    (dict(dropout_p=float("nan")), r"^relpos: dropout_p: must be in \[0, 1\)"),
-    (dict(dropout_p="0.1"), r"^relpos: dropout_p: expected a number"),
-    (dict(dropout_p=True), r"^relpos: dropout_p: expected a number"),
+    (dict(dropout_p=1.0), r"^relpos: dropout_p: must be a number in \[0, 1\)"),
+    (dict(dropout_p=-0.1), r"^relpos: dropout_p: must be a number in \[0, 1\)"),
+    (dict(dropout_p=float("nan")), r"^relpos: dropout_p: must be a number in \[0, 1\)"),
+    (dict(dropout_p="0.1"), r"^relpos: dropout_p: must be a number"),
+    (dict(dropout_p=True), r"^relpos: dropout_p: must be a number"),
     (dict(dropout_p=0.1, dropout_rng=torch.tensor([1.0, 2.0])), r"^relpos: dropout_rng: expected an int64 tensor"),
     (dict(dropout_p=0.1, dropout_rng=torch.tensor([1, 2, 3])), r"^relpos: dropout_rng: expected an int64 tensor"),
     (dict(dropout_p=0.1, dropout_rng=[1, 2]), r"^relpos: dropout_rng: expected an int64 tensor .* got list"),

@@ -11,14 +11,13 @@ the same bits on every run).
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import replace
 from typing import Optional
 
 import torch
 
-from relpos._autograd import draw_dropout_rng
-from relpos.schemes import DeBERTa, T5, flag, record_of
+from relpos._autograd import dropout_of
+from relpos.schemes import DeBERTa, T5, dropout_probability, flag, record_of
 
 from . import ops
 from .launch import interpreting
@@ -70,7 +69,7 @@ def _same_strides_as_grad(x: torch.Tensor) -> torch.Tensor:
 
 def attention(q, k, v, scheme=None, *, causal: bool = False, key_padding=None, q_offset=0, k_offset: int = 0,
               scale: Optional[float] = None, dropout_p: float = 0.0, dropout_rng: Optional[torch.Tensor] = None,
-              return_lse: bool = False):
+              return_lse: bool = False, segments=None):
     """Attention with relative positions on the GPU kernels: q ``(B, H, Lq, d)``, k
     ``(B, Hkv, Lk, d)``, v ``(B, Hkv, Lk, dv)``, scheme and options as ``relpos.torch.attention``;
     differentiable in q, k, v and every learnable tensor of the scheme. Runs on CUDA tensors;
@@ -81,23 +80,29 @@ def attention(q, k, v, scheme=None, *, causal: bool = False, key_padding=None, q
     dropout"; ``lse`` stays the softmax's), its mask drawn in the kernels from ``dropout_rng``,
     an int64 tensor ``[seed, offset]`` on q's device (relpos._autograd.draw_dropout_rng's; one
     is drawn from torch's generator of the device when None). The kernels read it on the
-    device, and the backward draws the same mask from it."""
-    inputs = _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, dropout_p, dropout_rng)
+    device, and the backward draws the same mask from it.
+
+    ``segments`` (packed documents; Swin's shifted windows): integer ids on q's device, one
+    ``(B, L)`` tensor for queries and keys (Lq == Lk) or a pair ``(q_segments (B, Lq), k_segments
+    (B, Lk))``; a query sees only the keys of its own segment (docs/design.md, "Segments"). The
+    ids are read by the kernels as they are, never checked on the host."""
+    inputs = _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, dropout_p, dropout_rng,
+                        segments)
     out, lse = ops.forward(*inputs)
     return (out, lse) if flag(return_lse, "return_lse") else out
 
 
 def gradients(q, k, v, out, lse, dout, scheme=None, *, causal: bool = False, key_padding=None, q_offset=0,
               k_offset: int = 0, scale: Optional[float] = None, dropout_p: float = 0.0,
-              dropout_rng: Optional[torch.Tensor] = None) -> dict:
+              dropout_rng: Optional[torch.Tensor] = None, segments=None) -> dict:
     """The gradients of one call given the output rows ``out`` and their logsumexp ``lse``
     of a larger one, named as ``relpos.backward`` names them: ``"q"``, ``"k"``, ``"v"`` and
     each learnable tensor the scheme holds (``"t5_table"``, ``"shaw_wk"``, ...). With out and
     lse merged over every key chunk, the sum over the chunks' calls is the whole call's gradient
     (ring attention's backward, relpos.torch.context_parallel). With dropout, ``dropout_rng`` is
     the forward's (its mask is drawn again: entries are keyed by global positions, so a key
-    chunk's call draws its part of the whole call's mask)."""
-    if _dropout_p(dropout_p) and dropout_rng is None:
+    chunk's call draws its part of the whole call's mask); ``segments`` the call's own ids."""
+    if dropout_probability(dropout_p) and dropout_rng is None:
         raise ValueError("relpos: dropout_rng: the gradients of a call with dropout need its forward's "
                          "dropout_rng (the mask is drawn again from it)")
     scheme = record_of(scheme)
@@ -109,7 +114,7 @@ def gradients(q, k, v, out, lse, dout, scheme=None, *, causal: bool = False, key
         leaves.update({f"{scheme.name}_{f}": t for f, t in tensors.items()})
         record = replace(scheme, **tensors)
         inputs = _op_inputs(leaves["q"], leaves["k"], leaves["v"], record, causal, key_padding, q_offset, k_offset,
-                            scale, dropout_p, dropout_rng)
+                            scale, dropout_p, dropout_rng, segments)
         with torch.no_grad():  # the gradients themselves build no graph
             grads = ops.backward(*inputs[:3], out, lse, dout, *inputs[3:])
         reached = [(x, g) for x, g in zip(inputs, ops.input_gradients(inputs, grads))
@@ -118,39 +123,42 @@ def gradients(q, k, v, out, lse, dout, scheme=None, *, causal: bool = False, key
     return {name: x.grad if x.grad is not None else torch.zeros_like(x) for name, x in leaves.items()}
 
 
-def _dropout_p(dropout_p) -> float:
-    """dropout_p checked by name: a number in [0, 1)."""
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0 <= dropout_p < 1:
-        raise ValueError(f"relpos: dropout_p: must be a number in [0, 1) (the probability of dropping an "
-                         f"attention probability), got {dropout_p!r}")
-    return float(dropout_p)
+def _segments(segments, q, k) -> Optional[torch.Tensor]:
+    """``segments`` (one (B, L) tensor of integer ids, Lq == Lk, or a pair (q_segments,
+    k_segments)) as the kernels read them: ``(B, Lq + Lk)`` int64, each query's id then each
+    key's (the ids as given, whatever their integer type); None for None."""
+    if segments is None:
+        return None
+    (B, _, Lq, _), Lk = q.shape, k.shape[2]
+    if isinstance(segments, (tuple, list)):
+        if len(segments) != 2:
+            raise ValueError("relpos: segments: expected a tensor of ids or a pair (q_segments, k_segments), "
+                             f"got a sequence of {len(segments)}")
+    elif Lq != Lk:
+        raise ValueError(f"relpos: segments: one tensor of ids serves Lq == Lk only (got Lq={Lq}, Lk={Lk}); "
+                         "give a pair (q_segments, k_segments)")
+    else:
+        segments = (segments, segments)
+    for name, x, L in zip(("q_segments", "k_segments"), segments, (Lq, Lk)):
+        if not isinstance(x, torch.Tensor) or x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+            raise ValueError(f"relpos: {name}: expected a tensor of integer segment ids, got "
+                             f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if tuple(x.shape) != (B, L):
+            raise ValueError(f"relpos: {name}: expected shape {(B, L)}, got {tuple(x.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"relpos: {name}: on device {x.device}, expected {q.device} like q")
+    return torch.cat([x.to(torch.int64) for x in segments], 1).contiguous()
 
 
-def _dropout(dropout_p, dropout_rng, device) -> tuple[float, Optional[torch.Tensor]]:
-    """(p, rng) of a call as the op takes them, checked by name: rng an int64 tensor of two
-    elements on q's device, drawn when None; None without dropout (p = 0 is exactly the call
-    without dropout)."""
-    p = _dropout_p(dropout_p)
-    if dropout_rng is not None and (not isinstance(dropout_rng, torch.Tensor) or dropout_rng.dtype != torch.int64
-                                    or dropout_rng.numel() != 2 or dropout_rng.device != device):
-        what = (f"{dropout_rng.dtype} of shape {tuple(dropout_rng.shape)} on {dropout_rng.device}"
-                if isinstance(dropout_rng, torch.Tensor) else type(dropout_rng).__name__)
-        raise ValueError(f"relpos: dropout_rng: expected an int64 tensor [seed, offset] on q's device ({device}), "
-                         f"got {what}")
-    if not p:
-        return p, None
-    if dropout_rng is None:
-        return p, draw_dropout_rng(device)
-    return p, dropout_rng.reshape(2).contiguous()  # the kernels read the seed, then the offset
-
-
-def _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, dropout_p, dropout_rng) -> tuple:
+def _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, dropout_p, dropout_rng,
+               segments=None) -> tuple:
     """The arguments of relpos::gpu_attention_forward for a call, its inputs checked: the
     scheme's terms made from q, k and its tensors by differentiable torch operations."""
     scheme = record_of(scheme)
     causal = flag(causal, "causal")
     _check(q, k, v, key_padding)
-    dropout_p, dropout_rng = _dropout(dropout_p, dropout_rng, q.device)
+    segments = _segments(segments, q, k)
+    dropout_p, dropout_rng = dropout_of(dropout_p, dropout_rng, q.device)
     scheme._args()  # each option checked by its record, with errors naming it
     if q.device.type != "cuda" and not interpreting():
         raise ValueError(f"relpos: q: relpos.gpu runs CUDA tensors (CPU tensors under TRITON_INTERPRET=1), "
@@ -167,8 +175,8 @@ def _op_inputs(q, k, v, scheme, causal, key_padding, q_offset, k_offset, scale, 
     terms = replace(terms, q=q_, k=k_, **{n: _float32(getattr(terms, n)) for n in ("p1", "p2", "qb")},
                     **{n: _contiguous(getattr(terms, n), q.dtype) for n in ("wk", "wv", "wq")})
     return (q_, k_, v_, pad, terms.table, terms.bucket, terms.p1, terms.p2, terms.qx, terms.kx, terms.wk, terms.wv,
-            terms.wq, terms.row_of, terms.rot_q, terms.rot_k, terms.partner, terms.qb, dropout_rng,
-            ops.call_options(terms, causal, delta, int(q_offset)), float(scale), dropout_p)
+            terms.wq, terms.row_of, terms.rot_q, terms.rot_k, terms.partner, terms.qb, terms.grid, segments,
+            dropout_rng, ops.call_options(terms, causal, delta, int(q_offset)), float(scale), dropout_p)
 
 
 def _default_scale(scheme, d: int) -> float:

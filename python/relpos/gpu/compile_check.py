@@ -20,11 +20,13 @@ DeBERTa's c2p + p2c through a row map) x Transformer-XL's
 clamp (with HAS_X) x RoPE (the backward writes the gradients of the rotated q and k as
 float32) x attention dropout (none; its mask drawn per key, for keys off the 64 grid; per
 four keys, where the tiles are whole 64-key blocks: dropout.mode as the launcher applies it,
-so narrower tiles draw per key either way), each with config.launch_for(head, on_gpu=True, the dtype's
-size, the tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
+so narrower tiles draw per key either way) x positions on a grid (none; SAM's tables per axis on a
+grid at least a tile wide, SAM's on a grid narrower than a tile (SAM's windows of 14, the dq kernel
+summing the columns by a 0/1 product), Swin's bias per offset pair; grid.py) x segments, each
+with config.launch_for(head, on_gpu=True, the dtype's size, the tables), NB = 32 for the bucketed table (16 otherwise), PRECISION tf32 for float32
 (torch's TF32 switch on; tf32x3 with it off), ieee otherwise, and X_PRECISION tf32 (tf32x3 for float32
 with the switch off; the float32
-features' product). The full product is 43,200 per arch; by default (CI) a
+features' product). The full product is 345,600 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
 specialisation) and CORNERS (among them float32 with TF32 off), ``--full`` for the product.
 Beside them RoPE's rotate_kernel (run before
@@ -68,6 +70,7 @@ from typing import Iterable, Optional, Sequence
 
 from . import dropout, kernels
 from .config import ROTATE, Launch, launch_for, padded
+from .grid import GRID_AXES, GRID_NONE, GRID_TABLE, fold_widths
 
 __all__ = ["Spec", "Result", "CompileCheckError", "SHARED_LIMIT", "covering_specs", "full_specs", "pairwise",
            "compile_spec", "run", "check", "table", "main"]
@@ -96,9 +99,16 @@ SHAW_K = 16  # the smaller k of the GPU targets
 # four keys where the tiles allow: dropout.mode).
 DROPOUT = ("", "unaligned", "aligned")
 
+# Positions on a grid: none; SAM's tables per axis on a key grid SAM_WIDE wide (at least a tile: the
+# dq kernel adds dS by column as it is) and SAM_NARROW wide (a 0/1 product sums the columns a tile's
+# keys share); Swin's bias per offset pair.
+GRIDS = ("", "sam", "sam_narrow", "swin")
+SAM_WIDE, SAM_NARROW = 64, 14  # SAM's global layers (64 x 64 at 1024 pixels) and its windows of 14
+
 FACTORS = {"kernel": KERNELS, "dtype": DTYPES, "bias": tuple(range(5)), "has_x": (False, True),
            "causal": (False, True), "has_pad": (False, True), "head": HEADS, "tables": TABLES,
-           "clamp": (False, True), "rope": (False, True), "dropout": DROPOUT}
+           "clamp": (False, True), "rope": (False, True), "dropout": DROPOUT, "grid": GRIDS,
+           "segments": (False, True)}
 
 
 class CompileCheckError(RuntimeError):
@@ -123,6 +133,8 @@ class Spec:
     tf32: bool = True  # float32 products in TF32 (torch's allow_tf32 on); False: TF32 x 3, torch's default
     transpose: bool = False  # rotate_kernel: the rotation's transpose (a gradient's; X float32)
     dropout: str = ""  # one of DROPOUT
+    grid: str = ""  # one of GRIDS
+    segments: bool = False
     launch: Optional[Launch] = None  # None: config.launch_for as the launcher calls it
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
 
@@ -156,6 +168,19 @@ class Spec:
         return dropout.mode(0.1 if self.dropout else 0.0, 0 if self.dropout == "aligned" else 1, self.cfg.block_n)
 
     @property
+    def _grid_name(self) -> str:
+        """The grid's name; SAM's grids compile alike but in the dq kernel (one name, compiled once)."""
+        return "sam" if self.grid == "sam_narrow" and self.kernel != "backward_q" else self.grid
+
+    @property
+    def grid_switches(self) -> dict:
+        """GRID, and the dq kernel's GY, GX as the launcher sets them (grid.fold_widths)."""
+        kind = {"": GRID_NONE, "swin": GRID_TABLE}.get(self.grid, GRID_AXES)
+        gy, gx = fold_widths(SAM_NARROW if self.grid == "sam_narrow" else SAM_WIDE, self.cfg.block_n) \
+            if kind == GRID_AXES else (16, 0)
+        return dict(GRID=kind, GY=gy, GX=gx)
+
+    @property
     def nb(self) -> int:
         return 32 if self.bias == 1 else 16
 
@@ -167,6 +192,7 @@ class Spec:
                                         ("+clamp", self.has_x and self.clamp), ("+rope", self.rope),
                                         ("+transpose", self.transpose),
                                         (("", "+dropout", "+dropout4")[self.dropout_switch], self.dropout != ""),
+                                        (f"+{self._grid_name}", bool(self.grid)), ("+segments", self.segments),
                                         ("+tf32x3", self.dtype == "float32" and not self.tf32)) if on)
         tail = "" if self.aligned else "/generic"
         return (f"{self.kernel}/{self.dtype}/{BIAS_NAMES[self.bias]}{flags}/d{self.head}/"
@@ -185,7 +211,8 @@ class Spec:
                      X_PRECISION="tf32x3" if self.precision == "tf32x3" else "tf32", **self.table_flags,
                      ZERO_BEYOND=False,
                      X_CLAMP=self.has_x and self.clamp, QUERY_BIAS=self.has_x,
-                     BR=c.block_m, TRANSPOSE=self.transpose, DROPOUT=self.dropout_switch)
+                     BR=c.block_m, TRANSPOSE=self.transpose, DROPOUT=self.dropout_switch,
+                     HAS_SEG=self.segments, **self.grid_switches)
         unknown = [n for n in names if n not in known]
         if unknown:
             raise KeyError(f"{self.kernel}: switches {unknown} unknown to compile_check.Spec.constexprs: "
@@ -200,7 +227,8 @@ class Spec:
         present = {"PAD": self.has_pad, "BIAS_ROWS": self.bias == 1, "BUCKET": self.bias == 1,
                    "P1": self.bias >= 2, "P2": self.bias >= 3, "QX": self.has_x, "KX": self.has_x,
                    "DQX": self.has_x, "DQ": self.rope, "DK": self.rope, "X": self.transpose, "QB": self.has_x,
-                   "RNG": bool(self.dropout)}
+                   "RNG": bool(self.dropout), "GT": bool(self.grid), "SEG": self.segments,
+                   "DG": self.grid_switches["GRID"] == GRID_AXES}
         flags = self.table_flags
         present.update(WK=flags["KEMB"], DWK=flags["KEMB"], WV=flags["VEMB"], DWV=flags["VEMB"], WQ=flags["QEMB"],
                        DWQ=flags["QEMB"], ROW_OF=flags["ROW_MAP"])
@@ -210,10 +238,11 @@ class Spec:
                     "BUCKET": "*i32", "P1": "*fp32", "P2": "*fp32", "QX": "*fp32", "KX": "*fp32", "DQX": "*fp32",
                     "WK": t, "WV": t, "WQ": t, "ROW_OF": "*i32", "DWK": "*fp32", "DWV": "*fp32", "DWQ": "*fp32",
                     "DQ": "*fp32", "DK": "*fp32", "X": "*fp32",
-                    "ROT": "*fp32", "PARTNER": "*i32", "QB": "*fp32", "RNG": "*i64"}
-        # absent outputs: launch.py passes dq (float32 with RoPE) for DQX, the partial sums for DWK, DWV, DWQ
-        absent = {"DQX": "*fp32" if self.rope else t, "DWK": "*fp32", "DWV": "*fp32", "DWQ": "*fp32"}
-        n_parts = {0: 1, 1: self.nb, 2: 1}.get(self.bias, 2)
+                    "ROT": "*fp32", "PARTNER": "*i32", "QB": "*fp32", "RNG": "*i64", "GT": "*fp32", "SEG": "*i64",
+                    "DG": "*fp32"}
+        # absent outputs: launch.py passes dq (float32 with RoPE) for DQX, the partial sums for DWK, DWV, DWQ, DG
+        absent = {"DQX": "*fp32" if self.rope else t, "DWK": "*fp32", "DWV": "*fp32", "DWQ": "*fp32", "DG": "*fp32"}
+        n_parts = {0: 1, 1: self.nb, 2: 1}.get(self.bias, 2) if self.grid != "swin" else 169  # Swin's 7 x 7
         sig, ones, div16 = {}, {}, []
         constexpr_names = set(constexpr_names)
         first_int = next(i for i, n in enumerate(arg_names) if n.startswith("stride_"))
@@ -285,20 +314,23 @@ class Result:
 def pairwise(factors: dict) -> list[dict]:
     """A covering set by pairs, greedily: each step takes the first row of the full product
     (in its order) that covers the most pairs of switch values not yet covered, until every
-    pair is; deterministic, so CI compiles the same set every run."""
-    names = list(factors)
-    uncovered = {((a, va), (b, vb)) for a, b in itertools.combinations(names, 2)
-                 for va in factors[a] for vb in factors[b]}
-    rows = [dict(zip(names, values)) for values in itertools.product(*factors.values())]
+    pair is; deterministic, so CI compiles the same set every run. The product's rows are an
+    index matrix and each step's gains one gather per pair of switches (NumPy): the product of
+    the switches has 345,600 rows, which a loop over rows and pairs took minutes to score."""
+    import numpy as np
+
+    names, sizes = list(factors), [len(v) for v in factors.values()]
+    rows = np.indices(sizes, dtype=np.int16).reshape(len(sizes), -1)  # column r: row r of the product, in order
+    uncovered = {(a, b): np.ones((sizes[a], sizes[b]), bool) for a, b in itertools.combinations(range(len(names)), 2)}
     chosen = []
-    while uncovered:
-        best, best_gain = None, 0
-        for row in rows:
-            gain = sum(((a, row[a]), (b, row[b])) in uncovered for a, b in itertools.combinations(names, 2))
-            if gain > best_gain:
-                best, best_gain = row, gain
-        chosen.append(best)
-        uncovered -= {((a, best[a]), (b, best[b])) for a, b in itertools.combinations(names, 2)}
+    while any(u.any() for u in uncovered.values()):
+        gain = np.zeros(rows.shape[1], np.int32)
+        for (a, b), u in uncovered.items():
+            gain += u[rows[a], rows[b]]
+        best = rows[:, int(np.argmax(gain))]  # the first row of the largest gain
+        chosen.append({n: factors[n][best[i]] for i, n in enumerate(names)})
+        for (a, b), u in uncovered.items():
+            u[best[a], best[b]] = False
     return chosen
 
 
@@ -318,7 +350,14 @@ CORNERS = ({**_EVERY_INPUT, "dropout": ""},
             "tables": "deberta", "clamp": False, "rope": False, "dropout": "", "tf32": False},
            *({**_EVERY_INPUT, "dropout": drop, "tf32": False} for drop in ("", "unaligned")),
            *({"dtype": "bfloat16", "head": head, **_ALL_BUT_TABLES, "dropout": drop}
-             for head in HEADS for drop in ("", "aligned")))
+             for head in HEADS for drop in ("", "aligned")),
+           # positions on a grid with segments in the largest tiles: bfloat16's SAM on a narrow grid (both 0/1
+           # products of the dq kernel) drawing dropout per four keys, float32's Swin (TF32 off) per key
+           *({**_ALL_BUT_TABLES, "bias": 0, "has_x": False, "clamp": False, "rope": False, "head": 128,
+              "segments": True, **corner} for corner in (
+               {"dtype": "bfloat16", "grid": "sam_narrow", "dropout": "aligned"},
+               {"dtype": "float32", "grid": "swin", "dropout": "unaligned", "tf32": False})))
+_NO_GRID = {"grid": "", "segments": False}  # what a corner leaves out
 
 
 def rotate_specs(factors: dict, aligned: bool = True) -> list[Spec]:
@@ -339,14 +378,14 @@ def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only
     rows = pairwise(attention) if attention["kernel"] else []
     for kernel in attention["kernel"]:
         for corner in CORNERS:
-            row = {"kernel": kernel, **corner}
+            row = {"kernel": kernel, **_NO_GRID, **corner}
             if all(row[k] in factors[k] for k in factors) and row not in rows:
                 rows.append(row)
     return _distinct([Spec(**row, launch=launch, aligned=aligned) for row in rows]) + rotate_specs(factors, aligned)
 
 
 def full_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:
-    """Every specialisation of the product (43,200 rows without ``only``, fewer kernels: dropout on
+    """Every specialisation of the product (345,600 rows without ``only``, fewer kernels: dropout on
     keys on the 64 grid compiles as off it in tiles narrower than 64 keys) and rotate_kernel's 12."""
     factors = {k: tuple(only.get(k, v)) for k, v in FACTORS.items()}
     attention = {**factors, "kernel": tuple(k for k in factors["kernel"] if k in ATTENTION_KERNELS)}
@@ -604,9 +643,9 @@ def _parse_only(item: str) -> tuple[str, tuple]:
             values.append(BIAS_NAMES.index(v) if v in BIAS_NAMES else int(v))
         elif name == "head":
             values.append(int(v))
-        elif name in ("has_x", "causal", "has_pad", "clamp", "rope"):
+        elif name in ("has_x", "causal", "has_pad", "clamp", "rope", "segments"):
             values.append(v.lower() in ("1", "true", "yes"))
-        elif name in ("tables", "dropout"):
+        elif name in ("tables", "dropout", "grid"):
             values.append("" if v == "none" else v)
         else:
             values.append(v)

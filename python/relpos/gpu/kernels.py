@@ -28,6 +28,9 @@ The attention kernels' terms:
   multiplies P by the tile's ``z = keep / (1 - p)`` after the softmax has taken its
   sums, the backward takes dV and the value table's gradient from ``P z`` and
   ``dS = P (z dP - D)``; the mask, drawn again per tile, is never stored.
+- positions on a grid ``GRID`` (grid.py): SAM's tables per axis as each query row's scores by key
+  grid row and column, Swin's bias per (head, offset pair) from the cells; segments ``HAS_SEG``
+  (a mask per pair beside key padding).
 
 Semantics are the library's (docs/design.md, section 1): query row ``i`` at
 ``q_offset + i``, key row ``j`` at ``k_offset + j``, distance
@@ -46,6 +49,7 @@ import triton
 import triton.language as tl
 
 from .dropout import dropped, multipliers, seed_offset
+from .grid import grid_bias, grid_grads, same_segment
 
 # Kinds of bias per (head, distance); the int travels as a tl.constexpr.
 BIAS_NONE, BIAS_ROW, BIAS_ALIBI, BIAS_KERPLE_LOG, BIAS_KERPLE_POWER = range(5)
@@ -332,15 +336,17 @@ def _query_bias(qb, h, offs_d, d):
 @triton.jit
 def _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
             bias_row, p1, p2, pad, stride_pb, stride_pn, wk, wq, row_of, t0, shaw_k, stride_wkh, stride_wqh, far_hi,
-            far_lo, xl_clamp, qb, BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr,
-            HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr,
-            QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
-            QUERY_BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+            far_lo, xl_clamp, qb, H, Lq, gt, seg, grid_a, grid_b, BIAS: tl.constexpr, HAS_X: tl.constexpr,
+            CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, X_PRECISION: tl.constexpr,
+            KEMB: tl.constexpr, QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr,
+            X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr, GRID: tl.constexpr, HAS_SEG: tl.constexpr,
+            BM: tl.constexpr, BN: tl.constexpr):
     """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile.
     A key table read by the query (KEMB: Shaw's, DeBERTa's c2p): the query tile times the
     table rows of the tile's BM + BN - 1 distances (from ``t0``), each pair then reading its
     distance's column; a table read by the key (QEMB: DeBERTa's p2c) likewise from the key
-    tile; ``k`` is the key tile as _rows loads it."""
+    tile; ``k`` is the key tile as _rows loads it. A grid term (GRID: SAM's, Swin's) and segments
+    (HAS_SEG) as grid.py reads them."""
     s = _dot(q, tl.trans(k), PRECISION)
     if QUERY_BIAS:  # (q + u) . k as q . k + u . k: one float32 dot per key, q + u never rounded
         s += tl.sum(k.to(tl.float32) * _query_bias(qb, h, offs_d, d)[None, :], 1)[None, :]
@@ -361,7 +367,10 @@ def _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, 
     s = s * qk_scale
     if BIAS != 0:
         s += _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS) * 1.4426950408889634
-    ok = _visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL, HAS_PAD)
+    if GRID != 0:
+        s += grid_bias(gt, b * H + h, h, offs_m, offs_n, Lq, Lk, grid_a, grid_b, GRID) * 1.4426950408889634
+    ok = same_segment(_visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL, HAS_PAD), seg, b,
+                      offs_m, offs_n, Lq, Lk, HAS_SEG)
     return tl.where(ok, s, float("-inf")), ok, rel
 
 
@@ -415,7 +424,7 @@ def _causal_key_end(m_start, Lk, delta, BM: tl.constexpr, CAUSAL: tl.constexpr):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_forward_kernel(
-        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG,
+        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG, GT, SEG,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -423,12 +432,12 @@ def attention_forward_kernel(
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
         H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp,
-        query_pos, key_pos, keep_from, keep_scale, qk_scale,
+        grid_a, grid_b, query_pos, key_pos, keep_from, keep_scale, qk_scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
         QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
-        QUERY_BIAS: tl.constexpr, DROPOUT: tl.constexpr):
+        QUERY_BIAS: tl.constexpr, DROPOUT: tl.constexpr, GRID: tl.constexpr, HAS_SEG: tl.constexpr):
     bh, b, h, hk = _query_program(H, GROUP)
     m_start = tl.program_id(0) * BM
     offs_m = m_start + tl.arange(0, BM)
@@ -452,8 +461,9 @@ def attention_forward_kernel(
         s, ok, rel = _logits(q, qx, k, KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
                              offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
                              BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0, shaw_k, stride_wkh,
-                             stride_wqh, far_hi, far_lo, xl_clamp, QB, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION,
-                             X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP, X_CLAMP, QUERY_BIAS, BM, BN)
+                             stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG, grid_a, grid_b, BIAS, HAS_X,
+                             CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP, X_CLAMP,
+                             QUERY_BIAS, GRID, HAS_SEG, BM, BN)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
         p = tl.exp2(s - shift[:, None])
@@ -487,7 +497,7 @@ def _probabilities(s, ok, lse_ptr, dlt_ptr, offs_m, Lq):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_kv_kernel(
-        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG,
+        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG, GT, SEG,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -495,13 +505,13 @@ def attention_backward_kv_kernel(
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
         H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp,
-        query_pos, key_pos, keep_from, keep_scale, qk_scale,
+        grid_a, grid_b, query_pos, key_pos, keep_from, keep_scale, qk_scale,
         scale,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
         QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
-        QUERY_BIAS: tl.constexpr, DROPOUT: tl.constexpr):
+        QUERY_BIAS: tl.constexpr, DROPOUT: tl.constexpr, GRID: tl.constexpr, HAS_SEG: tl.constexpr):
     """dk, dv of one key tile of one key head, over the query tiles of every query head
     that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
     n_start = tl.program_id(0) * BN
@@ -537,9 +547,9 @@ def attention_backward_kv_kernel(
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
             s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
                                  r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0,
-                                 shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, BIAS, HAS_X, CAUSAL,
-                                 HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP, X_CLAMP,
-                                 QUERY_BIAS, BM, BN)
+                                 shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG,
+                                 grid_a, grid_b, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB,
+                                 ZERO_BEYOND, ROW_MAP, X_CLAMP, QUERY_BIAS, GRID, HAS_SEG, BM, BN)
             p, dlt = _probabilities(s, ok, LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
             do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
                          mask=row & (offs_v[None, :] < dv), other=0.0)
@@ -598,7 +608,7 @@ def _bias_grads(ds, rel, ok, h, bucket, r_min, R, p1, p2, g1, g2, gt, NB: tl.con
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_q_kernel(
         Q, K, V, DO, LSE, DLT, DQ, DQX, PARTS, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG,
-        DWK, DWV, DWQ,
+        GT, SEG, DWK, DWV, DWQ, DG,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -606,19 +616,21 @@ def attention_backward_q_kernel(
         stride_xb, stride_xh, stride_xm, stride_xd,
         stride_kxn, stride_kxd, stride_pb, stride_pn,
         H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp,
-        query_pos, key_pos, keep_from, keep_scale, qk_scale,
+        grid_a, grid_b, query_pos, key_pos, keep_from, keep_scale, qk_scale,
         scale, n_parts, table_rows,
         D: tl.constexpr, DV: tl.constexpr, DX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, NB: tl.constexpr,
         BIAS: tl.constexpr, HAS_X: tl.constexpr, CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr,
         PRECISION: tl.constexpr, X_PRECISION: tl.constexpr, KEMB: tl.constexpr, VEMB: tl.constexpr,
         QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
-        QUERY_BIAS: tl.constexpr, DROPOUT: tl.constexpr):
+        QUERY_BIAS: tl.constexpr, DROPOUT: tl.constexpr, GRID: tl.constexpr, HAS_SEG: tl.constexpr,
+        GY: tl.constexpr, GX: tl.constexpr):
     """dq (and dqx) of the query tiles pid, pid + programs, ... (pid = program_id(0), programs =
     num_programs(0)) of one head, and the program's partial sums of the positional parameters'
     gradients, PARTS[(b * H + h) * programs + pid, :] and its slabs of DWK, DWV, DWQ (table_rows
     x D or DV float32 each, zeros when the kernel starts, left unscaled; DQ contiguous, DQX
-    with QX's strides, DO with the output's). A program owns several tiles where the partial
-    tables would otherwise be one per tile."""
+    with QX's strides, DO with the output's); with GRID, SAM's sums of dS by key grid row and
+    column into its rows of DG (zeros first) or Swin's per table entry into its PARTS row. A
+    program owns several tiles where the partial tables would otherwise be one per tile."""
     bh, b, h, hk = _query_program(H, GROUP)
     offs_n0 = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
@@ -656,9 +668,9 @@ def attention_backward_q_kernel(
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
             s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
                                  r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0,
-                                 shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, BIAS, HAS_X, CAUSAL,
-                                 HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP, X_CLAMP,
-                                 QUERY_BIAS, BM, BN)
+                                 shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG,
+                                 grid_a, grid_b, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB,
+                                 ZERO_BEYOND, ROW_MAP, X_CLAMP, QUERY_BIAS, GRID, HAS_SEG, BM, BN)
             p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
             v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                         mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
@@ -672,6 +684,9 @@ def attention_backward_q_kernel(
                                              t0, shaw_k, ROW_OF, r_min, R, offs_v, DV, PRECISION, ZERO_BEYOND,
                                              ROW_MAP, False, BM, BN)
             ds = tl.where(p > 0, p * (dropped(dp, z, DROPOUT) - dlt[:, None]), 0.0)  # P (z dP - D)
+            if GRID != 0:  # SAM's sums by key grid row and column (DG), Swin's per entry (the partial sums)
+                grid_grads(ds, k, DG, PARTS + part * n_parts, bh, m_start, n_start, offs_m, offs_n, Lq, Lk, grid_a,
+                           grid_b, PRECISION, GRID, GY, GX, BM, BN)
             if KEMB:  # dq gains dS's per-distance sums times the rows; the rows gain them times q
                 dq += _rows_weighted(ds, q, WK, h, t0, shaw_k, ROW_OF, r_min, R, stride_wkh, d, offs_d, D, PRECISION,
                                      ZERO_BEYOND, ROW_MAP, False, BM, BN)

@@ -19,6 +19,7 @@ from torch.library import wrap_triton
 
 from . import dropout, kernels
 from .config import ROTATE, Launch, launch_for, padded, query_programs
+from .grid import GRID_AXES, GRID_TABLE, fold_widths
 from .terms import Terms
 
 
@@ -61,6 +62,7 @@ class Call:
     q_offset: int  # the first query's position (its key's is q_offset + delta)
     dropout_p: float  # 0: no dropout
     dropout_rng: Optional[torch.Tensor]  # with dropout, [seed, offset] int64 on the device
+    segments: Optional[torch.Tensor] = None  # (B, Lq + Lk) int64: each query's segment id, then each key's
 
     @property
     def q(self) -> torch.Tensor:
@@ -88,19 +90,20 @@ class Call:
         return precisions(self.q.dtype, self.q.device.type)
 
     def pointers(self, bias_rows: Optional[torch.Tensor]) -> list[torch.Tensor]:
-        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG; q's where an input is absent
-        (never read)."""
+        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG, GT, SEG; q's where an input is
+        absent (never read)."""
         t = self.terms
         return [x if x is not None else self.q
                 for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv, t.qb, t.wq, t.row_of,
-                          self.dropout_rng)]
+                          self.dropout_rng, t.grid, self.segments)]
 
     def strides(self, out_or_dout: torch.Tensor) -> list[int]:
         return [*self.q.stride(), *self.k.stride(), *self.v.stride(), *out_or_dout.stride(),
                 *_strides(self.terms.qx, 4), *_strides(self.terms.kx, 2), *_strides(self.pad, 2)]
 
     def sizes(self) -> list[int]:
-        """H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp."""
+        """H, GROUP, Lq, Lk, d, dv, dx, delta, r_min, R, shaw_k, stride_wkh, stride_wvh, stride_wqh, xl_clamp,
+        grid_a, grid_b."""
         (B, H, Lq, d), Hkv, Lk, dv = self.q.shape, self.k.shape[1], self.k.shape[2], self.v.shape[3]
         t = self.terms
 
@@ -108,7 +111,7 @@ class Call:
             return table.stride(0) if table is not None and table.dim() == 3 else 0
 
         return [H, H // Hkv, Lq, Lk, d, dv, self.features(), self.delta, self.delta - (Lq - 1), Lq + Lk - 1,
-                t.shaw_k, head_stride(t.wk), head_stride(t.wv), head_stride(t.wq), t.xl_clamp]
+                t.shaw_k, head_stride(t.wk), head_stride(t.wv), head_stride(t.wq), t.xl_clamp, t.grid_a, t.grid_b]
 
     def dropout_args(self) -> list:
         """query_pos, key_pos, keep_from, keep_scale: the positions of the first query and key and
@@ -130,7 +133,8 @@ class Call:
                     X_PRECISION=features, KEMB=t.wk is not None, VEMB=t.wv is not None,
                     QEMB=t.wq is not None, ZERO_BEYOND=t.zero_beyond, ROW_MAP=t.row_of is not None,
                     X_CLAMP=t.xl_clamp > 0, QUERY_BIAS=t.qb is not None,
-                    DROPOUT=dropout.mode(self.dropout_p, self.q_offset + self.delta, cfg.block_n))
+                    DROPOUT=dropout.mode(self.dropout_p, self.q_offset + self.delta, cfg.block_n),
+                    GRID=t.grid_kind, HAS_SEG=self.segments is not None)
 
     def table_rows(self) -> int:
         """Rows of the call's tables (all have as many), as the backward's partial sums hold them."""
@@ -138,10 +142,12 @@ class Call:
 
     def bias_parts(self) -> int:
         """Partial sums per program of the bias parameters' gradients: one per bucket (padded)
-        of a table, per slope, per r1 and r2."""
+        of a table, per slope, per r1 and r2, per entry of Swin's table."""
         t = self.terms
         if t.bias == kernels.BIAS_ROW:
             return padded(t.table.shape[-1])
+        if t.grid_kind == GRID_TABLE:
+            return t.grid.shape[-1]
         return {kernels.BIAS_NONE: 1, kernels.BIAS_ALIBI: 1}.get(t.bias, 2)
 
     def runs_kernels(self) -> bool:
@@ -195,8 +201,9 @@ def forward(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def backward(call: Call, out, lse, dout):
-    """(dq, dk, dv, dqx, per-head sums of the bias parameters' gradients (H, parts), of the
-    tables' wk (H, rows, D), wv (H, rows, DV), wq (H, rows, D)); absent ones None. The sums over batch and
+    """(dq, dk, dv, dqx, per-head sums of the bias parameters' gradients (H, parts; Swin's table's),
+    of the tables' wk (H, rows, D), wv (H, rows, DV), wq (H, rows, D), SAM's gradient of its
+    per-row scores (B, H, Lq, kh + kw)); absent ones None. The sums over batch and
     programs run in a fixed order: the same bits on every run. With RoPE the kernels see q
     and k rotated again and write the gradients of the rotated q and k in float32, which
     the rotation's transpose takes back to q's and k's dtype (one rounding, as without it);
@@ -215,7 +222,8 @@ def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
     (B, H, Lq, d), Lk = q.shape, k.shape[2]
     cfg = call.launch()
     switches = call.switches(cfg)
-    programs = query_programs(triton.cdiv(Lq, cfg.block_m), B * H, bool(call.tables()))
+    # programs that own several tiles where a table's partial sums would otherwise be one per tile
+    programs = query_programs(triton.cdiv(Lq, cfg.block_m), B * H, bool(call.tables()) or t.grid_kind == GRID_TABLE)
     n_parts, rows = call.bias_parts(), call.table_rows()
     # The kernels write every element of these (rows past Lq or Lk masked off); they are zeros
     # only where the kernels do not run (an empty call).
@@ -231,6 +239,8 @@ def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
 
     parts = q.new_zeros(B * H, programs, n_parts, dtype=torch.float32)  # unwritten without a bias: kept zero
     dwk, dwv, dwq = partials(t.wk, switches["D"]), partials(t.wv, switches["DV"]), partials(t.wq, switches["D"])
+    dgrid = torch.zeros_like(t.grid) if t.grid_kind == GRID_AXES else None  # SAM's sums of dS by key grid row, column
+    gy, gx = fold_widths(t.grid_b, cfg.block_n) if t.grid_kind == GRID_AXES else (16, 0)
     if runs:
         dout, lse = dout.to(q.dtype), lse.contiguous()  # the kernels read lse as (B, H, Lq) rows
         delta_rows = _row_dots(dout, out)
@@ -239,17 +249,19 @@ def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
         wrap_triton(kernels.attention_backward_kv_kernel)[(triton.cdiv(Lk, cfg.block_n), B * k.shape[1])](
             q, k, v, dout, lse, delta_rows, dk, dvv, *pointers, *strides, *sizes,
             call.scale * kernels.LOG2E, call.scale, **switches)
-        pad_p, rows_p, *rest = pointers  # the q kernel takes BUCKET after BIAS_ROWS, DWK, DWV, DWQ after RNG
+        pad_p, rows_p, *rest = pointers  # the q kernel takes BUCKET after BIAS_ROWS, DWK, DWV, DWQ, DG after SEG
         wrap_triton(kernels.attention_backward_q_kernel)[(programs, B * H)](
             q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
-            t.bucket if t.bucket is not None else q, *rest, *(x if x is not None else parts for x in (dwk, dwv, dwq)),
-            *strides, *sizes, call.scale * kernels.LOG2E, call.scale, n_parts, rows, NB=max(n_parts, 16), **switches)
+            t.bucket if t.bucket is not None else q, *rest,
+            *(x if x is not None else parts for x in (dwk, dwv, dwq, dgrid)), *strides, *sizes,
+            call.scale * kernels.LOG2E, call.scale, n_parts, rows, NB=max(n_parts, 16) if t.bias else 16, GY=gy, GX=gx,
+            **switches)
 
     def per_head(x, scale=1.0):  # the kernel leaves the tables' dS-weighted sums unscaled
         return x.view(B, H, programs, *x.shape[2:]).sum(dim=(0, 2)) * scale if x is not None else None
 
     return (dq, dk, dvv, dqx, per_head(parts), per_head(dwk, call.scale), per_head(dwv),
-            per_head(dwq, call.scale))
+            per_head(dwq, call.scale), dgrid)
 
 
 def _row_dots(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -10,9 +10,9 @@ trace sees the op as one opaque call, whose fake implementation is the body with
 launches left out (launch.Call.runs_kernels).
 
 An op takes tensors, numbers and lists of them only: the kernels' terms (terms.py) travel
-as tensors (``None`` where absent), dropout's ``[seed, offset]`` as a tensor too (saved for
-the backward, which draws the forward's mask again from it), and the rest as seven integers,
-the scale and dropout's probability.
+as tensors (``None`` where absent), segments as one ``(B, Lq + Lk)`` tensor of ids, dropout's
+``[seed, offset]`` as a tensor too (saved for the backward, which draws the forward's mask again
+from it), and the rest as ten integers, the scale and dropout's probability.
 
 Eager calls that no trace sees run the ops' bodies themselves, through one
 ``torch.autograd.Function``: the registered ops' Python dispatch (argument defaults filled
@@ -29,25 +29,30 @@ from torch._library.triton import set_wrap_triton_enabled
 from relpos._autograd import no_double_backward, setup_nothing, traced
 
 from . import kernels, launch
+from .grid import GRID_AXES, GRID_TABLE
 from .terms import Terms
 
 __all__ = ["forward", "backward", "call_options", "input_gradients"]
 
 # The op's integer arguments, in order.
-_OPTIONS = ("bias", "causal", "delta", "shaw_k", "zero_beyond", "xl_clamp", "q_offset")
+_OPTIONS = ("bias", "causal", "delta", "shaw_k", "zero_beyond", "xl_clamp", "q_offset", "grid_kind", "grid_a",
+            "grid_b")
 
 
 def call_options(terms: Terms, causal: bool, delta: int, q_offset: int) -> list[int]:
     """The ints argument of the ops for a call's terms, its mask and its positions."""
-    return [terms.bias, int(causal), delta, terms.shaw_k, int(terms.zero_beyond), terms.xl_clamp, q_offset]
+    return [terms.bias, int(causal), delta, terms.shaw_k, int(terms.zero_beyond), terms.xl_clamp, q_offset,
+            terms.grid_kind, terms.grid_a, terms.grid_b]
 
 
-def _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, dropout_rng,
-          ints, scale, dropout_p) -> launch.Call:
+def _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, grid, segments,
+          dropout_rng, ints, scale, dropout_p) -> launch.Call:
     o = dict(zip(_OPTIONS, ints))
     terms = Terms(q, k, o["bias"], p1, p2, table, bucket, qx, kx, wk, wv, wq, row_of, o["shaw_k"],
-                  bool(o["zero_beyond"]), o["xl_clamp"], rot_q, rot_k, partner, qb)
-    return launch.Call(terms, v, pad, bool(o["causal"]), o["delta"], scale, o["q_offset"], dropout_p, dropout_rng)
+                  bool(o["zero_beyond"]), o["xl_clamp"], rot_q, rot_k, partner, qb, grid, o["grid_kind"], o["grid_a"],
+                  o["grid_b"])
+    return launch.Call(terms, v, pad, bool(o["causal"]), o["delta"], scale, o["q_offset"], dropout_p, dropout_rng,
+                       segments)
 
 
 def _register(name: str, body):
@@ -62,24 +67,26 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, pad: Optional[Tensor], table: Opti
              bucket: Optional[Tensor], p1: Optional[Tensor], p2: Optional[Tensor], qx: Optional[Tensor],
              kx: Optional[Tensor], wk: Optional[Tensor], wv: Optional[Tensor], wq: Optional[Tensor],
              row_of: Optional[Tensor], rot_q: Optional[Tensor], rot_k: Optional[Tensor], partner: Optional[Tensor],
-             qb: Optional[Tensor], dropout_rng: Optional[Tensor], ints: list[int], scale: float,
-             dropout_p: float) -> tuple[Tensor, Tensor]:
+             qb: Optional[Tensor], grid: Optional[Tensor], segments: Optional[Tensor], dropout_rng: Optional[Tensor],
+             ints: list[int], scale: float, dropout_p: float) -> tuple[Tensor, Tensor]:
     """out ``(B, H, Lq, dv)`` and the rows' logsumexp ``(B, H, Lq)`` in float32 (the softmax's,
     before dropout)."""
     return launch.forward(_call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k,
-                                partner, qb, dropout_rng, ints, scale, dropout_p))
+                                partner, qb, grid, segments, dropout_rng, ints, scale, dropout_p))
 
 
 def _backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dout: Tensor, pad: Optional[Tensor],
               table: Optional[Tensor], bucket: Optional[Tensor], p1: Optional[Tensor], p2: Optional[Tensor],
               qx: Optional[Tensor], kx: Optional[Tensor], wk: Optional[Tensor], wv: Optional[Tensor],
               wq: Optional[Tensor], row_of: Optional[Tensor], rot_q: Optional[Tensor], rot_k: Optional[Tensor],
-              partner: Optional[Tensor], qb: Optional[Tensor], dropout_rng: Optional[Tensor], ints: list[int],
-              scale: float, dropout_p: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """dq, dk, dv, dqx and the per-head sums of the bias parameters' and the tables' (wk, wv,
-    wq) gradients (launch.backward); an absent one is an empty tensor (an op returns tensors)."""
-    call = _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb,
-                 dropout_rng, ints, scale, dropout_p)
+              partner: Optional[Tensor], qb: Optional[Tensor], grid: Optional[Tensor], segments: Optional[Tensor],
+              dropout_rng: Optional[Tensor], ints: list[int], scale: float,
+              dropout_p: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """dq, dk, dv, dqx, the per-head sums of the bias parameters' and the tables' (wk, wv,
+    wq) gradients and SAM's grid scores' (launch.backward); an absent one is an empty tensor (an op
+    returns tensors)."""
+    call = _call(q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, grid,
+                 segments, dropout_rng, ints, scale, dropout_p)
     grads = launch.backward(call, out, lse, dout)
     return tuple(g if g is not None else q.new_empty(0, dtype=torch.float32) for g in grads)
 
@@ -135,10 +142,11 @@ def _table_grad(per_head: Tensor, table: Optional[Tensor]) -> Optional[Tensor]:
 def input_gradients(inputs, grads) -> list:
     """The gradient of each argument of relpos::gpu_attention_forward (``inputs``, None where
     it has none) from relpos::gpu_attention_backward's results ``grads``."""
-    (q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, dropout_rng, ints,
-     scale, dropout_p) = inputs
-    dq, dk, dv, dqx, bias_sums, wk_sums, wv_sums, wq_sums = grads
-    bias = ints[0]
+    (q, k, v, pad, table, bucket, p1, p2, qx, kx, wk, wv, wq, row_of, rot_q, rot_k, partner, qb, grid, segments,
+     dropout_rng, ints, scale, dropout_p) = inputs
+    dq, dk, dv, dqx, bias_sums, wk_sums, wv_sums, wq_sums, grid_sums = grads
+    bias, grid_kind = ints[0], ints[_OPTIONS.index("grid_kind")]
+    dgrid = {GRID_AXES: grid_sums, GRID_TABLE: bias_sums[:, : grid.shape[-1]] if grid is not None else None}
     dtable = dp1 = dp2 = None
     if bias == kernels.BIAS_ROW:
         dtable = bias_sums[:, : table.shape[-1]].to(table.dtype)
@@ -147,7 +155,8 @@ def input_gradients(inputs, grads) -> list:
         dp2 = bias_sums[:, 1].to(p2.dtype) if p2 is not None else None
     return [dq, dk, dv, None, dtable, None, dp1, dp2, dqx if qx is not None else None, None,
             _table_grad(wk_sums, wk), _table_grad(wv_sums, wv), _table_grad(wq_sums, wq), None, None, None, None,
-            dq.float().sum((0, 2)).to(qb.dtype) if qb is not None else None, None, None, None, None]
+            dq.float().sum((0, 2)).to(qb.dtype) if qb is not None else None, dgrid.get(grid_kind), None, None, None,
+            None, None]
 
 
 def _gradients(ctx, dout, _dlse):

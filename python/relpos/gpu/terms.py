@@ -2,8 +2,8 @@
 
 The one place where a scheme meets the kernels: a scheme becomes a bias per
 (head, distance) of one kind, an extra query/key dot product, a rotation of q
-and k, tables of rows per distance, or a bias on the query, built from its parameters with differentiable
-torch operations where the kernels do not take the parameter itself. Imports
+and k, tables of rows per distance, a bias on the query, or a term on a grid (SAM's, Swin's), built from
+its parameters with differentiable torch operations where the kernels do not take the parameter itself. Imports
 NumPy, torch and relpos.schemes only, never the compiled CPU extension, so the
 GPU path loads where that extension was not built.
 """
@@ -15,11 +15,12 @@ from typing import Optional
 
 import torch
 
-from relpos.schemes import (ALiBi, DeBERTa, KERPLE, KERPLEPower, NoPosition, RoPE, Shaw, T5, TransformerXL,
-                             alibi_slopes)
+from relpos.schemes import (SAM, ALiBi, DeBERTa, KERPLE, KERPLEPower, NoPosition, RoPE, Shaw, Swin, T5,
+                             TransformerXL, alibi_slopes)
 
 from . import kernels
 from .config import padded
+from .grid import GRID_AXES, GRID_NONE, GRID_TABLE
 
 # Largest distance any bias formula is asked for; T5's buckets and ALiBi's |r| are
 # exact below it (relpos's kMaxPosition).
@@ -59,7 +60,9 @@ class Terms:
     ``bucket``, an int32 bucket per distance of the call), and tables of rows per
     distance: Shaw's key and value rows per clipped distance, DeBERTa's c2p (as ``wk``)
     and p2c (``wq``, read by the key) through ``row_of``, an int32 row per distance of
-    the call."""
+    the call; on a grid (grid.py) ``grid``, SAM's scores by key grid row and column ``(B, H, Lq,
+    kh + kw)`` or Swin's table ``(H, entries)``, float32, with ``grid_a, grid_b`` = kh, kw or
+    wh, ww."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -81,6 +84,10 @@ class Terms:
     rot_k: Optional[torch.Tensor] = None  # (Lk, 2, D) the same per key row
     partner: Optional[torch.Tensor] = None  # (D,) int32: the column each column is rotated with
     qb: Optional[torch.Tensor] = None  # (H, d): a bias added to every query row of a head (Transformer-XL's u)
+    grid: Optional[torch.Tensor] = None  # on a grid: SAM's per-row scores or Swin's table (grid.py)
+    grid_kind: int = GRID_NONE
+    grid_a: int = 0  # SAM's key grid height, Swin's window height
+    grid_b: int = 0  # its width
 
 
 def t5_buckets(distances: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -188,6 +195,52 @@ def _xl_features(q: torch.Tensor, xl: TransformerXL, q_offset: int, Lk: int, k_o
                                          lambda: torch.cat((ck, sk), -1))
 
 
+def grid_offsets(q_size: int, k_size: int) -> torch.Tensor:
+    """The ``(q_size, k_size)`` int64 offset index of each query and key coordinate on one axis, as
+    SAM's ``get_rel_pos`` takes it (the shorter axis's coordinates scaled), in float32 as the CPU
+    core's ``grid_offset_index`` evaluates it: ``yq - yk + k_size - 1`` where the sizes agree."""
+    q_scale = torch.tensor(max(k_size / q_size, 1.0), dtype=torch.float32)
+    k_scale = torch.tensor(max(q_size / k_size, 1.0), dtype=torch.float32)
+    shift = torch.tensor((k_size - 1) * max(q_size / k_size, 1.0), dtype=torch.float32)
+    coords = (torch.arange(q_size, dtype=torch.float32)[:, None] * q_scale
+              - torch.arange(k_size, dtype=torch.float32)[None, :] * k_scale)
+    return (coords + shift).long()
+
+
+def _grid_shape(scheme) -> tuple[int, int, int, int]:
+    """(qh, qw, kh, kw) of a SAM or Swin record."""
+    if isinstance(scheme, Swin):
+        return (int(scheme.window_height), int(scheme.window_width)) * 2
+    qh, qw = int(scheme.q_height), int(scheme.q_width)
+    return qh, qw, int(scheme.k_height or qh), int(scheme.k_width or qw)
+
+
+def _check_grid(scheme, Lq: int, Lk: int) -> None:
+    """Lq and Lk are the cells of the grids, one row per cell (the CPU core's check_grid)."""
+    qh, qw, kh, kw = _grid_shape(scheme)
+    names = (("swin.window_height x swin.window_width",) * 2 if isinstance(scheme, Swin)
+             else ("sam.q_height x sam.q_width", "sam.k_height x sam.k_width"))
+    for name, (h, w), what, L in zip(names, ((qh, qw), (kh, kw)), ("q has Lq", "k has Lk"), (Lq, Lk)):
+        if h * w != L:
+            raise ValueError(f"relpos: {name}: {h} x {w} = {h * w} cells, but {what}={L} rows (one per cell, "
+                             "row by row)")
+
+
+def _sam_scores(q: torch.Tensor, sam: SAM) -> torch.Tensor:
+    """SAM's terms as the kernels read them: each query row's score against rel_h at each key grid
+    row and against rel_w at each key grid column, ``(B, H, Lq, kh + kw)`` float32, made by
+    differentiable products (q times each table, then each row's offsets gathered: a row reads an
+    offset through at most one grid row or column, so the gathers' gradients sum nothing)."""
+    qh, qw, kh, kw = _grid_shape(sam)
+    B, H, Lq, d = q.shape
+    index_y = _cached(("sam", qh, kh, q.device), lambda: grid_offsets(qh, kh).to(q.device))
+    index_x = _cached(("sam", qw, kw, q.device), lambda: grid_offsets(qw, kw).to(q.device))
+    cells = q.float().reshape(B, H, qh, qw, d)
+    by_y = torch.gather(cells @ sam.rel_h.float().t(), -1, index_y[:, None, :].expand(B, H, qh, qw, kh))
+    by_x = torch.gather(cells @ sam.rel_w.float().t(), -1, index_x[None, :, :].expand(B, H, qh, qw, kw))
+    return torch.cat((by_y, by_x), -1).reshape(B, H, Lq, kh + kw).contiguous()
+
+
 def _expected_shapes(scheme, H: int, d: int, dv: int) -> dict:
     """Each learnable tensor's shapes the kernels index (a table shared by the heads may be
     ``(1, rows, width)`` too, as the CPU core takes it; attention.py reads it as ``(rows, width)``)."""
@@ -202,6 +255,11 @@ def _expected_shapes(scheme, H: int, d: int, dv: int) -> dict:
     if isinstance(scheme, TransformerXL):
         pos_dim = scheme.w_r.shape[-1]
         return {"u": ((H, d),), "v": ((H, d),), "w_r": ((H, d, pos_dim),)}
+    if isinstance(scheme, SAM):
+        qh, qw, kh, kw = _grid_shape(scheme)
+        return {"rel_h": ((2 * max(qh, kh) - 1, d),), "rel_w": ((2 * max(qw, kw) - 1, d),)}
+    if isinstance(scheme, Swin):
+        return {"table": ((H, (2 * int(scheme.window_height) - 1) * (2 * int(scheme.window_width) - 1)),)}
     return {f: ((H,),) for f in scheme._tensors}  # ALiBi's slopes, KERPLE's r1 and r2
 
 
@@ -234,8 +292,10 @@ def _check_tensors(scheme, q: torch.Tensor, dv: int) -> None:
 def terms_of(scheme, q, k, q_offset: int, k_offset: int, dv: int) -> Terms:
     """The kernels' terms for a scheme record whose arrays are torch tensors on q's device
     (checked) with v's head size ``dv``."""
-    _check_tensors(scheme, q, dv)
     H, Lq, Lk = q.shape[1], q.shape[2], k.shape[2]
+    if isinstance(scheme, (SAM, Swin)):
+        _check_grid(scheme, Lq, Lk)
+    _check_tensors(scheme, q, dv)
     if isinstance(scheme, NoPosition):
         return Terms(q, k)
     if isinstance(scheme, RoPE):
@@ -277,5 +337,13 @@ def terms_of(scheme, q, k, q_offset: int, k_offset: int, dv: int) -> Terms:
     if isinstance(scheme, TransformerXL):
         qx, kx = _xl_features(q, scheme, q_offset, Lk, k_offset)
         return Terms(q, k, qx=qx, kx=kx, xl_clamp=int(scheme.clamp_len), qb=scheme.u)
+    if isinstance(scheme, (SAM, Swin)):  # cells from the rows, whatever the offsets (the CPU core's)
+        _, _, kh, kw = _grid_shape(scheme)
+        if isinstance(scheme, SAM):
+            if Lq * (kh + kw) > _MAX_TABLE:
+                raise ValueError(f"relpos: sam: {Lq} query rows x {kh + kw} key grid rows and columns per head; "
+                                 "the GPU kernels address at most 2^31 - 1")
+            return Terms(q, k, grid=_sam_scores(q, scheme), grid_kind=GRID_AXES, grid_a=kh, grid_b=kw)
+        return Terms(q, k, grid=scheme.table.float().contiguous(), grid_kind=GRID_TABLE, grid_a=kh, grid_b=kw)
     raise ValueError(f"relpos: scheme: {getattr(scheme, 'name', type(scheme).__name__)} has no GPU kernel yet; "
                      "its CPU tensors run on the C++ kernels")

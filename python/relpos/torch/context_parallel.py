@@ -38,9 +38,10 @@ import torch.distributed.nn.functional as dnn
 
 import relpos
 from relpos import gpu
+from relpos._autograd import dropout_of
 from relpos.schemes import flag, integer, record_of
 from relpos.torch.functional import attention
-from relpos.torch.ops import decode, dropout_of, dropout_options, encode
+from relpos.torch.ops import decode, dropout_options, encode
 
 __all__ = ["ring_attention", "ulysses_attention", "shard_sequence", "gather_sequence"]
 

@@ -12,8 +12,8 @@ and ``torch.vmap``. Tensors reach the core in place (DLPack), so strided views
 such as ``(B, L, H, d)`` projections seen as ``(B, H, L, d)`` are not copied.
 
 Attention dropout (``dropout_p``) draws each call's ``[seed, offset]`` from torch's
-generator of q's device unless given (``ops.dropout_of``); the op's autograd saves it, and
-its backward draws the same mask again (docs/design.md, "Attention dropout").
+generator of q's device unless given (``relpos._autograd.dropout_of``); the op's autograd
+saves it, and its backward draws the same mask again (docs/design.md, "Attention dropout").
 """
 from __future__ import annotations
 
@@ -22,9 +22,10 @@ from typing import Optional
 import torch
 
 from relpos import gpu
+from relpos._autograd import dropout_of
 from relpos._calls import heads_first, resolve_q_offset
 from relpos.schemes import flag, record_of
-from relpos.torch.ops import dropout_of, encode, forward
+from relpos.torch.ops import encode, forward
 
 __all__ = ["attention"]
 

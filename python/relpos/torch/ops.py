@@ -30,11 +30,11 @@ from typing import Optional, Sequence
 import torch
 
 import relpos
-from relpos._autograd import draw_dropout_rng, dropout_seed_offset, no_double_backward, setup_nothing, traced
-from relpos._calls import ALGORITHMS, check_dtypes, check_threads, dropout_args
+from relpos._autograd import check_dropout_rng, dropout_seed_offset, no_double_backward, setup_nothing, traced
+from relpos._calls import ALGORITHMS, check_dtypes, check_threads
 from relpos.schemes import SCHEMES, choice, flag, integer, number
 
-__all__ = ["attention_forward", "attention_backward", "forward", "encode", "decode", "dropout_of", "dropout_options"]
+__all__ = ["attention_forward", "attention_backward", "forward", "encode", "decode", "dropout_options"]
 
 
 def encode(scheme, causal, q_offset, k_offset, scale, algorithm, threads):
@@ -74,28 +74,6 @@ def decode(name: str, params: Sequence[torch.Tensor], ints: Sequence[int], float
     return scheme, options
 
 
-def _check_rng(dropout_rng: Optional[torch.Tensor], device) -> None:
-    if dropout_rng is not None and (not isinstance(dropout_rng, torch.Tensor) or dropout_rng.dtype != torch.int64
-                                    or dropout_rng.numel() != 2 or dropout_rng.device != device):
-        what = (f"{dropout_rng.dtype} of shape {tuple(dropout_rng.shape)} on {dropout_rng.device}"
-                if isinstance(dropout_rng, torch.Tensor) else type(dropout_rng).__name__)
-        raise ValueError(f"relpos: dropout_rng: expected an int64 tensor [seed, offset] on q's device ({device}), "
-                         f"got {what}")
-
-
-def dropout_of(dropout_p, dropout_rng: Optional[torch.Tensor], device) -> tuple[float, Optional[torch.Tensor]]:
-    """A call's ``(dropout_p, dropout_rng)`` as the ops take them, checked by name: p in [0, 1);
-    the rng the caller gave (an int64 ``[seed, offset]`` tensor on q's ``device``) or one drawn
-    from torch's generator of the device (``draw_dropout_rng``: ``torch.manual_seed`` repeats
-    it, and under torch.compile it is a random op of the graph). p = 0 draws nothing and gives
-    None: the call without dropout, bit for bit, its generator untouched."""
-    p = dropout_args(dropout_p, 0, 0).get("dropout_p", 0.0)
-    _check_rng(dropout_rng, device)
-    if not p:
-        return 0.0, None
-    return p, draw_dropout_rng(device) if dropout_rng is None else dropout_rng.reshape(2)
-
-
 def dropout_options(dropout_p: float, dropout_rng: Optional[torch.Tensor]) -> dict:
     """relpos.forward / backward's dropout options for an op's ``dropout_p`` and rng, its seed
     and offset read on the host (the C++ kernels' calls, on CPU tensors); none without dropout."""
@@ -121,7 +99,7 @@ def _check_tensors(tensors: dict, record, dropout_rng: Optional[torch.Tensor] = 
         if x is not None and x.device != device:
             raise ValueError(f"relpos: {name}: on device {x.device}, expected {device} like q")
     check_dtypes({name: x for name, x in named.items() if x is not None})
-    _check_rng(dropout_rng, device)
+    check_dropout_rng(dropout_rng, device)
 
 
 def _segments(q_segments: Optional[torch.Tensor], k_segments: Optional[torch.Tensor]):
