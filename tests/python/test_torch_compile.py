@@ -330,3 +330,41 @@ def test_the_ops_mapped_with_dropout_run_entry_by_entry(rng_dim):
         assert torch.equal(out[i], want_out) and torch.equal(lse[i], want_lse)
         for got, want in zip(grads, backward(q[i], k[i], v[i], want_out, want_lse, dout[i], rng)):
             assert torch.equal(got[i], want)
+
+
+@pytest.mark.parametrize("grid", ["sam", "swin"])
+def test_grid_schemes_compile_and_export_as_eager_with_gradients(grid):
+    """Positions on a grid through the CPU op: SAM on 3 x 4 queries against pooled 2 x 4 keys,
+    Swin's 3 x 4 window with two segments (a shifted window's regions). torch.compile(fullgraph=True)
+    and torch.export give the eager bits, gradients of q, k, v and the tables included."""
+    g = torch.Generator().manual_seed(5)
+    Lk = 8 if grid == "sam" else 12
+    shapes = [(2, 2, 12, 8), (2, 2, Lk, 8), (2, 2, Lk, 8)]
+    shapes += [(5, 8), (7, 8)] if grid == "sam" else [(2, 5 * 7)]
+    ids = torch.tensor([[0] * 4 + [1] * 8, [2] * 12], dtype=torch.int32)
+
+    def call(q, k, v, *tables):
+        if grid == "sam":
+            return rt.attention(q, k, v, relpos.SAM(*tables, q_height=3, q_width=4, k_height=2, k_width=4))
+        return rt.attention(q, k, v, relpos.Swin(*tables, window_height=3, window_width=4), segments=ids)
+
+    def run(fn):
+        leaves = [torch.randn(*s, generator=torch.Generator().manual_seed(n), dtype=torch.float64).requires_grad_()
+                  for n, s in enumerate(shapes)]
+        out = fn(*leaves)
+        out.backward(torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape))
+        return [out.detach(), *(x.grad for x in leaves)]
+
+    eager = run(call)
+    assert all(x.abs().sum() > 0 for x in eager)  # every gradient reached
+    for a, b in zip(eager, run(torch.compile(call, fullgraph=True, backend="aot_eager"))):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
+
+    class Call(torch.nn.Module):
+        def forward(self, *args):
+            return call(*args)
+
+    args = [torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
+    ep = torch.export.export(Call(), tuple(args))
+    assert any("relpos.attention_forward" in str(n.target) for n in ep.graph.nodes)
+    torch.testing.assert_close(ep.module()(*args), call(*args), rtol=0, atol=0)
