@@ -15,8 +15,8 @@ Rows (float32, forward, eval mode; "speed" = peer time / relpos time, > 1: relpo
     swin      SwinLayer of Swin-T's first stage (width 96, 3 heads, windows of 7, shifted) on a
               56 x 56 map of 8 images: patched by rt.patch_hf_swin against transformers' own
 
-Speed: median ms of --reps calls after a warm-up, the sides alternating. Peak memory: each side
-once in a fresh process, the growth of its resident set's high-water mark (VmHWM, reset first)
+Speed: each row in a fresh process, the median ms of --reps calls (10 x --reps for the Swin block)
+after a warm-up, the sides alternating. Peak memory: each side once in a fresh process, the growth of its resident set's high-water mark (VmHWM, reset first)
 over the resident set with its inputs made. Each row checks that its sides agree (1e-4) before
 timing them. Writes bench/results/sam_<cpu>.md and .json (or --out PREFIX).
 """
@@ -140,6 +140,9 @@ def swin_steps(s: dict):
 
 
 STEPS = {"encoder": encoder_steps, "global": global_steps, "swin": swin_steps}
+# --reps times this per row: a Swin block's call is ~0.1 s, its time varied by +-15% from call to call
+# on a shared 2-core machine, so its median takes more calls than the encoder's ~20 s ones.
+REPS_FACTOR = {"encoder": 1, "global": 1, "swin": 10}
 
 
 def measure_peak(row: str, side: int, size: str, threads: int) -> float:
@@ -149,12 +152,33 @@ def measure_peak(row: str, side: int, size: str, threads: int) -> float:
     return peak_growth_mb(STEPS[row](SIZES[size])[side])
 
 
+def measure_times(row: str, size: str, reps: int, threads: int) -> list:
+    """In this process: [the sides' largest difference, [each side's median ms]] of row `row`."""
+    torch.set_num_threads(threads)
+    steps = STEPS[row](SIZES[size])
+    agreement = (steps[0]() - steps[1]()).abs().max().item()
+    return [agreement, interleaved_median_ms(list(steps), reps)]
+
+
+def _in_fresh_process(call: str):
+    """The JSON value that `call` (a function of this module with its arguments) returns, computed in
+    a fresh Python process."""
+    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import sam as b; "
+            f"print(json.dumps(b.{call}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def timed_in_fresh_process(row: str, size: str, reps: int, threads: int) -> tuple[float, list[float]]:
+    """measure_times in a fresh process: each row starts from the same state of the allocator and the
+    threads, whatever ran before it (the SAM rows' calls hold gigabytes)."""
+    agreement, times = _in_fresh_process(f"measure_times({row!r}, {size!r}, {reps}, {threads})")
+    return float(agreement), [float(t) for t in times]
+
+
 def peak_mb(row: str, side: int, size: str, threads: int) -> float:
     """measure_peak in a fresh process (each side's allocator starts empty)."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import sam as b; "
-            f"print(b.measure_peak({row!r}, {side}, {size!r}, {threads}))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(result.stdout.strip().splitlines()[-1])
+    return float(_in_fresh_process(f"measure_peak({row!r}, {side}, {size!r}, {threads})"))
 
 
 def main():
@@ -170,12 +194,9 @@ def main():
     rows = []
     for row, peers in (("encoder", ["transformers"]), ("global", ["transformers", "SDPA, dense bias"]),
                        ("swin", ["transformers"])):
-        steps = STEPS[row](SIZES[size])
-        theirs, ours = steps[0], steps[1]
-        agreement = (theirs() - ours()).abs().max().item()
+        agreement, times = timed_in_fresh_process(row, size, reps * REPS_FACTOR[row], args.threads)
         if not agreement < 1e-4:
             raise SystemExit(f"sam bench: {row}: transformers and relpos differ by {agreement:g}")
-        times = interleaved_median_ms(list(steps), reps)
         relpos_mb = peak_mb(row, 1, size, args.threads)
         for n, peer in enumerate(peers):
             side = 0 if n == 0 else 2
