@@ -230,3 +230,33 @@ def test_jit_trace_records_the_registered_op():
         traced = torch.jit.trace(model, (q, k, v))
         assert "relpos::gpu_attention_forward" in str(traced.graph)
         assert torch.equal(traced(q, k, v), model(q, k, v))
+
+
+@pytest.mark.parametrize("scheme", [relpos.RoPE(dims=8), relpos.Swin(torch.randn(2, 7 * 7, dtype=torch.float32),
+                                                                      window_height=4, window_width=4)],
+                         ids=["rope", "swin"])
+def test_batch_x_heads_past_a_launch_axis_continue_on_the_next(monkeypatch, scheme):
+    """CUDA's grid axes 1 and 2 hold 65535 programs each; more batch x heads (Swin's windows are
+    batch entries) continue along axis 2. With the limit lowered to 4, B x H = 12 launches as 4 x 3
+    (every kernel: RoPE's rotation, the forward, both backward kernels) and gives the bits of one
+    axis; B x H = 5 has no such split and is refused by name."""
+    from relpos.gpu import launch
+
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(6, 2, 16, 16, generator=g, dtype=torch.float32).requires_grad_() for _ in range(3))
+    params = [p for p in vars(scheme).values() if isinstance(p, torch.Tensor)]
+    for p in params:
+        p.requires_grad_()
+
+    def run():
+        out = relpos.gpu.attention(q, k, v, scheme, causal=True)
+        grads = torch.autograd.grad(out, [q, k, v, *params], torch.ones_like(out))
+        return [out, *grads]
+
+    whole = run()
+    monkeypatch.setattr(launch, "MAX_LAUNCH_AXIS", 4)
+    assert launch.batch_head_axes(12) == (4, 3)
+    for a, b in zip(whole, run()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match=r"batch x heads = 5 does not split into two GPU launch axes of at most 4"):
+        relpos.gpu.attention(q[:5, :1], k[:5, :1], v[:5, :1], relpos.RoPE(dims=8))

@@ -20,7 +20,7 @@ from relpos._autograd import dropout_of
 from relpos.schemes import DeBERTa, T5, dropout_probability, flag, record_of
 
 from . import ops
-from .launch import interpreting
+from .launch import batch_head_axes, interpreting
 from .terms import Terms, terms_of
 
 __all__ = ["attention", "gradients"]
@@ -47,6 +47,7 @@ def _check(q, k, v, key_padding):
                          "((B, Hkv, Lk, d) and (B, Hkv, Lk, dv))")
     if k.shape[1] == 0 or H % k.shape[1]:
         raise ValueError(f"relpos: k: its {k.shape[1]} heads must divide q's {H}")
+    batch_head_axes(B * H)  # the launches' programs per (batch, head), refused by name where they cannot fit
     for name, x in (("q", q), ("k", k), ("v", v)):
         span = 1 + sum((n - 1) * step for n, step in zip(x.shape[1:], x.stride()[1:]))
         if x.numel() and max(span, H * Lq * v.shape[3]) > _MAX_BATCH_ENTRY:

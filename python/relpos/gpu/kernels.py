@@ -375,11 +375,19 @@ def _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, 
 
 
 @triton.jit
+def batch_head():
+    """The program's batch x head index, int64: launch axis 1, continued along axis 2 where there
+    are more than a launch axis holds (launch.batch_head_axes: CUDA's grid axes 1 and 2 stop at
+    65535, and Swin's windows x heads pass it)."""
+    return tl.program_id(2).to(tl.int64) * tl.num_programs(1) + tl.program_id(1)
+
+
+@triton.jit
 def _query_program(H, GROUP):
     """A query program's (batch x head, batch, head, key head), in int64: every address
     offset built from them is then int64 (b * stride_qb passes 2^31 when q has 2^31
     elements; the launcher refuses one batch entry of that size)."""
-    bh = tl.program_id(1).to(tl.int64)
+    bh = batch_head()
     h = bh % H
     return bh, bh // H, h, h // GROUP
 
@@ -515,7 +523,7 @@ def attention_backward_kv_kernel(
     """dk, dv of one key tile of one key head, over the query tiles of every query head
     that reads it (DO and the outputs dk, dv share q's / k's / v's strides resp.)."""
     n_start = tl.program_id(0) * BN
-    bhk = tl.program_id(1).to(tl.int64)  # int64 addresses, as _query_program's
+    bhk = batch_head()  # int64 addresses, as _query_program's
     Hkv = H // GROUP
     b = bhk // Hkv
     hk = bhk % Hkv
@@ -743,7 +751,7 @@ def rotate_kernel(X, Y, ROT, PARTNER, stride_ib, stride_ih, stride_il, stride_id
     The attention kernels read q and k rotated by this kernel rather than rotating their
     tiles: every key tile of the loop then loaded its partner columns and its tables too,
     and on an H100 (bench/gpu.py) that ran RoPE at 18x plain attention's forward."""
-    bh = tl.program_id(1).to(tl.int64)
+    bh = batch_head()
     b, h = bh // H, bh % H
     offs_r = tl.program_id(0) * BR + tl.arange(0, BR)
     offs_d = tl.arange(0, D)

@@ -45,6 +45,24 @@ def precisions(dtype: torch.dtype, device_type: str) -> tuple[str, str]:
     return (features if dtype == torch.float32 and device_type == "cuda" else "ieee"), features
 
 
+# CUDA's limit on a launch's grid axes 1 and 2 (axis 0 holds 2^31 - 1).
+MAX_LAUNCH_AXIS = 65535
+
+
+def batch_head_axes(n: int) -> tuple[int, int]:
+    """Launch axes 1 and 2 for ``n`` (batch x head) programs, which kernels.batch_head numbers
+    ``axis 2 index x axis 1 size + axis 1 index``: ``(n, 1)`` where n fits one axis, else the largest
+    divisor of n that does and the quotient (every program a batch x head, none past n). Swin's
+    windows are batch entries: 512 images of 64 windows x 3 heads are 98,304 programs, (49152, 2)."""
+    if n <= MAX_LAUNCH_AXIS:
+        return n, 1
+    first = next(f for f in range(MAX_LAUNCH_AXIS, 0, -1) if n % f == 0)
+    if n // first > MAX_LAUNCH_AXIS:
+        raise ValueError(f"relpos: batch x heads = {n} does not split into two GPU launch axes of at most "
+                         f"{MAX_LAUNCH_AXIS} (its largest divisor within one is {first}); split the batch")
+    return first, n // first
+
+
 def _strides(x: Optional[torch.Tensor], n: int) -> list[int]:
     return list(x.stride()) if x is not None else [0] * n
 
@@ -177,7 +195,7 @@ def _rotate(x: torch.Tensor, table: torch.Tensor, partner: torch.Tensor, dtype: 
     y = torch.empty_like(x, dtype=dtype)
     if x.numel() and not (interpreting() and is_fake(x)):
         B, H, L, d = x.shape
-        wrap_triton(kernels.rotate_kernel)[(triton.cdiv(L, ROTATE.block_m), B * H)](
+        wrap_triton(kernels.rotate_kernel)[(triton.cdiv(L, ROTATE.block_m), *batch_head_axes(B * H))](
             x, y, table, partner, *x.stride(), *y.stride(), H, L, d, D=padded(d), BR=ROTATE.block_m,
             TRANSPOSE=transpose, num_warps=ROTATE.num_warps, num_stages=ROTATE.num_stages)
     return y
@@ -194,7 +212,7 @@ def forward(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
         out.zero_()
         lse.fill_(-math.inf)
     if call.runs_kernels():
-        wrap_triton(kernels.attention_forward_kernel)[(triton.cdiv(Lq, cfg.block_m), B * H)](
+        wrap_triton(kernels.attention_forward_kernel)[(triton.cdiv(Lq, cfg.block_m), *batch_head_axes(B * H))](
             call.q, call.k, call.v, out, lse, *call.pointers(call.bias_rows()), *call.strides(out), *call.sizes(),
             *call.dropout_args(), call.scale * kernels.LOG2E, **call.switches(cfg))
     return out, lse
@@ -246,11 +264,12 @@ def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
         delta_rows = _row_dots(dout, out)
         pointers, strides = call.pointers(call.bias_rows()), call.strides(dout)
         sizes = call.sizes() + call.dropout_args()  # the kernels take dropout's after the sizes
-        wrap_triton(kernels.attention_backward_kv_kernel)[(triton.cdiv(Lk, cfg.block_n), B * k.shape[1])](
+        wrap_triton(kernels.attention_backward_kv_kernel)[(triton.cdiv(Lk, cfg.block_n),
+                                                            *batch_head_axes(B * k.shape[1]))](
             q, k, v, dout, lse, delta_rows, dk, dvv, *pointers, *strides, *sizes,
             call.scale * kernels.LOG2E, call.scale, **switches)
         pad_p, rows_p, *rest = pointers  # the q kernel takes BUCKET after BIAS_ROWS, DWK, DWV, DWQ, DG after SEG
-        wrap_triton(kernels.attention_backward_q_kernel)[(programs, B * H)](
+        wrap_triton(kernels.attention_backward_q_kernel)[(programs, *batch_head_axes(B * H))](
             q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
             t.bucket if t.bucket is not None else q, *rest,
             *(x if x is not None else parts for x in (dwk, dwv, dwq, dgrid)), *strides, *sizes,
