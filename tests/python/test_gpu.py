@@ -65,6 +65,9 @@ MASKS = [dict(causal=False), dict(causal=True), dict(causal=False, padding="batc
          dict(causal=True, padding="random")]
 SHAPES = [dict(Lq=37, Lk=37), dict(Lq=21, Lk=50, q_offset=29), dict(Lq=40, Lk=25, q_offset=3, k_offset=11),
           dict(Lq=1, Lk=45, q_offset=44)]
+# The same for SAM and Swin, of lengths whose grids are more than one row (6 x 6, 4 x 6 against 5 x 10, ...)
+GRID_SHAPES = [dict(Lq=36, Lk=36), dict(Lq=24, Lk=50, q_offset=29), dict(Lq=40, Lk=25, q_offset=3, k_offset=11),
+               dict(Lq=1, Lk=45, q_offset=44)]
 
 
 def _cases():
@@ -76,7 +79,7 @@ def _cases():
                    ("deberta", 3, 0), ("sam", 2, 0), ("swin", 2, 0), ("swin", 3, 0)]
     cases = []
     for scheme, m, s in combos:
-        if scheme == "swin" and SHAPES[s]["Lq"] != SHAPES[s]["Lk"]:
+        if scheme == "swin" and GRID_SHAPES[s]["Lq"] != GRID_SHAPES[s]["Lk"]:
             continue  # Swin's queries and keys are the cells of one window: Lq == Lk only
         opts = dict(SCHEMES[scheme])
         if scheme == "t5" and MASKS[m]["causal"]:
@@ -92,11 +95,12 @@ def _cases():
             opts.update(tables=("c2p|p2c", "c2p", "p2c")[m % 3], per_head=bool(s % 2))
             if m == 2:
                 opts.update(position_buckets=-1, max_relative_positions=24)
+        shape = GRID_SHAPES[s] if scheme in ("sam", "swin") else SHAPES[s]
         if scheme in ("sam", "swin"):  # the rows as grids: SAM's query and key grids, Swin's window
-            (qh, qw), (kh, kw) = _grid(SHAPES[s]["Lq"]), _grid(SHAPES[s]["Lk"])
+            (qh, qw), (kh, kw) = _grid(shape["Lq"]), _grid(shape["Lk"])
             opts.update(dict(q_height=qh, q_width=qw, k_height=kh, k_width=kw) if scheme == "sam" else
                         dict(window_height=qh, window_width=qw))
-        cases.append(Case(f"{scheme}_m{m}_s{s}", scheme, B=2, H=2, d=16, **MASKS[m], **SHAPES[s], opts=opts))
+        cases.append(Case(f"{scheme}_m{m}_s{s}", scheme, B=2, H=2, d=16, **MASKS[m], **shape, opts=opts))
     return list({c.id: c for c in cases}.values())
 
 
@@ -213,10 +217,12 @@ def _grads(fn, tensors, scheme_fields, dout, **kw):
     return [out.detach().double()] + [x.grad.double() for x in leaves] + [f.grad.double() for f in fields.values()]
 
 
-@pytest.mark.parametrize("scheme", ["alibi", "t5", "shaw", "rope", "deberta"])
+@pytest.mark.parametrize("scheme", ["alibi", "t5", "shaw", "rope", "deberta", "sam", "swin"])
 def test_grouped_query_heads_and_blhd_views_match_the_cpu_kernels(scheme):
     g = torch.Generator().manual_seed(5)
-    B, H, Hkv, Lq, Lk, d = 2, 4, 2, 29, 35, 16
+    B, H, Hkv, d = 2, 4, 2, 16
+    # grids: SAM's pooled 4 x 5 queries against 5 x 7 keys, Swin's 5 x 7 window
+    Lq, Lk = {"sam": (20, 35), "swin": (35, 35)}.get(scheme, (29, 35))
     q = torch.randn(B, Lq, H, d, generator=g).transpose(1, 2)  # a (B, L, H, d) tensor seen as (B, H, L, d)
     k = torch.randn(B, Hkv, Lk, d, generator=g)
     v = torch.randn(B, Hkv, Lk, 24, generator=g)
@@ -227,6 +233,12 @@ def test_grouped_query_heads_and_blhd_views_match_the_cpu_kernels(scheme):
         make = (lambda table: relpos.T5(table, max_distance=30), {"table": torch.randn(H, 32, generator=g)})
     elif scheme == "rope":  # q rotated from a (B, L, H, d) view; k's gradient rotated back per key head
         make = (lambda: relpos.RoPE(dims=12), {})
+    elif scheme == "sam":  # the tables read by each query head of a key head's group
+        make = (lambda rel_h, rel_w: relpos.SAM(rel_h, rel_w, q_height=4, q_width=5, k_height=5, k_width=7),
+                {"rel_h": torch.randn(9, d, generator=g), "rel_w": torch.randn(13, d, generator=g)})
+    elif scheme == "swin":
+        make = (lambda table: relpos.Swin(table, window_height=5, window_width=7),
+                {"table": torch.randn(H, 9 * 13, generator=g)})
     elif scheme == "deberta":  # p2c read by each key head for the query heads of its group
         make = (lambda c2p, p2c: relpos.DeBERTa(c2p=c2p, p2c=p2c, position_buckets=8, max_relative_positions=20),
                 {"c2p": torch.randn(H, 16, d, generator=g), "p2c": torch.randn(16, d, generator=g)})

@@ -74,6 +74,14 @@ CASES = [
     # a grid wider than a 64-key tile (dS added by column, tiles wrapping), with dropout and segments
     (C("grid-sam-64-tiles-2x70-dropout-segments", SAM, B=1, Lq=140, Lk=140, segment_length=50, dropout_p=0.3,
        opts=dict(q_height=2, q_width=70)), SQUARE_64, None),
+    # exactly a 16-key tile wide: the switch between the columns' two sums (dS as it is)
+    (C("grid-sam-3x16-causal", SAM, Lq=48, Lk=48, causal=True, opts=dict(q_height=3, q_width=16)), None, None),
+    # one key per grid row: a 64-key tile spans 64 grid rows (the rows' 0/1 product 64 wide)
+    (C("grid-sam-64-tiles-40x1", SAM, B=1, Lq=40, Lk=40, padding="random", opts=dict(q_height=40, q_width=1)),
+     SQUARE_64, None),
+    # Swin: a 12 x 12 window over several tiles of 64 queries and 16 keys (BM != BN)
+    (C("grid-swin-12x12-tiles-64x16", SWIN, B=2, H=2, Lq=144, Lk=144, causal=True, padding="random",
+       opts=dict(window_height=12, window_width=12)), (64, 16), None),
     # Swin: 7 x 7 windows of two 14 x 14 images, shifted by 3: the regions as segments
     (C("grid-swin-7x7-shifted", SWIN, B=4, H=2, Lq=49, Lk=49, opts=dict(window_height=7, window_width=7)), None,
      swin_regions(1, 14, 7, 3)),

@@ -130,5 +130,5 @@ def grid_grads(ds, like, DG, parts, bh, m_start, n_start, offs_m, offs_n, Lq, Lk
             j = yk * gb + xk - n_start
             hit = (yk >= 0) & (yk < ga) & (xk >= 0) & (xk < gb) & (j >= 0) & (j < BN)
             picked = tl.where(hit, tl.gather(ds, tl.minimum(tl.maximum(j, 0), BN - 1), axis=1), 0.0)
-            _add(parts + n, tl.sum(picked, 0), n <= hi)
-            tl.debug_barrier()  # the next part's or tile's loads of these entries may be other threads'
+            _add(parts + n, tl.sum(picked, 0), n <= hi)  # the chunks' entries are disjoint: no barrier between
+        tl.debug_barrier()  # the next tile's loads of these entries may be other threads'
