@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import relpos
 import relpos.torch as rt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import cpu_model, interleaved_median_ms, peak_growth_mb  # noqa: E402
+from timing import cpu_model, in_fresh_process, interleaved_median_ms, peak_growth_mb, results_prefix  # noqa: E402
 
 HEADS, HEAD_DIM, BUCKETS, MAX_RELATIVE = 12, 64, 256, 512
 
@@ -128,10 +127,7 @@ def measure_peak(side: str, B: int, L: int) -> float:
 
 def peak_mb(side: str, B: int, L: int) -> float:
     """measure_peak in a fresh process (each side's allocator starts empty)."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import deberta as b; "
-            f"print(b.measure_peak({side!r}, {B}, {L}))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(result.stdout.strip().splitlines()[-1])
+    return float(in_fresh_process("deberta", f"measure_peak({side!r}, {B}, {L})"))
 
 
 def main():
@@ -172,8 +168,7 @@ def main():
                      f"| {r['relpos_peak_mb']:.0f} | {r['memory_ratio']:.1f}x |")
     text = "\n".join(lines) + "\n"
     print(text)
-    prefix = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / (
-        "deberta_" + "".join(c if c.isalnum() else "_" for c in cpu.lower()).strip("_"))
+    prefix = results_prefix(args.out, "deberta")
     prefix.with_suffix(".md").write_text(text)
     prefix.with_suffix(".json").write_text(json.dumps({"cpu": cpu, "rows": rows}, indent=1))
 

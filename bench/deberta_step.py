@@ -26,7 +26,7 @@ from transformers import DebertaV2Config, DebertaV2ForSequenceClassification
 import relpos.torch as rt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import cpu_model, interleaved_median_ms  # noqa: E402
+from timing import cpu_model, interleaved_median_ms, results_prefix  # noqa: E402
 
 # name: (hidden, layers, heads, B, L); base is DeBERTa-v3-base's encoder (86M parameters besides its embeddings)
 SIZES = {"tiny": (128, 2, 4, 8, 128), "small": (384, 6, 6, 8, 256), "base": (768, 12, 12, 4, 512)}
@@ -121,8 +121,7 @@ def main():
                          f"| {r['loss_gap']:.1e} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    out = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / (
-        "deberta_step_" + "".join(c if c.isalnum() else "_" for c in cpu.lower()).strip("_") + ".md")
+    out = Path(args.out) if args.out else results_prefix("", "deberta_step").with_suffix(".md")
     out.write_text(text)
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -39,7 +38,7 @@ import relpos
 import relpos.torch as rt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import cpu_model, interleaved_median_ms, peak_growth_mb  # noqa: E402
+from timing import cpu_model, in_fresh_process, interleaved_median_ms, peak_growth_mb, results_prefix  # noqa: E402
 
 SIZES = {  # image, patch, width, layers, heads, window, global layers; Swin: map, width, heads, window, images
     "full": dict(image=1024, patch=16, width=768, layers=12, heads=12, window=14, globals=(2, 5, 8, 11),
@@ -160,25 +159,16 @@ def measure_times(row: str, size: str, reps: int, threads: int) -> list:
     return [agreement, interleaved_median_ms(list(steps), reps)]
 
 
-def _in_fresh_process(call: str):
-    """The JSON value that `call` (a function of this module with its arguments) returns, computed in
-    a fresh Python process."""
-    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import sam as b; "
-            f"print(json.dumps(b.{call}))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def timed_in_fresh_process(row: str, size: str, reps: int, threads: int) -> tuple[float, list[float]]:
     """measure_times in a fresh process: each row starts from the same state of the allocator and the
     threads, whatever ran before it (the SAM rows' calls hold gigabytes)."""
-    agreement, times = _in_fresh_process(f"measure_times({row!r}, {size!r}, {reps}, {threads})")
+    agreement, times = in_fresh_process("sam", f"measure_times({row!r}, {size!r}, {reps}, {threads})")
     return float(agreement), [float(t) for t in times]
 
 
 def peak_mb(row: str, side: int, size: str, threads: int) -> float:
     """measure_peak in a fresh process (each side's allocator starts empty)."""
-    return float(_in_fresh_process(f"measure_peak({row!r}, {side}, {size!r}, {threads})"))
+    return float(in_fresh_process("sam", f"measure_peak({row!r}, {side}, {size!r}, {threads})"))
 
 
 def main():
@@ -221,8 +211,7 @@ def main():
     print(text)
     if args.quick and not args.out:
         return
-    prefix = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / (
-        "sam_" + "".join(c if c.isalnum() else "_" for c in cpu.lower()).strip("_"))
+    prefix = results_prefix(args.out, "sam")
     prefix.with_suffix(".md").write_text(text)
     prefix.with_suffix(".json").write_text(json.dumps({"cpu": cpu, "rows": rows}, indent=1))
 

@@ -2,8 +2,11 @@
 no relpos.torch, bench/scaling.py, runs where relpos's NumPy API and torch alone are installed)."""
 from __future__ import annotations
 
+import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -50,3 +53,23 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown CPU"
+
+
+def in_fresh_process(module: str, call: str):
+    """The JSON value that ``call`` (a call of a function of bench/<module>.py, as source text) returns,
+    computed in a fresh Python process: it starts from an empty allocator, no threads spun up and no
+    cached plans or kernels, whatever ran before it."""
+    code = (f"import sys, json; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+            f"import {module} as b; print(json.dumps(b.{call}))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"bench/{module}.py: {call} failed in its process:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def results_prefix(out: str, name: str) -> Path:
+    """--out as given, or bench/results/<name>_<the CPU's model, as an identifier>."""
+    if out:
+        return Path(out)
+    slug = "".join(c if c.isalnum() else "_" for c in cpu_model().lower()).strip("_")
+    return Path(__file__).resolve().parent / "results" / f"{name}_{slug}"

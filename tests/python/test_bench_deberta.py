@@ -3,19 +3,13 @@ refuses to time them otherwise), and writes its table and JSON with every row.""
 from __future__ import annotations
 
 import json
-import os
-import pathlib
-import subprocess
-import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from bench_run import run_bench
 
 
 def test_quick_run_writes_every_row(tmp_path):
     prefix = tmp_path / "deberta"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT / "bench")]))}
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "deberta.py"), "--quick", "--out", str(prefix)],
-                         capture_output=True, text=True, timeout=600, env=env)
+    run = run_bench("deberta.py", "--quick", "--out", str(prefix))
     assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads(prefix.with_suffix(".json").read_text())["rows"]
     assert [r["L"] for r in rows] == [64, 128]
@@ -30,9 +24,7 @@ def test_training_step_quick_run_agrees_and_writes_its_row(tmp_path):
     """bench/deberta_step.py --quick: a tiny DebertaV2ForSequenceClassification step patched
     against unpatched; it refuses to time them unless their first losses agree."""
     out = tmp_path / "step.md"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT / "bench")]))}
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "deberta_step.py"), "--quick", "--out", str(out)],
-                         capture_output=True, text=True, timeout=600, env=env)
+    run = run_bench("deberta_step.py", "--quick", "--out", str(out))
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [line for line in out.read_text().splitlines() if line.startswith("| tiny |")]
     assert len(rows) == 2  # without dropout and with 0.1
@@ -42,6 +34,5 @@ def test_training_step_quick_run_agrees_and_writes_its_row(tmp_path):
 
 
 def test_training_step_refuses_an_unknown_size(tmp_path):
-    run = subprocess.run([sys.executable, str(ROOT / "bench" / "deberta_step.py"), "--sizes", "huge"],
-                         capture_output=True, text=True, timeout=120)
+    run = run_bench("deberta_step.py", "--sizes", "huge", timeout=120)
     assert run.returncode == 2 and "--sizes: unknown huge" in run.stderr
