@@ -95,12 +95,13 @@ def test_options_round_trip_through_the_op_packing(name):
         assert back._args() == r._args()
 
 
-@pytest.mark.parametrize("name,o", every_option(), ids=[f"{n}.{o.field}" for n, o in every_option()])
+REFUSING_OPTIONS = [(n, o) for n, o in every_option() if invalid_values(o)]  # bool options take any value
+
+
+@pytest.mark.parametrize("name,o", REFUSING_OPTIONS, ids=[f"{n}.{o.field}" for n, o in REFUSING_OPTIONS])
 def test_values_outside_an_option_are_refused_by_its_name(name, o):
     cls = SCHEMES[name]
     bad = invalid_values(o)
-    if not bad:
-        pytest.skip(f"{o.kind} options take any value")
     q = np.zeros((1, 2, 3, 4))
     for x in bad:
         r = record(cls, **{o.field: x})
