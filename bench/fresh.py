@@ -26,7 +26,8 @@ Methods, both in every row:
                 the inputs made), --warmup more calls, then the median of --reps calls or of
                 enough for --seconds of calls (1 s), whichever is more (at most 100)
     in-process  both sides in one fresh process, a first and a warm-up call each, then as many calls
-                of each, alternating (bench/targets.py's method)
+                of each, alternating (bench/targets.py's method); the first calls' outputs and
+                gradients must agree within 1e-4 of SDPA's largest, or the bench stops naming the row
 
 Writes bench/results/fresh_<cpu>.md and .json (or --out PREFIX).
 """
@@ -54,10 +55,12 @@ SIDES = ("relpos", "sdpa")
 SPEED_TARGET, SGEMM_TARGET, STREAM_TARGET = 1.1, 0.8, 0.9
 DECODE_BATCH, DECODE_HEADS, DECODE_D = 8, 8, 64
 MAX_REPS = 100
+AGREEMENT = 1e-4  # relpos's output and gradients against SDPA's, relative to SDPA's largest: checked before timing
 
 
 def plain_call(side: str, L: int, heads: int, d: int, causal: bool, grad: bool):
-    """One call of `side` on fresh inputs (1, heads, L, d), with its backward when grad."""
+    """One call of `side` on fresh inputs (1, heads, L, d), with its backward when grad; it returns
+    the output and the inputs' gradients (no copies)."""
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, heads, L, d).requires_grad_(grad) for _ in range(3))
     attend = ((lambda: rt.attention(q, k, v, causal=causal)) if side == "relpos" else
@@ -69,6 +72,8 @@ def plain_call(side: str, L: int, heads: int, d: int, causal: bool, grad: bool):
         out = attend()
         if grad:
             out.backward(torch.ones_like(out))
+            return [out, q.grad, k.grad, v.grad]
+        return [out]
     return run
 
 
@@ -123,12 +128,20 @@ def timed_ms(run) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def together(calls: list[list], threads: int, reps: int, seconds: float) -> list[float]:
-    """In this process: the calls CALLS makes of `calls`, timed alternating (bench/targets.py's method)."""
+def together(calls: list[list], threads: int, reps: int, seconds: float) -> list:
+    """In this process: [the two calls' largest difference in their results, relative to the second's
+    largest magnitude; [each call's median ms]], the calls CALLS makes of `calls` (two plain calls),
+    timed alternating (bench/targets.py's method) after a first call of each that gives the results."""
     torch.set_num_threads(threads)
     runs = [CALLS[c[0]](*c[1:]) for c in calls]
-    slowest = max(timed_ms(run) for run in runs)  # a first call of each, before the warm-up
-    return interleaved_median_ms(runs, calls_for(slowest, reps, seconds))
+    results, slowest = [], 0.0
+    for run in runs:
+        start = time.perf_counter()
+        results.append(run())
+        slowest = max(slowest, (time.perf_counter() - start) * 1e3)
+    ours, peer = results
+    difference = max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-30) for a, b in zip(ours, peer))
+    return [difference, interleaved_median_ms(runs, calls_for(slowest, reps, seconds))]
 
 
 def fresh(call: list, args) -> dict:
@@ -147,12 +160,16 @@ def plain_rows(args, sgemm_gflops: float) -> list[dict]:
                 for grad in (False, True):
                     calls = [["plain", side, L, heads, d, causal, grad] for side in SIDES]
                     ours, sdpa = (fresh(c, args) for c in calls)
-                    inproc = in_fresh_process("fresh",
-                                              f"together({calls!r}, {args.threads}, {args.reps}, {args.seconds})")
-                    row = {"group": "plain", "case": f"L={L} H={heads} d={d} {'causal' if causal else 'full'}",
+                    agreement, inproc = in_fresh_process(
+                        "fresh", f"together({calls!r}, {args.threads}, {args.reps}, {args.seconds})")
+                    case = f"L={L} H={heads} d={d} {'causal' if causal else 'full'}"
+                    if not agreement < AGREEMENT:
+                        raise SystemExit(f"fresh bench: {case}: relpos and SDPA differ by {agreement:g} (relative)")
+                    row = {"group": "plain", "case": case,
                            "mode": "fwd+bwd" if grad else "fwd", "relpos": ours, "sdpa": sdpa,
                            "speed": sdpa["ms"] / ours["ms"], "in_process_ms": inproc,
-                           "in_process_speed": inproc[1] / inproc[0], "target": SPEED_TARGET}
+                           "in_process_speed": inproc[1] / inproc[0], "agreement": agreement,
+                           "target": SPEED_TARGET}
                     if not grad:
                         gflops = 4 * d * heads * kept_pairs(L, causal) / (ours["ms"] * 1e6)
                         row["of_sgemm"] = gflops / sgemm_gflops

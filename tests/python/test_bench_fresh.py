@@ -1,6 +1,7 @@
 """bench/fresh.py --quick: every plain row (causal and not, forward and forward+backward) and the
 decode row timed in fresh processes and in one process, with each side's first call and peak
-memory, written to its table and JSON; a bad --shapes refused by name."""
+memory, relpos's output and gradients checked against SDPA's before timing, written to its table
+and JSON; a bad --shapes refused by name."""
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ def test_quick_run_writes_every_row(tmp_path):
         assert r["speed"] == r["sdpa"]["ms"] / r["relpos"]["ms"]
     for r in rows[:4]:
         assert len(r["in_process_ms"]) == 2 and min(r["in_process_ms"]) > 0
+        assert 0 <= r["agreement"] < 1e-4  # relpos's output and gradients against SDPA's
         assert ("of_sgemm" in r) == (r["mode"] == "fwd")
     assert rows[4]["stream"]["ms"] > 0 and rows[4]["of_stream"] == rows[4]["stream"]["ms"] / rows[4]["relpos"]["ms"]
     text = prefix.with_suffix(".md").read_text()
