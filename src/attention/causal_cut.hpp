@@ -1,7 +1,8 @@
 // The causal mask's cut, at the three scales the fused kernel works at, one
 // name each:
 //   a query tile   visited_keys: the end of the keys it visits, its key tiles
-//                  up to the last one not wholly in its future
+//                  up to the last one not wholly in its future;
+//                  first_row_visiting: the first tile that visits a key
 //   a tile         TileCut: key jj of the tile is visible to its row ii iff
 //                  jj <= ii + delta (every key without a causal mask)
 //   a tile's row   TileCut::shown(ii): the keys [0, shown) the mask shows it;
@@ -75,6 +76,22 @@ int64_t visited_keys(const AttentionForward<T>& p, const Head<T>& hd, int64_t i0
   const int64_t last = (i0 + bq - 1) - (hd.lq - 1) - hd.rmin;  // hd.r(i0 + bq - 1, last) == 0
   if (last < 0) return 0;
   return std::min(hd.lk, (last / tiles::kBackwardKeys + 1) * tiles::kBackwardKeys);
+}
+
+// The first row of the first backward query tile that visits key `key` (lq
+// where none does). visited_keys never falls from one query tile to the next,
+// so every tile before it visits none of the keys from `key` on: a causal
+// key group's query-side gradients start at this row.
+template <class T>
+int64_t first_row_visiting(const AttentionForward<T>& p, const Head<T>& hd, int64_t key) {
+  const int64_t rows = tiles::kBackwardRows;
+  int64_t lo = 0, hi = (hd.lq + rows - 1) / rows;  // query tile indices: the answer is in [lo, hi]
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2, i0 = mid * rows;
+    if (visited_keys(p, hd, i0, std::min(rows, hd.lq - i0)) > key) hi = mid;
+    else lo = mid + 1;
+  }
+  return std::min(hd.lq, lo * rows);
 }
 
 }  // namespace fused

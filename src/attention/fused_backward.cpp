@@ -34,10 +34,24 @@ int64_t backward_key_groups(const AttentionForward<T>& p) {
 
 namespace {
 
+// Whether one of the head's terms reads the positional query qp (q + v), so
+// that dL/dqp can be non-zero. Validation's plan (fused_plan.cpp) asks the
+// same of the call's Terms.
+template <class F, class T>
+bool reads_positional_queries(const HeadContext<T>& c) {
+  return F::key_table || F::c2p || F::band || F::grid_tables || c.x.query_bias != nullptr;
+}
+
 // The gradients of one head that sum over its key tiles, for one group of them.
+// dqc and dqp hold the query rows from first_row on: under a causal mask the
+// earlier rows see none of a later group's keys (first_row_visiting), so the
+// groups' buffers add up to about half of a whole one per group. dqp only
+// where a term reads the positional query qp (a key embedding, grid tables,
+// query biases): plain attention and biases leave it empty.
 template <class T>
 struct QueryGrads {
-  Scratch<T> dqc, dqp;  // dL/d(q + u) and dL/d(q + v), (lq, d)
+  Scratch<T> dqc, dqp;  // dL/d(q + u) and dL/d(q + v), (lq - first_row, d)
+  int64_t first_row = 0;
   Scratch<T> dR, Pb;    // clipped tables: key-score gradients and value bucket sums of P, (lq, 2k+1);
                         // an indexed table read by the query: its scores' gradients, (nb, lq)
   Scratch<T> dE;        // a key band: gradients of its rows, (distances, d)
@@ -51,9 +65,10 @@ struct QueryGrads {
                                 {&dE, plan.dE}, {&dRk, plan.dRk}, {&dbias, plan.dbias}, {&dgrid, plan.dgrid}})
       buffer->reserve(size);
   }
-  void reset(const HeadContext<T>& c, bool bias_grads) {
+  void reset(const HeadContext<T>& c, bool bias_grads, bool positional_queries, int64_t first) {
     const Head<T>& hd = c.x.hd;
-    dqc.assign(hd.lq * hd.d, T(0)), dqp.assign(hd.lq * hd.d, T(0));
+    first_row = first;
+    dqc.assign((hd.lq - first) * hd.d, T(0)), dqp.assign(positional_queries ? (hd.lq - first) * hd.d : 0, T(0));
     dR.assign(c.key_table() ? hd.lq * c.nb : !c.c2p.empty() ? c.nb * c.by_query_ld : 0, T(0));
     Pb.assign(c.value_table() ? hd.lq * c.nb : 0, T(0));
     dRk.assign(c.p2c.empty() ? 0 : c.nb * c.by_key_ld, T(0));
@@ -71,14 +86,20 @@ struct QueryGrads {
     return hd.lq * (g.rows_y() + g.rows_x());
   }
 
-  // Adds o's part `part` of `parts` (of each sum's elements) to this one's: the
-  // parts of one pair of groups are disjoint, so threads can add them at once,
-  // and each element's sum keeps its order.
+  // Rows of dqc and dqp from query row i on.
+  T* dqc_from(int64_t i, int64_t d) { return dqc.data() + (i - first_row) * d; }
+  T* dqp_from(int64_t i, int64_t d) { return dqp.data() + (i - first_row) * d; }
+
+  // Adds to part `part` of `parts` of this one's elements (each sum's) o's
+  // share of them; this one's dqc and dqp start at a row no later than o's.
+  // The parts are the same for every o, so threads can add disjoint parts
+  // at once, and each element's sum keeps its group order.
   void add_part(const QueryGrads& o, int64_t part, int64_t parts) {
     for (auto [mine, theirs] : {std::pair{&dqc, &o.dqc}, {&dqp, &o.dqp}, {&dR, &o.dR}, {&Pb, &o.Pb}, {&dE, &o.dE},
                                 {&dbias, &o.dbias}, {&dRk, &o.dRk}, {&dgrid, &o.dgrid}}) {
-      const int64_t size = int64_t(mine->size());
-      for (int64_t n = size * part / parts, end = size * (part + 1) / parts; n < end; ++n) (*mine)[n] += (*theirs)[n];
+      const int64_t size = int64_t(mine->size()), skipped = size - int64_t(theirs->size());  // o's are the last
+      for (int64_t n = std::max(size * part / parts, skipped), end = size * (part + 1) / parts; n < end; ++n)
+        (*mine)[n] += (*theirs)[n - skipped];
     }
   }
 };
@@ -87,6 +108,7 @@ template <class T>
 struct BackwardScratch {
   HeadContext<T> head;
   Scratch<T> dout, out_row, D, P, dP, Z, Pz, Rq, G, dband, transposed, diagonals;  // Z, Pz: dropout's
+  const T* dout_rows = nullptr;  // the head's dout (lq, dv) the loops read: dout, or the caller's (load_dout)
   KeyBand<T> band;
   QueryGrads<T> query;  // one head's, when a head is one group
   Scratch<T> dk, dv;
@@ -107,17 +129,25 @@ struct BackwardScratch {
   }
 };
 
-// The dense dout of the prepared head and D_i = dout_i . out_i.
+// The dense dout of the prepared head (the caller's where its rows are
+// dense and of the compute type, else a copy) and D_i = dout_i . out_i.
 template <class Stored, class T>
 void load_dout(const AttentionBackward<Stored>& data, BackwardScratch<T>& w) {
   const Head<T>& hd = w.head.x.hd;
   const int64_t dv = hd.dv;
-  w.dout.resize(hd.lq * dv), w.out_row.resize(dv), w.D.resize(hd.lq);
+  w.dout_rows = nullptr;
+  if constexpr (std::is_same_v<Stored, T>)
+    if (dense_rows(data.dout)) w.dout.clear(), w.dout_rows = &data.dout(hd.b, hd.h, 0, 0);
+  if (!w.dout_rows) {
+    w.dout.resize(hd.lq * dv);
+    for (int64_t i = 0; i < hd.lq; ++i) read_row(data.dout, hd.b, hd.h, i, &w.dout[i * dv]);
+    w.dout_rows = w.dout.data();
+  }
+  w.out_row.resize(dv), w.D.resize(hd.lq);
   for (int64_t i = 0; i < hd.lq; ++i) {
-    read_row(data.dout, hd.b, hd.h, i, &w.dout[i * dv]);
     read_row(View4<const Stored>(data.out), hd.b, hd.h, i, w.out_row.data());
     T D = 0;
-    for (int64_t x = 0; x < dv; ++x) D += w.dout[i * dv + x] * w.out_row[x];
+    for (int64_t x = 0; x < dv; ++x) D += w.dout_rows[i * dv + x] * w.out_row[x];
     w.D[i] = D;
   }
   if constexpr (std::is_same_v<Stored, bfloat16>)
@@ -138,11 +168,12 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   HeadContext<T>& c = w.head;
   prepare(p, data, e, b, h, c);
   load_dout(data, w);
-  q.reset(c, wants_scheme_grads(p));
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
   const T scale = T(effective_scale(p));
   const auto [begin, end] = group_keys(hd.lk, group, groups);
+  // Group 0 holds every row: the others are added into it.
+  q.reset(c, wants_scheme_grads(p), reads_positional_queries<F>(c), group == 0 ? 0 : first_row_visiting(p, hd, begin));
   w.P.resize(kBackwardRows * kBackwardKeys), w.dP.resize(kBackwardRows * kBackwardKeys);
   // With dropout the values' products take P z, the softmax's gradient P and z dP (z = 1 without).
   const DropoutRows<T> dropout(p, b, h);
@@ -160,7 +191,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
     if constexpr (F::key_table || F::c2p || F::grid_tables) query_tile_scores<F>(c, i0, bq, w.Rq);
     if constexpr (F::value_table) {  // dout wv^T of the query tile, (bq, nb)
       w.G.resize(bq * nb);
-      gemm<T>(Trans::no, Trans::yes, bq, nb, dvd, T(1), w.dout.data() + i0 * dvd, dvd, c.wv.data(), dvd, T(0),
+      gemm<T>(Trans::no, Trans::yes, bq, nb, dvd, T(1), w.dout_rows + i0 * dvd, dvd, c.wv.data(), dvd, T(0),
               w.G.data(), nb);
     }
     if constexpr (F::band) {  // one band for all the keys of the group this query tile sees
@@ -180,8 +211,8 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       // where the split would multiply three whole parts.
       // Nor a tile whose hidden part holds a non-finite row (tile_products.hpp).
       const bool split_tile = split && !cut.staircase && skip == 0 &&
-                              !hides_nonfinite(cut, bq, c.x.kp + j0 * c.x.ldk, c.x.ldk, d, c.x.qc.data() + i0 * d,
-                                               w.dout.data() + i0 * dvd, dvd);
+                              !hides_nonfinite(cut, bq, c.x.kp + j0 * c.x.ldk, c.x.ldk, d, c.x.qrows + i0 * d,
+                                               w.dout_rows + i0 * dvd, dvd);
       if (split_tile)
         for (SplitTile* tile : {&w.split.P, &w.split.dS}) tile->reshape(bq, bk, SplitTile::Layout::interleaved);
       tile_logits<F>(p, c, scale, t, cut, w.Rq.data(), w.band, P, w.transposed, w.diagonals);
@@ -208,9 +239,9 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       }
       const TileCut graded_cut = cut_of(p, hd, Tile{i0, bq, j0 + skip, graded});
       if (graded > 0 && !split_tile)
-        tile_transposed_times(graded_cut, bq, dvd, graded, T(1), kept + skip, bk, w.dout.data() + i0 * dvd, dvd, T(1),
+        tile_transposed_times(graded_cut, bq, dvd, graded, T(1), kept + skip, bk, w.dout_rows + i0 * dvd, dvd, T(1),
                               dv.data() + (j0 + skip) * dvd, dvd);
-      product_of_rows(c.stored.dout, c.stored.lddout, c.stored.v, c.stored.ldv, w.dout.data(), dvd, c.x.vp, c.x.ldv,
+      product_of_rows(c.stored.dout, c.stored.lddout, c.stored.v, c.stored.ldv, w.dout_rows, dvd, c.x.vp, c.x.ldv,
                       i0, j0, bq, bk, dvd, T(1), dS, cut, w.transposed);
       for (int64_t ii = 0; ii < bq; ++ii) {
         const int64_t i = i0 + ii, mrow = m0 + (bq - 1 - ii);
@@ -240,18 +271,18 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       }
       if constexpr (F::indexed) add_indexed_grads<F>(c, t, m0, dS, scale, q, w.diagonals);
       if (split_tile) {
-        split_products(w.split, j0 - begin, bk, scale, q.dqc.data() + i0 * d);
+        split_products(w.split, j0 - begin, bk, scale, q.dqc_from(i0, d));
         continue;
       }
-      tile_times(cut, bq, d, bk, scale, dS, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1), q.dqc.data() + i0 * d, d);
+      tile_times(cut, bq, d, bk, scale, dS, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1), q.dqc_from(i0, d), d);
       if (graded > 0)
-        tile_transposed_times(graded_cut, bq, d, graded, scale, dS + skip, bk, c.x.qc.data() + i0 * d, d, T(1),
+        tile_transposed_times(graded_cut, bq, d, graded, scale, dS + skip, bk, c.x.qrows + i0 * d, d, T(1),
                               dk.data() + (j0 + skip) * d, d);
     }
     if constexpr (F::band) {  // the band's products backwards, once per query tile
       const KeyBand<T>& band = w.band;
       const int64_t rows = band.row_offset(hd);
-      tile_times(band.cut(), bq, d, band.width(), T(1), w.dband.data(), c.E + rows, d, T(1), q.dqp.data() + i0 * d, d);
+      tile_times(band.cut(), bq, d, band.width(), T(1), w.dband.data(), c.E + rows, d, T(1), q.dqp_from(i0, d), d);
       tile_transposed_times(band.cut(), bq, d, band.width(), T(1), w.dband.data(), band.width(), hd.qp + i0 * d, d,
                             T(1), q.dE.data() + rows, d);
     }
@@ -358,7 +389,7 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
   }
   if (c.value_table() && e.value_table()->wants_grad(g)) {  // dwv += Pb^T dout
     w.dtable.resize(nb * dvd);
-    weights_times<T>(Trans::yes, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout.data(), dvd, T(0), w.dtable.data(),
+    weights_times<T>(Trans::yes, nb, dvd, lq, T(1), q.Pb.data(), nb, w.dout_rows, dvd, T(0), w.dtable.data(),
                      dvd);
     e.value_table()->add_slice_grad(g, hd.h, w.dtable.data());
   }
@@ -383,7 +414,8 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
 // go to per-thread partials added in thread order.
 template <class F, class T, class Stored>
 void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e) {
-  const FusedPlan plan = fused::plan(data, &data.dpos);  // its key groups and threads, and every worker's buffers
+  // Its key groups and threads, and every worker's buffers.
+  const FusedPlan plan = fused::plan(data, &data.dpos, &data.dout);
   const int64_t batch = p.q.shape[0], heads = p.q.shape[1], count = batch * heads, groups = plan.groups;
   const int64_t lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
   const int threads = plan.backward_threads;

@@ -74,10 +74,11 @@ HeadPlan head_plan(const AttentionForward<S>& p, const Terms& t) {
   using C = compute_t<S>;
   const int64_t lq = p.q.shape[2], lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
   const int64_t distances = lq + lk - 1;
-  bool copies_keys = true;  // half storage always widens them
-  if constexpr (std::is_same_v<S, C>) copies_keys = !keys_readable_in_place(p);
+  bool copies_queries = true, copies_keys = true;  // half storage always widens them
+  if constexpr (std::is_same_v<S, C>)
+    copies_queries = !queries_readable_in_place(p), copies_keys = !keys_readable_in_place(p);
   HeadPlan h;
-  h.qc = lq * d;
+  h.qc = copies_queries ? lq * d : 0;
   h.qp = t.query_bias ? lq * d : 0;
   h.k = copies_keys ? lk * d : 0, h.v = copies_keys ? lk * dv : 0;
   h.bias = t.bias ? distances : 0;
@@ -165,11 +166,13 @@ ForwardPlan forward_plan(const AttentionForward<S>& p, const tiles::ForwardTiles
   return w;
 }
 
+// A key group's query-side gradients, whose dqc and dqp start at query row first_row.
 template <class S>
-QueryGradsPlan query_grads_plan(const AttentionForward<S>& p, const Terms& t, bool bias_grads) {
+QueryGradsPlan query_grads_plan(const AttentionForward<S>& p, const Terms& t, bool bias_grads, int64_t first_row) {
   const int64_t lq = p.q.shape[2], lk = p.k.shape[2], d = p.q.shape[3], distances = lq + lk - 1;
   QueryGradsPlan q;
-  q.dqc = q.dqp = lq * d;
+  q.dqc = (lq - first_row) * d;
+  q.dqp = t.key_table || t.c2p || t.band || t.grid_tables || t.query_bias ? q.dqc : 0;
   q.dR = t.key_table ? lq * t.nb : t.c2p ? indexed_stride(lq) * t.nb : 0;
   q.Pb = t.value_table ? lq * t.nb : 0;
   q.dRk = t.p2c ? indexed_stride(lk) * t.nb : 0;
@@ -181,14 +184,15 @@ QueryGradsPlan query_grads_plan(const AttentionForward<S>& p, const Terms& t, bo
 
 template <class S>
 BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const HeadPlan& head, int64_t groups,
-                           bool grads) {
+                           bool grads, const View4<const S>* dout) {
   const Head<S> hd = head_geometry(p, 0, 0);
   const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv;
   const int64_t rows = std::min(kBackwardRows, lq), keys = std::min(kBackwardKeys, lk);
   const int64_t query_tiles = (lq + kBackwardRows - 1) / kBackwardRows;
   BackwardPlan w;
   w.head = head;
-  w.dout = lq * dv, w.out_row = dv, w.D = lq;
+  w.dout = std::is_same_v<S, compute_t<S>> && dout && dense_rows(*dout) ? 0 : lq * dv;  // load_dout
+  w.out_row = dv, w.D = lq;
   w.P = w.dP = kBackwardRows * kBackwardKeys;
   if (p.dropout.active()) w.Z = w.Pz = kBackwardRows * kBackwardKeys;
   w.Rq = t.key_table || t.c2p ? rows * t.nb : t.grid_tables ? rows * t.grid_rows() : 0;
@@ -218,7 +222,7 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
              : t.grid_tables && grads ? t.grid_rows() * d
                                       : 0;
   if (groups == 1) {
-    w.query = query_grads_plan(p, t, grads);
+    w.query = query_grads_plan(p, t, grads, 0);
     w.dk = lk * d, w.dv = lk * dv;
   }
   if (splits(p)) {
@@ -232,7 +236,7 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
 }  // namespace
 
 template <class S>
-FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos) {
+FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos, const View4<const S>* dout) {
   using C = compute_t<S>;
   const Terms t = terms_of(p);
   const int64_t lq = p.q.shape[2], lk = p.k.shape[2], d = p.q.shape[3], distances = lq + lk - 1;
@@ -247,8 +251,15 @@ FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos) {
   f.groups = backward_key_groups(p);
   f.backward_threads = thread_count(p.num_threads, heads * f.groups);
   f.finishing_threads = f.groups == 1 ? f.backward_threads : thread_count(p.num_threads, heads);
-  f.backward = backward_plan(p, t, head, f.groups, grads > 0);
-  if (f.groups > 1) f.group = query_grads_plan(p, t, grads > 0), f.key_grads = lk * (d + p.v.shape[3]);
+  f.backward = backward_plan(p, t, head, f.groups, grads > 0, dout);
+  if (f.groups > 1) {  // group 0 holds every query row; a later one those from the first that sees its keys
+    const Head<S> hd = head_geometry(p, 0, 0);
+    for (int64_t group = 0; group < f.groups; ++group) {
+      const int64_t first_row = group == 0 ? 0 : first_row_visiting(p, hd, group_keys(lk, group, f.groups).first);
+      f.group_elements += query_grads_plan(p, t, grads > 0, first_row).elements();
+    }
+    f.key_grads = lk * (d + p.v.shape[3]);
+  }
   if (t.band)  // BandRowSum: under a causal mask the rows of distances <= 0
     f.band_row_sums = (p.causal ? std::clamp<int64_t>(1 - head_geometry(p, 0, 0).rmin, 0, distances) : distances) * d;
   f.partials = grads;
@@ -277,14 +288,18 @@ double FusedPlan::backward_bytes() const {
       double(backward.elements() * compute_bytes + backward.head.scheme_bytes) + double(backward.split.bytes());
   // Several key groups: each group's query-side gradients, each head's dk and dv.
   const double grouped =
-      double(heads) * double(groups > 1 ? groups * group.elements() + key_grads : 0);
+      double(heads) * double(groups > 1 ? group_elements + key_grads : 0);
   return double(call_bytes + wide_params_bytes + wide_grads_bytes) + backward_threads * worker +
          (grouped + double(finishing_threads) * double(band_row_sums + partials)) * double(compute_bytes);
 }
 
-template FusedPlan plan<float>(const AttentionForward<float>&, const PositionGrads<float>*);
-template FusedPlan plan<double>(const AttentionForward<double>&, const PositionGrads<double>*);
-template FusedPlan plan<bfloat16>(const AttentionForward<bfloat16>&, const PositionGrads<bfloat16>*);
-template FusedPlan plan<float16>(const AttentionForward<float16>&, const PositionGrads<float16>*);
+template FusedPlan plan<float>(const AttentionForward<float>&, const PositionGrads<float>*,
+                               const View4<const float>*);
+template FusedPlan plan<double>(const AttentionForward<double>&, const PositionGrads<double>*,
+                                const View4<const double>*);
+template FusedPlan plan<bfloat16>(const AttentionForward<bfloat16>&, const PositionGrads<bfloat16>*,
+                                  const View4<const bfloat16>*);
+template FusedPlan plan<float16>(const AttentionForward<float16>&, const PositionGrads<float16>*,
+                                 const View4<const float16>*);
 
 }  // namespace relpos::fused

@@ -99,8 +99,8 @@ struct FusedPlan {
   int64_t groups = 1, heads = 0;  // key groups per head; batch x heads
   ForwardPlan forward;
   BackwardPlan backward;
-  QueryGradsPlan group;       // where a head has several key groups: each group's query-side gradients
-  int64_t key_grads = 0;      // and each head's dk and dv
+  int64_t group_elements = 0;  // where a head has several key groups: their query-side gradients, all groups'
+  int64_t key_grads = 0;       // and each head's dk and dv
   int64_t band_row_sums = 0;  // per finishing thread: a key band's row gradients summed over the batch
   int64_t partials = 0;       // per finishing thread: the positional parameters' gradients
   int64_t call_bytes = 0;     // per call: a key band's rows, Transformer-XL's sinusoids, the indexed tables' rows
@@ -111,8 +111,11 @@ struct FusedPlan {
 };
 
 // The plan of call p (stored in S) with the parameter gradients dpos
-// wanted (null: every parameter's, the most a backward can need).
+// wanted (null: every parameter's, the most a backward can need) and the
+// backward's dout (null: one a worker copies, the most; the backward reads
+// dense rows of the compute type in place).
 template <class S>
-FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos = nullptr);
+FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos = nullptr,
+               const View4<const S>* dout = nullptr);
 
 }  // namespace relpos::fused

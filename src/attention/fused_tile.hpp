@@ -368,7 +368,7 @@ void tile_logits(const AttentionForward<T>& p, const HeadContext<T>& c, T scale,
   const Head<T>& hd = c.x.hd;
   if constexpr (F::band) band.reach_keys(t.j0, t.bk);
   const int64_t d = hd.d, bq = t.bq, bk = t.bk;
-  product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qc.data(), d, c.x.kp, c.x.ldk, t.i0, t.j0,
+  product_of_rows(c.stored.q, c.stored.ldq, c.stored.k, c.stored.ldk, c.x.qrows, d, c.x.kp, c.x.ldk, t.i0, t.j0,
                   bq, bk, d, scale, S, cut, transposed);
   const int64_t m0 = hd.diagonal(t.i0 + bq - 1, t.j0);  // distance index of the tile's smallest distance
   if constexpr (F::indexed) add_indexed_scores<F>(c, scale, t, m0, Rq, S, diagonals);

@@ -39,7 +39,8 @@ constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 template <class T>
 struct HeadData {
   Head<T> hd;
-  Scratch<T> qc, qp, k, v;    // qp is filled only with query biases
+  Scratch<T> qc, qp, k, v;    // qp is filled only with query biases; qc and k, v where not read in place
+  const T* qrows = nullptr;   // the query rows (lq, d) of q + u the kernels read: qc, or the caller's q in place
   Scratch<T> bias;            // (distances) for a scheme whose term is a bias per distance; empty otherwise
   std::unique_ptr<DistanceBias<T>> distance_bias;  // the scheme's bias per (head, distance), made for the first head
   std::unique_ptr<PositionRotation<T>> rotation;   // the scheme's rotation of q and k, made for the first head
@@ -67,6 +68,21 @@ template <class T>
 inline bool keys_readable_in_place(const AttentionForward<T>& p) {
   return !scheme_has<RotationOf, T>(p.pos.scheme) && p.k.stride[3] == 1 && p.v.stride[3] == 1 && p.k.stride[2] >= p.k.shape[3] &&
          p.v.stride[2] >= p.v.shape[3];
+}
+
+// True when each head of x is dense rows (features contiguous, rows one
+// after the other), as the kernels read the copies they make of queries and
+// dout: they can read it where the caller holds it.
+template <class T>
+inline bool dense_rows(const View4<const T>& x) {
+  return x.stride[3] == 1 && x.stride[2] == x.shape[3];
+}
+
+// True when a head's queries can be read where the caller holds them: dense
+// rows, nothing rotated or added to them.
+template <class T>
+inline bool queries_readable_in_place(const AttentionForward<T>& p) {
+  return !scheme_has<RotationOf, T>(p.pos.scheme) && !scheme_has<QueryBiasOf, T>(p.pos.scheme) && dense_rows(p.q);
 }
 
 // Rows of a call's stored tensors as the kernels read and write them: in
@@ -124,26 +140,32 @@ void zero_padded_keys(const AttentionForward<T>& p, HeadData<T>& x) {
 // Prepares head (b, h) in x. p is the call; its tensors are read from
 // `data`: p itself, or for a call stored in a half type the stored call
 // whose float32 twin p is (positional parameters widened, no tensor data;
-// src/attention/half_storage.cpp). Keys and values are copied densely unless
-// in_place allows reading them from the caller's tensors
-// (keys_readable_in_place, never for half storage); a decode step then
-// touches each cached key once.
+// src/attention/half_storage.cpp). Queries, keys and values are copied
+// densely unless in_place allows reading them from the caller's tensors
+// (queries_readable_in_place, keys_readable_in_place, never for half
+// storage): a decode step then touches each cached key once, and a long
+// head's workers hold no copy of it.
 template <class T, class S>
 inline void load_head(const AttentionForward<T>& p, const AttentionForward<S>& data, int64_t b, int64_t h,
                       HeadData<T>& x, bool in_place = false) {
   Head<T>& hd = x.hd;
   hd = head_geometry(p, b, h);
   const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv;
-  x.qc.resize(lq * d);
-  for (int64_t i = 0; i < lq; ++i) read_row(data.q, b, h, i, &x.qc[i * d]);
   bool read_in_place = false;
+  x.qrows = nullptr;
   if constexpr (std::is_same_v<S, T>) {
+    if (in_place && queries_readable_in_place(p)) x.qc.clear(), x.qrows = &data.q(b, h, 0, 0);
     read_in_place = in_place && keys_readable_in_place(p);
     if (read_in_place) {
       x.k.clear(), x.v.clear();
       x.kp = &data.k(b, kv_head(p, h), 0, 0), x.ldk = data.k.stride[2];
       x.vp = &data.v(b, kv_head(p, h), 0, 0), x.ldv = data.v.stride[2];
     }
+  }
+  if (!x.qrows) {
+    x.qc.resize(lq * d);
+    for (int64_t i = 0; i < lq; ++i) read_row(data.q, b, h, i, &x.qc[i * d]);
+    x.qrows = x.qc.data();
   }
   if (!read_in_place) {
     x.k.resize(lk * d), x.v.resize(lk * dv);
@@ -162,7 +184,7 @@ inline void load_head(const AttentionForward<T>& p, const AttentionForward<S>& d
     x.rotation->queries(x.qc.data(), 1);
     x.rotation->keys(x.k.data(), 1);  // rotated keys are always copies (keys_readable_in_place)
   }
-  hd.qp = x.qc.data();
+  hd.qp = x.qrows;
   if (!x.query_bias) x.query_bias = make_query_bias(p);
   if (x.query_bias) {
     x.qp.resize(lq * d);
@@ -219,8 +241,8 @@ inline void add_bias_grad(const PositionGrads<T>& g, const HeadData<T>& x, const
 }
 
 // The end of every per-head backward: from the gradients of the content query
-// dqc = dL/d(q + u), the positional query dqp = dL/d(q + v) (zero without a
-// key embedding), dk and dv (dense, rotated frame), add the query biases'
+// dqc = dL/d(q + u), the positional query dqp = dL/d(q + v) (zero, or
+// empty, without a key embedding), dk and dv (dense, rotated frame), add the query biases'
 // gradients, undo RoPE's rotation, and add into the caller's dq, dk, dv.
 // dqc is overwritten. The caller's tensors are data's (see load_head).
 template <class T, class S>
@@ -229,7 +251,8 @@ inline void write_input_grads(const AttentionBackward<S>& data, const HeadData<T
   const Head<T>& hd = x.hd;
   const int64_t b = hd.b, h = hd.h, lq = hd.lq, lk = hd.lk, d = hd.d, dvd = hd.dv;
   if (x.query_bias) x.query_bias->add_grad(g, h, lq, d, dqc.data(), dqp.data());
-  for (int64_t n = 0; n < lq * d; ++n) dqc[n] += dqp[n];
+  if (!dqp.empty())
+    for (int64_t n = 0; n < lq * d; ++n) dqc[n] += dqp[n];
   if (x.rotation) {
     x.rotation->queries(dqc.data(), -1);
     x.rotation->keys(dk.data(), -1);
