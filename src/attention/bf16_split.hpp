@@ -253,9 +253,8 @@ void split_products(SplitBackward& split, int64_t key, int64_t bk, T scale, T* d
 
 // dk and dv of the group's keys from row `first` += the split products' sums.
 template <class T>
-void finish_split(const SplitBackward& split, Scratch<T>& dk, Scratch<T>& dv, int64_t first, int64_t d,
-                  int64_t dv_width) {
-  if constexpr (std::is_same_v<T, float>) split.finish_group(dk.data() + first * d, dv.data() + first * dv_width);
+void finish_split(const SplitBackward& split, T* dk, T* dv, int64_t first, int64_t d, int64_t dv_width) {
+  if constexpr (std::is_same_v<T, float>) split.finish_group(dk + first * d, dv + first * dv_width);
 }
 
 // O (bq, dv) += P v for a tile's P (bq, bk) and the values v from key j0

@@ -157,14 +157,33 @@ void load_dout(const AttentionBackward<Stored>& data, BackwardScratch<T>& w) {
     }
 }
 
+// Where a head's dk (lk, d) and dv (lk, dv) are summed, in dense rows: the
+// caller's tensors themselves where key_grads_in_place allows, else the
+// scratch given, cleared, which write_input_grads then adds.
+template <class T>
+struct KeyGradRows {
+  T* dk = nullptr;
+  T* dv = nullptr;
+  bool in_place = false;
+};
+
+template <class T, class Stored>
+KeyGradRows<T> key_grad_rows(const AttentionBackward<Stored>& data, bool in_place, int64_t b, int64_t h,
+                             Scratch<T>& dk, Scratch<T>& dv) {
+  if constexpr (std::is_same_v<T, Stored>)
+    if (in_place) return {&data.dk(b, h, 0, 0), &data.dv(b, h, 0, 0), true};
+  const int64_t lk = data.k.shape[2];
+  dk.assign(lk * data.k.shape[3], T(0)), dv.assign(lk * data.v.shape[3], T(0));
+  return {dk.data(), dv.data(), false};
+}
+
 // Key tiles [group n / groups, (group + 1) n / groups) of the n of head
 // (b, h) against every query tile that sees them: dk and dv of those keys
-// (rows no other group writes; dk, dv zeroed by the caller) and the group's
-// query-side sums in q.
+// (rows no other group writes) and the group's query-side sums in q.
 template <class F, class T, class Stored>
 void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data,
                         const CallEmbeddings<T>& e, int64_t b, int64_t h, int64_t group, int64_t groups,
-                        QueryGrads<T>& q, Scratch<T>& dk, Scratch<T>& dv, BackwardScratch<T>& w) {
+                        QueryGrads<T>& q, const KeyGradRows<T>& key_grads, BackwardScratch<T>& w) {
   HeadContext<T>& c = w.head;
   prepare(p, data, e, b, h, c);
   load_dout(data, w);
@@ -240,7 +259,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       const TileCut graded_cut = cut_of(p, hd, Tile{i0, bq, j0 + skip, graded});
       if (graded > 0 && !split_tile)
         tile_transposed_times(graded_cut, bq, dvd, graded, T(1), kept + skip, bk, w.dout_rows + i0 * dvd, dvd, T(1),
-                              dv.data() + (j0 + skip) * dvd, dvd);
+                              key_grads.dv + (j0 + skip) * dvd, dvd);
       product_of_rows(c.stored.dout, c.stored.lddout, c.stored.v, c.stored.ldv, w.dout_rows, dvd, c.x.vp, c.x.ldv,
                       i0, j0, bq, bk, dvd, T(1), dS, cut, w.transposed);
       for (int64_t ii = 0; ii < bq; ++ii) {
@@ -277,7 +296,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
       tile_times(cut, bq, d, bk, scale, dS, c.x.kp + j0 * c.x.ldk, c.x.ldk, T(1), q.dqc_from(i0, d), d);
       if (graded > 0)
         tile_transposed_times(graded_cut, bq, d, graded, scale, dS + skip, bk, c.x.qrows + i0 * d, d, T(1),
-                              dk.data() + (j0 + skip) * d, d);
+                              key_grads.dk + (j0 + skip) * d, d);
     }
     if constexpr (F::band) {  // the band's products backwards, once per query tile
       const KeyBand<T>& band = w.band;
@@ -287,7 +306,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
                             T(1), q.dE.data() + rows, d);
     }
   }
-  if (split) finish_split(w.split, dk, dv, begin, d, dvd);
+  if (split) finish_split(w.split, key_grads.dk, key_grads.dv, begin, d, dvd);
 }
 
 // The indexed tables' share of a tile's scale * dS (bq, bk), add_indexed_scores
@@ -361,8 +380,7 @@ inline std::pair<int64_t, int64_t> head_major(int64_t item, int64_t batch) { ret
 // holds the head and its dout.
 template <class F, class T, class Stored>
 void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e, const PositionGrads<T>& g,
-                 QueryGrads<T>& q, Scratch<T>& dk, const Scratch<T>& dv, BandRowSum<T>& band_rows,
-                 BackwardScratch<T>& w) {
+                 QueryGrads<T>& q, const KeyGradRows<T>& keys, BandRowSum<T>& band_rows, BackwardScratch<T>& w) {
   const HeadContext<T>& c = w.head;
   const Head<T>& hd = c.x.hd;
   const int64_t lq = hd.lq, d = hd.d, dvd = hd.dv, nb = c.nb;
@@ -384,7 +402,7 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
   if (!c.p2c.empty()) {
     const bool table_grad = e.indexed_queries()->wants_grad(g);
     if (table_grad) w.dtable.resize(nb * d);
-    indexed_table_grads(c, /*by_query=*/false, q.dRk.data(), dk.data(), table_grad ? w.dtable.data() : nullptr);
+    indexed_table_grads(c, /*by_query=*/false, q.dRk.data(), keys.dk, table_grad ? w.dtable.data() : nullptr);
     if (table_grad) e.indexed_queries()->add_slice_grad(g, hd.h, w.dtable.data());
   }
   if (c.value_table() && e.value_table()->wants_grad(g)) {  // dwv += Pb^T dout
@@ -405,7 +423,7 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
       e.grid_embedding->add_grad(g, w.dtable.data());
     }
   }
-  write_input_grads(data, c.x, g, q.dqc, q.dqp, dk, dv);
+  write_input_grads(data, c.x, g, q.dqc, q.dqp, keys.in_place ? nullptr : keys.dk, keys.dv);
 }
 
 // Heads that are one group each run whole on one thread; otherwise the
@@ -415,10 +433,10 @@ void finish_head(F, const AttentionBackward<Stored>& data, const CallEmbeddings<
 template <class F, class T, class Stored>
 void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored>& data, const CallEmbeddings<T>& e) {
   // Its key groups and threads, and every worker's buffers.
-  const FusedPlan plan = fused::plan(data, &data.dpos, &data.dout);
+  const FusedPlan plan = fused::plan(data, &data.dpos, &data);
   const int64_t batch = p.q.shape[0], heads = p.q.shape[1], count = batch * heads, groups = plan.groups;
-  const int64_t lk = p.k.shape[2], d = p.q.shape[3], dv = p.v.shape[3];
   const int threads = plan.backward_threads;
+  const bool keys_in_place = key_grads_in_place<T>(data);
   std::vector<BackwardScratch<T>> scratch(threads);
   std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
   std::vector<BandRowSum<T>> band_rows(threads);
@@ -429,19 +447,21 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
     parallel_for(count, threads, make_both, [&](int t, int64_t item) {
       const auto [b, h] = head_major(item, batch);
       BackwardScratch<T>& w = scratch[t];
-      w.dk.assign(lk * d, T(0)), w.dv.assign(lk * dv, T(0));
-      backward_key_group<F>(p, data, e, b, h, 0, 1, w.query, w.dk, w.dv, w);
-      finish_head(F{}, data, e, partials[t]->grads(), w.query, w.dk, w.dv, band_rows[t], w);
+      const KeyGradRows<T> keys = key_grad_rows(data, keys_in_place, b, h, w.dk, w.dv);
+      backward_key_group<F>(p, data, e, b, h, 0, 1, w.query, keys, w);
+      finish_head(F{}, data, e, partials[t]->grads(), w.query, keys, band_rows[t], w);
     });
   } else {
     std::vector<QueryGrads<T>> query(count * groups);
-    std::vector<Scratch<T>> dk(count), dvs(count);
-    for (int64_t bh = 0; bh < count; ++bh) dk[bh].assign(lk * d, T(0)), dvs[bh].assign(lk * dv, T(0));
+    std::vector<Scratch<T>> dk(count), dvs(count);  // where keys_in_place, empty
+    std::vector<KeyGradRows<T>> keys(count);
+    for (int64_t bh = 0; bh < count; ++bh)
+      keys[bh] = key_grad_rows(data, keys_in_place, bh / heads, bh % heads, dk[bh], dvs[bh]);
     parallel_for(count * groups, threads, make_scratch, [&](int t, int64_t item) {
       const int64_t bh = item / groups;
       const int64_t group = head_tail(item % groups, groups);  // causal: early key groups cost more
-      backward_key_group<F>(p, data, e, bh / heads, bh % heads, group, groups, query[bh * groups + group], dk[bh],
-                            dvs[bh], scratch[t]);
+      backward_key_group<F>(p, data, e, bh / heads, bh % heads, group, groups, query[bh * groups + group], keys[bh],
+                            scratch[t]);
     });
     // Each head's groups added in group order into its first, in parts over the threads
     // (one head on 16 threads has 32 groups, whose sums one thread took a large part of
@@ -458,7 +478,7 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
       BackwardScratch<T>& w = scratch[t];
       prepare(p, data, e, b, h, w.head);
       load_dout(data, w);
-      finish_head(F{}, data, e, partials[t]->grads(), sum, dk[bh], dvs[bh], band_rows[t], w);
+      finish_head(F{}, data, e, partials[t]->grads(), sum, keys[bh], band_rows[t], w);
     });
   }
   if constexpr (F::band)  // each thread's last head; item t of a static split of `threads` items runs on thread t

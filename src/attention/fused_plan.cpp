@@ -184,15 +184,16 @@ QueryGradsPlan query_grads_plan(const AttentionForward<S>& p, const Terms& t, bo
 
 template <class S>
 BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const HeadPlan& head, int64_t groups,
-                           bool grads, const View4<const S>* dout) {
+                           bool grads, const AttentionBackward<S>* backward) {
   const Head<S> hd = head_geometry(p, 0, 0);
   const int64_t lq = hd.lq, lk = hd.lk, d = hd.d, dv = hd.dv;
   const int64_t rows = std::min(kBackwardRows, lq), keys = std::min(kBackwardKeys, lk);
   const int64_t query_tiles = (lq + kBackwardRows - 1) / kBackwardRows;
   BackwardPlan w;
   w.head = head;
-  w.dout = std::is_same_v<S, compute_t<S>> && dout && dense_rows(*dout) ? 0 : lq * dv;  // load_dout
+  w.dout = std::is_same_v<S, compute_t<S>> && backward && dense_rows(backward->dout) ? 0 : lq * dv;  // load_dout
   w.out_row = dv, w.D = lq;
+  const bool keys_in_place = backward && key_grads_in_place<compute_t<S>>(*backward);  // backward_with
   w.P = w.dP = kBackwardRows * kBackwardKeys;
   if (p.dropout.active()) w.Z = w.Pz = kBackwardRows * kBackwardKeys;
   w.Rq = t.key_table || t.c2p ? rows * t.nb : t.grid_tables ? rows * t.grid_rows() : 0;
@@ -223,7 +224,7 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
                                       : 0;
   if (groups == 1) {
     w.query = query_grads_plan(p, t, grads, 0);
-    w.dk = lk * d, w.dv = lk * dv;
+    if (!keys_in_place) w.dk = lk * d, w.dv = lk * dv;
   }
   if (splits(p)) {
     w.split.tile = 3 * rows * keys;
@@ -236,7 +237,7 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
 }  // namespace
 
 template <class S>
-FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos, const View4<const S>* dout) {
+FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos, const AttentionBackward<S>* backward) {
   using C = compute_t<S>;
   const Terms t = terms_of(p);
   const int64_t lq = p.q.shape[2], lk = p.k.shape[2], d = p.q.shape[3], distances = lq + lk - 1;
@@ -251,14 +252,14 @@ FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos, const
   f.groups = backward_key_groups(p);
   f.backward_threads = thread_count(p.num_threads, heads * f.groups);
   f.finishing_threads = f.groups == 1 ? f.backward_threads : thread_count(p.num_threads, heads);
-  f.backward = backward_plan(p, t, head, f.groups, grads > 0, dout);
+  f.backward = backward_plan(p, t, head, f.groups, grads > 0, backward);
   if (f.groups > 1) {  // group 0 holds every query row; a later one those from the first that sees its keys
     const Head<S> hd = head_geometry(p, 0, 0);
     for (int64_t group = 0; group < f.groups; ++group) {
       const int64_t first_row = group == 0 ? 0 : first_row_visiting(p, hd, group_keys(lk, group, f.groups).first);
       f.group_elements += query_grads_plan(p, t, grads > 0, first_row).elements();
     }
-    f.key_grads = lk * (d + p.v.shape[3]);
+    if (!(backward && key_grads_in_place<C>(*backward))) f.key_grads = lk * (d + p.v.shape[3]);
   }
   if (t.band)  // BandRowSum: under a causal mask the rows of distances <= 0
     f.band_row_sums = (p.causal ? std::clamp<int64_t>(1 - head_geometry(p, 0, 0).rmin, 0, distances) : distances) * d;
@@ -294,12 +295,12 @@ double FusedPlan::backward_bytes() const {
 }
 
 template FusedPlan plan<float>(const AttentionForward<float>&, const PositionGrads<float>*,
-                               const View4<const float>*);
+                               const AttentionBackward<float>*);
 template FusedPlan plan<double>(const AttentionForward<double>&, const PositionGrads<double>*,
-                                const View4<const double>*);
+                                const AttentionBackward<double>*);
 template FusedPlan plan<bfloat16>(const AttentionForward<bfloat16>&, const PositionGrads<bfloat16>*,
-                                  const View4<const bfloat16>*);
+                                  const AttentionBackward<bfloat16>*);
 template FusedPlan plan<float16>(const AttentionForward<float16>&, const PositionGrads<float16>*,
-                                 const View4<const float16>*);
+                                 const AttentionBackward<float16>*);
 
 }  // namespace relpos::fused

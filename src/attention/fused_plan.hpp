@@ -111,11 +111,12 @@ struct FusedPlan {
 };
 
 // The plan of call p (stored in S) with the parameter gradients dpos
-// wanted (null: every parameter's, the most a backward can need) and the
-// backward's dout (null: one a worker copies, the most; the backward reads
-// dense rows of the compute type in place).
+// wanted (null: every parameter's, the most a backward can need) for the
+// backward call `backward`, whose dout it may read and whose dk, dv it may
+// sum into in place (null: a worker's copy of dout and dk, dv in scratch,
+// the most).
 template <class S>
 FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos = nullptr,
-               const View4<const S>* dout = nullptr);
+               const AttentionBackward<S>* backward = nullptr);
 
 }  // namespace relpos::fused

@@ -240,14 +240,31 @@ inline void add_bias_grad(const PositionGrads<T>& g, const HeadData<T>& x, const
   x.distance_bias->add_grad(g, x.hd.h, dbias.data());
 }
 
+// True when a backward can sum dk and dv straight into the caller's
+// tensors, T being its compute type: both wanted, dense rows of T, each
+// head's own (no key head shared by query heads), every key's (key_grads_from
+// 0, no padded key left out: write_input_grads) and nothing to undo (RoPE).
+template <class T, class S>
+inline bool key_grads_in_place(const AttentionBackward<S>& data) {
+  if constexpr (!std::is_same_v<T, S>) {
+    return false;
+  } else {
+    return !data.dk.empty() && !data.dv.empty() && data.k.shape[1] == data.q.shape[1] && data.key_grads_from == 0 &&
+           data.key_padding.empty() && !scheme_has<RotationOf, T>(data.pos.scheme) &&
+           dense_rows(View4<const T>(data.dk)) && dense_rows(View4<const T>(data.dv));
+  }
+}
+
 // The end of every per-head backward: from the gradients of the content query
 // dqc = dL/d(q + u), the positional query dqp = dL/d(q + v) (zero, or
 // empty, without a key embedding), dk and dv (dense, rotated frame), add the query biases'
-// gradients, undo RoPE's rotation, and add into the caller's dq, dk, dv.
-// dqc is overwritten. The caller's tensors are data's (see load_head).
+// gradients, undo RoPE's rotation, and add into the caller's dq, dk, dv;
+// dk and dv null where they were summed in the caller's tensors
+// (key_grads_in_place). dqc is overwritten. The caller's tensors are data's
+// (see load_head).
 template <class T, class S>
 inline void write_input_grads(const AttentionBackward<S>& data, const HeadData<T>& x, const PositionGrads<T>& g,
-                              Scratch<T>& dqc, const Scratch<T>& dqp, Scratch<T>& dk, const Scratch<T>& dv) {
+                              Scratch<T>& dqc, const Scratch<T>& dqp, T* dk, const T* dv) {
   const Head<T>& hd = x.hd;
   const int64_t b = hd.b, h = hd.h, lq = hd.lq, lk = hd.lk, d = hd.d, dvd = hd.dv;
   if (x.query_bias) x.query_bias->add_grad(g, h, lq, d, dqc.data(), dqp.data());
@@ -255,10 +272,11 @@ inline void write_input_grads(const AttentionBackward<S>& data, const HeadData<T
     for (int64_t n = 0; n < lq * d; ++n) dqc[n] += dqp[n];
   if (x.rotation) {
     x.rotation->queries(dqc.data(), -1);
-    x.rotation->keys(dk.data(), -1);
+    x.rotation->keys(dk, -1);
   }
   if (!data.dq.empty())
     for (int64_t i = 0; i < lq; ++i) add_row(data.dq, b, h, i, &dqc[i * d]);
+  if (!dk) return;
   // dk, dv rows are keys from .. lk - 1. A padded key's are zero, as no query
   // sees it: not added, where dS^T q and P^T dout would make 0 x inf of a non-finite query row.
   const int64_t from = data.key_grads_from;

@@ -154,7 +154,7 @@ void backward_head(const AttentionBackward<T>& p, RelativeTerm<T>& term, const P
   tile_transposed_times(cut, lq, d, lk, scale, dS.data(), lk, x.qc.data(), d, T(0), dk.data(), d);
   dqp.assign(lq * d, T(0));
   term.backward_scores(hd, scale, dS.data(), dqp.data());
-  write_input_grads(p, x, g, dqc, dqp, dk, dv);
+  write_input_grads(p, x, g, dqc, dqp, dk.data(), dv.data());
 }
 
 }  // namespace

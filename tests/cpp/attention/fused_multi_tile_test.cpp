@@ -205,5 +205,34 @@ TEST(FusedMultiTile, FewHeadsSplitOverThreads) {
     }
 }
 
+// dq, dk and dv are added into what the caller's tensors hold, both where the
+// backward sums dk and dv in scratch and adds them at the end (strided rows,
+// padded keys, RoPE's rotation) and where it sums them straight in the
+// tensors (dense rows of each head's own keys: key_grads_in_place), with one
+// key group per head and with several (3 threads, 1 head).
+TEST(FusedMultiTile, GradientsAddIntoTheCallersValues) {
+  for (const Spec& variant : scheme_variants()) {
+    if (variant.label != "none" && variant.label.rfind("rope", 0) != 0) continue;
+    for (const Geometry& g : {multi_tile_geometries()[0], multi_tile_geometries()[1]})
+      for (const NamedMask& m : {masks()[1], masks()[3]})
+        for (int threads : {1, 3}) {
+          Spec spec = with_mask_and_geometry(multi_tile(variant), m, g);
+          spec.H = 1, spec.algorithm = relpos::Algorithm::fused, spec.num_threads = threads;
+          SCOPED_TRACE(spec.label + ", " + std::to_string(threads) + " threads");
+          Problem<float> p(spec);
+          const Outcome fresh = run_forward_backward(p);  // into zeros
+          p.fill_grads(1.0f);
+          p.backward();
+          const std::vector<Param<float>> params = p.params();
+          for (std::size_t n = 0; n < 3; ++n) {  // q, k, v
+            std::vector<double> got, expected;
+            for (std::size_t e = 0; e < params[n].grad.size(); ++e)
+              got.push_back(*params[n].grad[e]), expected.push_back(1.0 + fresh[n + 2].second[e]);
+            EXPECT_TRUE(all_near("d" + params[n].name, got, expected, 1e-6, 1e-6));
+          }
+        }
+  }
+}
+
 }  // namespace
 }  // namespace relpos_test

@@ -127,7 +127,7 @@ void expect_plan_is_what_fused_allocates(Spec s) {
   s.algorithm = Algorithm::fused;
   Problem<T> p(s);
   const relpos::AttentionBackward<T> args = p.backward_args();
-  const relpos::fused::FusedPlan plan = relpos::fused::plan(p.forward_args(), &args.dpos, &args.dout);
+  const relpos::fused::FusedPlan plan = relpos::fused::plan(p.forward_args(), &args.dpos, &args);
   const std::string label = s.label + " " + storage_name<T>();
   int64_t peak[2];
   for (int pass = 0; pass < 2; ++pass) {
