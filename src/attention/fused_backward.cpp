@@ -34,14 +34,6 @@ int64_t backward_key_groups(const AttentionForward<T>& p) {
 
 namespace {
 
-// Whether one of the head's terms reads the positional query qp (q + v), so
-// that dL/dqp can be non-zero. Validation's plan (fused_plan.cpp) asks the
-// same of the call's Terms.
-template <class F, class T>
-bool reads_positional_queries(const HeadContext<T>& c) {
-  return F::key_table || F::c2p || F::band || F::grid_tables || c.x.query_bias != nullptr;
-}
-
 // The gradients of one head that sum over its key tiles, for one group of them.
 // dqc and dqp hold the query rows from first_row on: under a causal mask the
 // earlier rows see none of a later group's keys (first_row_visiting), so the
@@ -114,9 +106,11 @@ struct BackwardScratch {
   Scratch<T> dk, dv;
   Scratch<T> dtable;    // a table's gradient of the head before it is added
   SplitBackward split;  // where splits_backward
+  bool positional_queries = false;  // the plan's: key groups keep dL/d(q + v)
 
   void allocate(const BackwardPlan& plan, const AttentionForward<T>& p) {
     head.allocate(plan.head, p);
+    positional_queries = plan.positional_queries;
     for (auto [buffer, size] :
          {std::pair{&dout, plan.dout}, {&out_row, plan.out_row}, {&D, plan.D}, {&P, plan.P}, {&dP, plan.dP},
           {&Z, plan.Z}, {&Pz, plan.Pz},
@@ -192,7 +186,7 @@ void backward_key_group(const AttentionBackward<T>& p, const AttentionBackward<S
   const T scale = T(effective_scale(p));
   const auto [begin, end] = group_keys(hd.lk, group, groups);
   // Group 0 holds every row: the others are added into it.
-  q.reset(c, wants_scheme_grads(p), reads_positional_queries<F>(c), group == 0 ? 0 : first_row_visiting(p, hd, begin));
+  q.reset(c, wants_scheme_grads(p), w.positional_queries, group == 0 ? 0 : first_row_visiting(p, hd, begin));
   w.P.resize(kBackwardRows * kBackwardKeys), w.dP.resize(kBackwardRows * kBackwardKeys);
   // With dropout the values' products take P z, the softmax's gradient P and z dP (z = 1 without).
   const DropoutRows<T> dropout(p, b, h);
@@ -436,7 +430,7 @@ void backward_with(const AttentionBackward<T>& p, const AttentionBackward<Stored
   const FusedPlan plan = fused::plan(data, &data.dpos, &data);
   const int64_t batch = p.q.shape[0], heads = p.q.shape[1], count = batch * heads, groups = plan.groups;
   const int threads = plan.backward_threads;
-  const bool keys_in_place = key_grads_in_place<T>(data);
+  const bool keys_in_place = plan.backward.keys_in_place;
   std::vector<BackwardScratch<T>> scratch(threads);
   std::vector<std::unique_ptr<GradPartials<T>>> partials(threads);
   std::vector<BandRowSum<T>> band_rows(threads);

@@ -166,13 +166,19 @@ ForwardPlan forward_plan(const AttentionForward<S>& p, const tiles::ForwardTiles
   return w;
 }
 
+// Whether a term reads the positional query q + v (a key embedding, grid
+// tables, query vectors), so that its gradient can be non-zero.
+bool reads_positional_queries(const Terms& t) {
+  return t.key_table || t.c2p || t.band || t.grid_tables || t.query_bias;
+}
+
 // A key group's query-side gradients, whose dqc and dqp start at query row first_row.
 template <class S>
 QueryGradsPlan query_grads_plan(const AttentionForward<S>& p, const Terms& t, bool bias_grads, int64_t first_row) {
   const int64_t lq = p.q.shape[2], lk = p.k.shape[2], d = p.q.shape[3], distances = lq + lk - 1;
   QueryGradsPlan q;
   q.dqc = (lq - first_row) * d;
-  q.dqp = t.key_table || t.c2p || t.band || t.grid_tables || t.query_bias ? q.dqc : 0;
+  q.dqp = reads_positional_queries(t) ? q.dqc : 0;
   q.dR = t.key_table ? lq * t.nb : t.c2p ? indexed_stride(lq) * t.nb : 0;
   q.Pb = t.value_table ? lq * t.nb : 0;
   q.dRk = t.p2c ? indexed_stride(lk) * t.nb : 0;
@@ -193,7 +199,8 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
   w.head = head;
   w.dout = std::is_same_v<S, compute_t<S>> && backward && dense_rows(backward->dout) ? 0 : lq * dv;  // load_dout
   w.out_row = dv, w.D = lq;
-  const bool keys_in_place = backward && key_grads_in_place<compute_t<S>>(*backward);  // backward_with
+  w.positional_queries = reads_positional_queries(t);
+  w.keys_in_place = backward && key_grads_in_place<compute_t<S>>(*backward);
   w.P = w.dP = kBackwardRows * kBackwardKeys;
   if (p.dropout.active()) w.Z = w.Pz = kBackwardRows * kBackwardKeys;
   w.Rq = t.key_table || t.c2p ? rows * t.nb : t.grid_tables ? rows * t.grid_rows() : 0;
@@ -224,7 +231,7 @@ BackwardPlan backward_plan(const AttentionForward<S>& p, const Terms& t, const H
                                       : 0;
   if (groups == 1) {
     w.query = query_grads_plan(p, t, grads, 0);
-    if (!keys_in_place) w.dk = lk * d, w.dv = lk * dv;
+    if (!w.keys_in_place) w.dk = lk * d, w.dv = lk * dv;
   }
   if (splits(p)) {
     w.split.tile = 3 * rows * keys;
@@ -259,7 +266,7 @@ FusedPlan plan(const AttentionForward<S>& p, const PositionGrads<S>* dpos, const
       const int64_t first_row = group == 0 ? 0 : first_row_visiting(p, hd, group_keys(lk, group, f.groups).first);
       f.group_elements += query_grads_plan(p, t, grads > 0, first_row).elements();
     }
-    if (!(backward && key_grads_in_place<C>(*backward))) f.key_grads = lk * (d + p.v.shape[3]);
+    if (!f.backward.keys_in_place) f.key_grads = lk * (d + p.v.shape[3]);
   }
   if (t.band)  // BandRowSum: under a causal mask the rows of distances <= 0
     f.band_row_sums = (p.causal ? std::clamp<int64_t>(1 - head_geometry(p, 0, 0).rmin, 0, distances) : distances) * d;

@@ -81,8 +81,10 @@ struct BackwardPlan {
   int64_t band = 0;    // a key band's scores, and as many of their gradients (dband)
   int64_t dtable = 0;  // a table's gradient of the head before it is added
   QueryGradsPlan query;        // the worker's own where a head is one key group; else empty
-  int64_t dk = 0, dv = 0;      // likewise
+  int64_t dk = 0, dv = 0;      // likewise, where keys_in_place is not
   SplitBackwardPlan split;
+  bool positional_queries = false;  // a term reads q + v: each key group keeps dL/d(q + v)
+  bool keys_in_place = false;       // dk and dv summed in the caller's tensors (key_grads_in_place)
 
   int64_t elements() const {
     return head.elements() + dout + out_row + D + P + dP + Z + Pz + Rq + G + transposed + diagonals + 2 * band + dtable +
