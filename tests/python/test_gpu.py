@@ -324,6 +324,70 @@ def test_deberta_scale_defaults_to_the_papers():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+RECTANGLES = [Case(f"{scheme}_{m}", scheme, B=2, H=2, d=16, Lq=40, Lk=50, q_offset=13, k_offset=2, opts=opts,
+                   **MASKS[m % len(MASKS)]) for m, (scheme, opts) in enumerate([
+                       ("none", {}), ("alibi", {"learn": True}), ("t5", {"num_buckets": 16, "max_distance": 40}),
+                       ("kerple_power", {}), ("xl", {"pos_dim": 12, "clamp_len": 7}), ("rope", {"dims": 8}),
+                       ("sam", {"q_height": 5, "q_width": 8, "k_height": 5, "k_width": 10})])]
+
+
+@pytest.mark.parametrize("shape", [(32, 16), (16, 32)], ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("case", RECTANGLES, ids=ids(RECTANGLES))
+def test_tiles_taller_or_wider_than_square(case, shape, monkeypatch):
+    """Tiles of BM != BN (the GPU's per-kernel tile shapes): every term but the tables per
+    distance (whose tile pair reads BM + BN distances, a power of two only when square) against
+    the float64 oracle, causal and padded, with offsets, over partial tiles both ways."""
+    from relpos.gpu import config
+
+    monkeypatch.setattr(config, "INTERPRETER", config.Launch(*shape, 4, 1))
+    pb = make_problem(case)
+    assert_matches_oracle(run_gpu(pb), run_oracle(pb), np.float32)
+
+
+PER_KERNEL = [Case("alibi_dropout", "alibi", causal=True, padding="random", Lq=40, Lk=70, q_offset=30,
+                   dropout_p=0.3, opts={"learn": True}),
+              Case("t5_4heads", "t5", H=4, Lq=45, Lk=45, opts={"num_buckets": 16, "max_distance": 40}),
+              Case("xl_causal", "xl", causal=True, Lq=33, Lk=60, q_offset=27, opts={"pos_dim": 12, "clamp_len": 9})]
+
+
+@pytest.mark.parametrize("case", PER_KERNEL, ids=ids(PER_KERNEL))
+def test_each_kernel_with_tiles_of_its_own(case, monkeypatch):
+    """config.Launches with a configuration per kernel (tiles of 16, 32 and 64 keys; where they
+    are 64 keys and the keys start at 0, dropout's draw per four keys, else per key): the same
+    result, dropout's mask drawn alike by kernels whose tiles differ, against the float64 oracle."""
+    from relpos.gpu import config, launch
+
+    for tiles in [((32, 16), (16, 32), (16, 64)), ((16, 64), (32, 16), (32, 32))]:
+        launches = config.Launches(*(config.Launch(*t, 4, 1) for t in tiles))
+        monkeypatch.setattr(launch, "launch_for", lambda *_, **__: launches)
+        pb = make_problem(case)
+        assert_matches_oracle(run_gpu(pb), run_oracle(pb), np.float32)
+
+
+def test_tables_refuse_tiles_that_are_not_square(monkeypatch):
+    from relpos.gpu import config
+
+    monkeypatch.setattr(config, "INTERPRETER", config.Launch(32, 16, 4, 1))
+    q = torch.randn(1, 2, 8, 16, dtype=torch.float32)
+    with pytest.raises(ValueError, match="tables per distance need square tiles, got 32 x 16"):
+        gpu().attention(q, q, q, relpos.Shaw(k=2, wk=torch.zeros(5, 16, dtype=torch.float32)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_row_dots_are_each_rows_float32_sum(dtype):
+    """The backward's D = rowsum(dout * out) (row_kernels.row_dots_kernel) against float64 sums of
+    the same values, out a (B, L, H, dv) view and dout with a feature stride of L, over more rows
+    than one program takes (70: 64 + 6)."""
+    from relpos.gpu import launch
+
+    B, L, H, dv = 2, 70, 3, 24
+    out = torch.randn(B, L, H, dv).to(dtype).transpose(1, 2)
+    dout = torch.randn(B, H, dv, L).to(dtype).transpose(2, 3)
+    got = launch._row_dots(dout, out)
+    assert got.dtype == torch.float32 and got.shape == (B, H, L) and got.is_contiguous()
+    torch.testing.assert_close(got.double(), (dout.double() * out.double()).sum(-1), rtol=1e-5, atol=1e-5)
+
+
 def test_fully_masked_rows_and_empty_calls():
     q, k, v = (torch.randn(1, 2, n, 16, dtype=torch.float32, requires_grad=True) for n in (5, 6, 6))
     out, lse = gpu().attention(q, k, v, causal=True, k_offset=3, return_lse=True)  # rows 0-2 see no key

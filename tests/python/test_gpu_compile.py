@@ -48,7 +48,7 @@ def default_run(tmp_path_factory):
 
 
 def test_pairwise_covers_every_pair():
-    factors = {**cc.FACTORS, "kernel": cc.ATTENTION_KERNELS}  # rotate_kernel has none of the switches
+    factors = {**cc.FACTORS, "kernel": cc.ATTENTION_KERNELS}  # the row kernels have none of the switches
     rows = cc.pairwise(factors)
     for a, b in itertools.combinations(factors, 2):
         for va, vb in itertools.product(factors[a], factors[b]):
@@ -57,15 +57,16 @@ def test_pairwise_covers_every_pair():
 
 
 def test_specs_match_the_launcher():
-    from relpos.gpu.config import ROTATE, launch_for
+    from relpos.gpu.config import ROW_KERNELS, launch_for
 
     specs = cc.covering_specs()
     assert len({s.name for s in specs}) == len(specs)
-    rotations = [s for s in specs if s.kernel == "rotate"]
-    assert {(s.dtype, s.head, s.transpose) for s in rotations} == set(
-        itertools.product(cc.DTYPES, cc.HEADS, (False, True)))
-    assert all(s.cfg == ROTATE for s in rotations)
-    specs = [s for s in specs if s.kernel != "rotate"]
+    rows = [s for s in specs if s.kernel in cc.ROW_KERNEL_NAMES]
+    assert {(s.kernel, s.dtype, s.head, s.transpose) for s in rows} == {
+        *itertools.product(["rotate"], cc.DTYPES, cc.HEADS, (False, True)),
+        *itertools.product(["row_dots"], cc.DTYPES, cc.HEADS, (False,))}
+    assert all(s.cfg == ROW_KERNELS for s in rows)
+    specs = [s for s in specs if s.kernel not in cc.ROW_KERNEL_NAMES]
     assert any(s.dtype == "float32" and not s.tf32 and s.tables for s in specs)  # TF32 x 3, torch's default
     # dropout: none, drawn per key, per four keys (keys on the 64 grid in 64-key tiles), as the launcher sets it
     assert {s.dropout_switch for s in specs} == {0, 1, 2}
@@ -82,8 +83,8 @@ def test_specs_match_the_launcher():
             assert (switches["GY"], switches["GX"]) == fold_widths(width, s.cfg.block_n)
             assert (switches["GX"] == 0) == (width >= s.cfg.block_n), s.name
     for s in specs:
-        assert s.cfg == launch_for(s.head, True, 4 if s.dtype == "float32" else 2, bool(s.tables), s.has_x,
-                                   split_float32=s.dtype == "float32" and not s.tf32)
+        assert s.cfg == getattr(launch_for(s.head, True, 4 if s.dtype == "float32" else 2, bool(s.tables), s.has_x,
+                                           split_float32=s.dtype == "float32" and not s.tf32), s.kernel)
         consts = s.constexprs(["D", "DV", "DX", "NB", "PRECISION", "X_PRECISION"])
         assert consts["D"] == consts["DV"] == s.head
         assert consts["DX"] == (s.head if s.has_x else 16)
@@ -103,7 +104,7 @@ def test_spec_precisions_are_the_launchers(monkeypatch):
     tf32 = torch.backends.cuda.matmul.allow_tf32  # a property of torch's cuBLAS module: set back by hand
     try:
         for s in cc.covering_specs():
-            if s.kernel == "rotate":
+            if s.kernel in cc.ROW_KERNEL_NAMES:
                 continue
             torch.backends.cuda.matmul.allow_tf32 = s.tf32
             consts = s.constexprs(["PRECISION", "X_PRECISION"])
@@ -143,8 +144,8 @@ def test_default_run_numbers_are_parsed(default_run):
     assert compiled, "nothing compiled"
     for r in compiled:
         assert r["limit"] == cc.SHARED_LIMIT[r["arch"]]
-        # every attention kernel stages tiles through shared memory (rotate_kernel is elementwise)
-        assert r["shared"] > 0 or r["spec"].startswith("rotate/"), r
+        # every attention kernel stages tiles through shared memory (the row kernels need not)
+        assert r["shared"] > 0 or r["spec"].split("/")[0] in cc.ROW_KERNEL_NAMES, r
         assert 0 < r["registers"] <= 255, r
         assert r["spill_stores"] >= 0 and r["spill_loads"] >= 0, r
         assert r["ptxas_log"] in ("triton", "rerun"), r
@@ -224,11 +225,11 @@ print(json.dumps(dict(
 def test_ops_are_triton_ops_whose_kernels_trace_without_a_gpu():
     """With real Triton kernels (no interpreter) the ops are torch.library.triton_ops, and
     tracing their bodies with fake tensors records the kernel launches themselves (one
-    forward kernel, the backward's two), with dropout too (its [seed, offset] a tensor
+    forward kernel, the backward's three: its row dots, the dk, dv and the dq kernel), with dropout too (its [seed, offset] a tensor
     argument), which is what torch.compile and torch.export see."""
     done = _run(["-c", _TRACE], timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out == dict(interpreting=False, triton_ops=["relpos::gpu_attention_backward",
-                                                       "relpos::gpu_attention_forward"], forward=1, backward=2,
-                   forward_dropout=1, backward_dropout=2)
+                                                       "relpos::gpu_attention_forward"], forward=1, backward=3,
+                   forward_dropout=1, backward_dropout=3)

@@ -29,9 +29,9 @@ with the switch off; the float32
 features' product). The full product is 345,600 per arch; by default (CI) a
 covering set chosen by pairs (every pair of switch values in at least one
 specialisation) and CORNERS (among them float32 with TF32 off), ``--full`` for the product.
-Beside them RoPE's rotate_kernel (run before
-the attention kernels, and on the gradients after them) per dtype x head x direction,
-with config.ROTATE.
+Beside them the kernels that go row by row (row_kernels.py), with config.ROW_KERNELS: RoPE's
+rotate_kernel (run before the attention kernels, and on the gradients after them) per dtype x head
+x direction, and the backward's row_dots_kernel per dtype x head.
 
 The integer arguments are specialised as Triton's launcher does for contiguous,
 16-byte-aligned tensors with these head sizes (``--generic`` for no hints):
@@ -68,8 +68,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
-from . import dropout, kernels
-from .config import ROTATE, Launch, launch_for, padded
+from . import dropout, kernels, row_kernels
+from .config import ROW_KERNELS, Launch, launch_for, padded
 from .grid import GRID_AXES, GRID_NONE, GRID_TABLE, fold_widths
 
 __all__ = ["Spec", "Result", "CompileCheckError", "SHARED_LIMIT", "covering_specs", "full_specs", "pairwise",
@@ -80,10 +80,13 @@ __all__ = ["Spec", "Result", "CompileCheckError", "SHARED_LIMIT", "covering_spec
 SHARED_LIMIT = {80: 166_912, 90: 232_448}
 ARCH_NAMES = {80: "sm_80 (A100)", 90: "sm_90 (H100/H200)"}
 
-KERNELS = ("forward", "backward_kv", "backward_q", "rotate")
-ATTENTION_KERNELS = KERNELS[:3]  # the pairwise set's; "rotate" has none of their switches
-_KERNEL_FN = {"forward": "attention_forward_kernel", "backward_kv": "attention_backward_kv_kernel",
-              "backward_q": "attention_backward_q_kernel", "rotate": "rotate_kernel"}
+KERNELS = ("forward", "backward_kv", "backward_q", "rotate", "row_dots")
+ATTENTION_KERNELS = KERNELS[:3]  # the pairwise set's; the row kernels have none of their switches
+ROW_KERNEL_NAMES = KERNELS[3:]
+_KERNEL_FN = {"forward": (kernels, "attention_forward_kernel"),
+              "backward_kv": (kernels, "attention_backward_kv_kernel"),
+              "backward_q": (kernels, "attention_backward_q_kernel"),
+              "rotate": (row_kernels, "rotate_kernel"), "row_dots": (row_kernels, "row_dots_kernel")}
 DTYPES = ("bfloat16", "float16", "float32")
 _TRITON_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 BIAS_NAMES = ("none", "row", "alibi", "kerple_log", "kerple_power")  # kernels.BIAS_* in order
@@ -135,17 +138,18 @@ class Spec:
     dropout: str = ""  # one of DROPOUT
     grid: str = ""  # one of GRIDS
     segments: bool = False
-    launch: Optional[Launch] = None  # None: config.launch_for as the launcher calls it
+    launch: Optional[Launch] = None  # None: config.launch_for's for the kernel, as the launcher calls it
     aligned: bool = True  # the launcher's hints for contiguous, aligned tensors (see the module doc)
 
     @property
     def cfg(self) -> Launch:
-        if self.kernel == "rotate":
-            return ROTATE
+        if self.kernel in ROW_KERNEL_NAMES:
+            return ROW_KERNELS
         if self.launch is not None:
             return self.launch
-        return launch_for(self.head, True, 4 if self.dtype == "float32" else 2, bool(self.tables), self.has_x,
-                          split_float32=self.precision == "tf32x3")
+        launches = launch_for(self.head, True, 4 if self.dtype == "float32" else 2, bool(self.tables), self.has_x,
+                              split_float32=self.precision == "tf32x3")
+        return getattr(launches, self.kernel)
 
     @property
     def precision(self) -> str:
@@ -360,13 +364,14 @@ CORNERS = ({**_EVERY_INPUT, "dropout": ""},
 _NO_GRID = {"grid": "", "segments": False}  # what a corner leaves out
 
 
-def rotate_specs(factors: dict, aligned: bool = True) -> list[Spec]:
-    """rotate_kernel's specialisations among ``factors``' kernels, dtypes and heads: both
-    directions of each (the rotation of q and k; its transpose, of their float32 gradients)."""
-    if "rotate" not in factors["kernel"]:
-        return []
-    return [Spec("rotate", dtype, 0, False, False, False, head, transpose=transpose, aligned=aligned)
-            for dtype in factors["dtype"] for head in factors["head"] for transpose in (False, True)]
+def row_specs(factors: dict, aligned: bool = True) -> list[Spec]:
+    """The row kernels' specialisations among ``factors``' kernels, dtypes and heads: rotate_kernel
+    in both directions (the rotation of q and k; its transpose, of their float32 gradients) and
+    row_dots_kernel."""
+    directions = {"rotate": (False, True), "row_dots": (False,)}
+    return [Spec(kernel, dtype, 0, False, False, False, head, transpose=transpose, aligned=aligned)
+            for kernel in ROW_KERNEL_NAMES if kernel in factors["kernel"]
+            for dtype in factors["dtype"] for head in factors["head"] for transpose in directions[kernel]]
 
 
 def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:
@@ -381,16 +386,16 @@ def covering_specs(launch: Optional[Launch] = None, aligned: bool = True, **only
             row = {"kernel": kernel, **_NO_GRID, **corner}
             if all(row[k] in factors[k] for k in factors) and row not in rows:
                 rows.append(row)
-    return _distinct([Spec(**row, launch=launch, aligned=aligned) for row in rows]) + rotate_specs(factors, aligned)
+    return _distinct([Spec(**row, launch=launch, aligned=aligned) for row in rows]) + row_specs(factors, aligned)
 
 
 def full_specs(launch: Optional[Launch] = None, aligned: bool = True, **only) -> list[Spec]:
     """Every specialisation of the product (345,600 rows without ``only``, fewer kernels: dropout on
-    keys on the 64 grid compiles as off it in tiles narrower than 64 keys) and rotate_kernel's 12."""
+    keys on the 64 grid compiles as off it in tiles narrower than 64 keys) and the row kernels' 18."""
     factors = {k: tuple(only.get(k, v)) for k, v in FACTORS.items()}
     attention = {**factors, "kernel": tuple(k for k in factors["kernel"] if k in ATTENTION_KERNELS)}
     return _distinct([Spec(**dict(zip(attention, values)), launch=launch, aligned=aligned)
-                      for values in itertools.product(*attention.values())]) + rotate_specs(factors, aligned)
+                      for values in itertools.product(*attention.values())]) + row_specs(factors, aligned)
 
 
 def _distinct(specs: list[Spec]) -> list[Spec]:
@@ -485,7 +490,7 @@ def compile_spec(spec: Spec, arch: int) -> Result:
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource
 
-        fn = getattr(kernels, _KERNEL_FN[spec.kernel])
+        fn = getattr(*_KERNEL_FN[spec.kernel])
         if not isinstance(fn, triton.runtime.JITFunction):
             raise RuntimeError("relpos.gpu.kernels was imported under TRITON_INTERPRET=1: its kernels are "
                                "interpreter functions; run the check in a process without it")

@@ -21,11 +21,31 @@ class Launch:
     num_stages: int
 
 
+@dataclass(frozen=True)
+class Launches:
+    """A call's configuration per attention kernel (named as compile_check names them). The
+    kernels take any tiles (their masks cover partial tiles; dropout's mask is a function of
+    the positions, not of the tiles), so each may have its own: the dk, dv kernel loops over
+    query tiles for a key tile, the forward and dq kernels over key tiles for a query tile.
+    Tables per distance need square tiles in each (a tile pair reads BM + BN distances, a
+    ``tl.arange``: a power of two)."""
+
+    forward: Launch
+    backward_kv: Launch
+    backward_q: Launch
+
+    @staticmethod
+    def every(cfg: Launch) -> "Launches":
+        """``cfg`` for all three kernels."""
+        return Launches(cfg, cfg, cfg)
+
+
 INTERPRETER = Launch(16, 16, 4, 1)
 
-# RoPE's rotate_kernel (q and k rotated before the attention kernels, their gradients back
-# after): block_m rows of one head per program, no key tiles, no loop to pipeline.
-ROTATE = Launch(64, 0, 4, 1)
+# The kernels that go row by row (row_kernels.py: RoPE's rotation of q and k before the attention
+# kernels and of their gradients after, the backward's row dots): block_m rows of one head per
+# program, no key tiles, no loop to pipeline.
+ROW_KERNELS = Launch(64, 0, 4, 1)
 
 
 def padded(n: int) -> int:
@@ -34,6 +54,13 @@ def padded(n: int) -> int:
 
 
 def launch_for(head_dim: int, on_gpu: bool, element_bytes: int = 2, tables: bool = False,
+               features: bool = False, split_float32: bool = False) -> Launches:
+    """The configurations of the attention kernels, one for all three until bench/gpu_tiles.py's
+    per-kernel rows on a GPU choose otherwise (launch_one below)."""
+    return Launches.every(launch_one(head_dim, on_gpu, element_bytes, tables, features, split_float32))
+
+
+def launch_one(head_dim: int, on_gpu: bool, element_bytes: int = 2, tables: bool = False,
                features: bool = False, split_float32: bool = False) -> Launch:
     """The configuration for a call with head size ``head_dim`` (the larger of d and dv),
     inputs of ``element_bytes`` each and, with ``tables``, tables per distance (Shaw's,

@@ -1,8 +1,7 @@
 """Triton kernels of relpos's GPU path: one forward and a two-kernel backward
 (FlashAttention-2's order), specialised by ``tl.constexpr`` switches for the
-kinds of term a call has, never by scheme, and RoPE's elementwise rotate_kernel,
-which launch.py runs on q and k before them and on their gradients after them.
-The attention kernels' terms:
+kinds of term a call has, never by scheme (the kernels that go row by row, RoPE's
+rotation and the backward's row dots, are in row_kernels.py). Their terms:
 
 - a bias per (head, distance) ``BIAS``: a row of values per head read by the
   distance (``BIAS_ROW``: T5's table gathered through its buckets), or one made
@@ -50,6 +49,7 @@ import triton.language as tl
 
 from .dropout import dropped, multipliers, seed_offset
 from .grid import grid_bias, grid_grads, same_segment
+from .tile_ranges import causal_key_end, query_tile, unmasked_key_end
 
 # Kinds of bias per (head, distance); the int travels as a tl.constexpr.
 BIAS_NONE, BIAS_ROW, BIAS_ALIBI, BIAS_KERPLE_LOG, BIAS_KERPLE_POWER = range(5)
@@ -340,8 +340,9 @@ def _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, 
             CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, X_PRECISION: tl.constexpr,
             KEMB: tl.constexpr, QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr,
             X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr, GRID: tl.constexpr, HAS_SEG: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr):
-    """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile.
+            BM: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr = True):
+    """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile;
+    with MASKED False a tile whose every pair is visible (unmasked_key_end): no mask built.
     A key table read by the query (KEMB: Shaw's, DeBERTa's c2p): the query tile times the
     table rows of the tile's BM + BN - 1 distances (from ``t0``), each pair then reading its
     distance's column; a table read by the key (QEMB: DeBERTa's p2c) likewise from the key
@@ -369,9 +370,13 @@ def _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, 
         s += _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS) * 1.4426950408889634
     if GRID != 0:
         s += grid_bias(gt, b * H + h, h, offs_m, offs_n, Lq, Lk, grid_a, grid_b, GRID) * 1.4426950408889634
-    ok = same_segment(_visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL, HAS_PAD), seg, b,
-                      offs_m, offs_n, Lq, Lk, HAS_SEG)
-    return tl.where(ok, s, float("-inf")), ok, rel
+    if MASKED:
+        ok = same_segment(_visible(offs_m, offs_n, rel, b, Lk, pad, stride_pb, stride_pn, CAUSAL, HAS_PAD), seg, b,
+                          offs_m, offs_n, Lq, Lk, HAS_SEG)
+        s = tl.where(ok, s, float("-inf"))
+    else:
+        ok = tl.full([BM, BN], 1, tl.int1)
+    return s, ok, rel
 
 
 @triton.jit
@@ -419,17 +424,6 @@ def _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, strid
     return q, qx
 
 
-@triton.jit
-def _causal_key_end(m_start, Lk, delta, BM: tl.constexpr, CAUSAL: tl.constexpr):
-    """One past the last key a query tile starting at ``m_start`` can see."""
-    if CAUSAL:
-        # key j is visible to row i when j - i + delta <= 0; the tile's last row is m_start + BM - 1
-        end = tl.minimum(tl.maximum(m_start + BM - delta.to(tl.int64), 0), Lk).to(tl.int32)
-    else:
-        end = Lk
-    return end
-
-
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_forward_kernel(
         Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG, GT, SEG,
@@ -447,7 +441,7 @@ def attention_forward_kernel(
         QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr, X_CLAMP: tl.constexpr,
         QUERY_BIAS: tl.constexpr, DROPOUT: tl.constexpr, GRID: tl.constexpr, HAS_SEG: tl.constexpr):
     bh, b, h, hk = _query_program(H, GROUP)
-    m_start = tl.program_id(0) * BM
+    m_start = query_tile(tl.program_id(0), tl.num_programs(0), CAUSAL) * BM
     offs_m = m_start + tl.arange(0, BM)
     offs_n0 = tl.arange(0, BN)
     offs_d = tl.arange(0, D)
@@ -462,31 +456,41 @@ def attention_forward_kernel(
     row_sum = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DV], tl.float32)
     seed, offset = seed_offset(RNG, DROPOUT)
-    for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
-        offs_n = n_start + offs_n0
-        t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)  # the tile pair's first distance
-        k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d)
-        s, ok, rel = _logits(q, qx, k, KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
-                             offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-                             BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0, shaw_k, stride_wkh,
-                             stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG, grid_a, grid_b, BIAS, HAS_X,
-                             CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP, X_CLAMP,
-                             QUERY_BIAS, GRID, HAS_SEG, BM, BN)
-        new_max = tl.maximum(row_max, tl.max(s, 1))
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
-        p = tl.exp2(s - shift[:, None])
-        rescale = tl.exp2(row_max - shift)
-        row_sum = row_sum * rescale + tl.sum(p, 1)
-        # dropout after the softmax's sums: the normaliser and lse are the softmax's
-        p = dropped(p, multipliers(seed, offset, bh, offs_m, n_start, query_pos, key_pos, keep_from, keep_scale, BM,
-                                   BN, DROPOUT), DROPOUT)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
-                    mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
-        acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v, PRECISION)
-        if VEMB:  # Shaw's value term: P's sums per distance times the table's rows
-            acc += _rows_weighted(p, v, WV, h, t0, shaw_k, ROW_OF, r_min, R, stride_wvh, dv, offs_v, DV, PRECISION,
-                                  ZERO_BEYOND, ROW_MAP, False, BM, BN)
-        row_max = new_max
+    end = causal_key_end(m_start, Lk, delta, BM, CAUSAL)
+    # Plain attention runs two loops, each compiled for its tiles: the key tiles that need no mask (most of a
+    # long call), then the few that cross the diagonal or the call's end (all of them with padding or segments).
+    # Its cost on sm_90 (compile_check, bfloat16): head 64 causal 130 -> 167 registers, no spills. With any term
+    # the two copies cost spills (Shaw's K+V 920 -> 1716 bytes per thread, KERPLE 156 -> 253 registers), and in
+    # the backward's kernels even for plain attention (dk, dv at head 64 causal 40 -> 204 bytes, dq at head 128
+    # 0 -> 224): those keep one loop until a GPU times both.
+    split: tl.constexpr = BIAS == 0 and not (HAS_X or KEMB or VEMB or QEMB) and GRID == 0
+    unmasked_end = unmasked_key_end(m_start, Lk, delta, end, BN, CAUSAL, HAS_PAD, HAS_SEG) if split else 0
+    for masked in tl.static_range(0 if split else 1, 2):
+        for n_start in range(unmasked_end if masked else 0, end if masked else unmasked_end, BN):
+            offs_n = n_start + offs_n0
+            t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)  # the tile pair's first distance
+            k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d)
+            s, ok, rel = _logits(q, qx, k, KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
+                                 offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
+                                 BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0, shaw_k, stride_wkh,
+                                 stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG, grid_a, grid_b, BIAS,
+                                 HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP,
+                                 X_CLAMP, QUERY_BIAS, GRID, HAS_SEG, BM, BN, masked == 1)
+            new_max = tl.maximum(row_max, tl.max(s, 1))
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
+            p = tl.exp2(s - shift[:, None])
+            rescale = tl.exp2(row_max - shift)
+            row_sum = row_sum * rescale + tl.sum(p, 1)
+            # dropout after the softmax's sums: the normaliser and lse are the softmax's
+            p = dropped(p, multipliers(seed, offset, bh, offs_m, n_start, query_pos, key_pos, keep_from, keep_scale,
+                                       BM, BN, DROPOUT), DROPOUT)
+            v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
+                        mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
+            acc = acc * rescale[:, None] + _dot(p.to(v.dtype), v, PRECISION)
+            if VEMB:  # Shaw's value term: P's sums per distance times the table's rows
+                acc += _rows_weighted(p, v, WV, h, t0, shaw_k, ROW_OF, r_min, R, stride_wvh, dv, offs_v, DV,
+                                      PRECISION, ZERO_BEYOND, ROW_MAP, False, BM, BN)
+            row_max = new_max
     seen = row_sum > 0
     out = acc / tl.where(seen, row_sum, 1.0)[:, None]
     lse = tl.where(seen, (row_max + tl.log2(tl.where(seen, row_sum, 1.0))) * 0.6931471805599453, float("-inf"))
@@ -496,11 +500,16 @@ def attention_forward_kernel(
 
 
 @triton.jit
-def _probabilities(s, ok, lse_ptr, dlt_ptr, offs_m, Lq):
-    """P of the tile from its base-2 logits and the rows' logsumexp, and the rows' D = dout . out."""
+def _row_stats(lse_ptr, dlt_ptr, offs_m, Lq):
+    """The query rows' logsumexp in base-2 units and their D = dout . out (row_kernels.row_dots_kernel)."""
     lse = tl.load(lse_ptr + offs_m, mask=offs_m < Lq, other=float("-inf")) * 1.4426950408889634
-    p = tl.where(ok & (lse[:, None] > float("-inf")), tl.exp2(s - lse[:, None]), 0.0)
-    return p, tl.load(dlt_ptr + offs_m, mask=offs_m < Lq, other=0.0)
+    return lse, tl.load(dlt_ptr + offs_m, mask=offs_m < Lq, other=0.0)
+
+
+@triton.jit
+def _probabilities(s, ok, lse):
+    """P of the tile from its base-2 logits and the rows' base-2 logsumexp (_row_stats)."""
+    return tl.where(ok & (lse[:, None] > float("-inf")), tl.exp2(s - lse[:, None]), 0.0)
 
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
@@ -554,13 +563,14 @@ def attention_backward_kv_kernel(
                                            X_CLAMP, BM)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
             s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
-                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0,
-                                 shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG,
+                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF,
+                                 t0, shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG,
                                  grid_a, grid_b, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB,
                                  ZERO_BEYOND, ROW_MAP, X_CLAMP, QUERY_BIAS, GRID, HAS_SEG, BM, BN)
-            p, dlt = _probabilities(s, ok, LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
-            do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
-                         mask=row & (offs_v[None, :] < dv), other=0.0)
+            lse, dlt = _row_stats(LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
+            p = _probabilities(s, ok, lse)
+            do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om
+                         + offs_v[None, :] * stride_od, mask=row & (offs_v[None, :] < dv), other=0.0)
             z = multipliers(seed, offset, b * H + h, offs_m, n_start, query_pos, key_pos, keep_from, keep_scale, BM,
                             BN, DROPOUT)
             dvv += _dot(tl.trans(dropped(p, z, DROPOUT)).to(do.dtype), do, PRECISION)
@@ -571,8 +581,8 @@ def attention_backward_kv_kernel(
             ds = tl.where(p > 0, p * (dropped(dp, z, DROPOUT) - dlt[:, None]), 0.0)  # P (z dP - D)
             dk += _dot(tl.trans(ds).to(q.dtype), q, PRECISION)
             if QEMB:  # the key's p2c term: dS's per-distance sums by key times the rows
-                dk += _rows_weighted(ds, q, WQ, h, t0, shaw_k, ROW_OF, r_min, R, stride_wqh, d, offs_d, D, PRECISION,
-                                     ZERO_BEYOND, ROW_MAP, True, BM, BN)
+                dk += _rows_weighted(ds, q, WQ, h, t0, shaw_k, ROW_OF, r_min, R, stride_wqh, d, offs_d, D,
+                                     PRECISION, ZERO_BEYOND, ROW_MAP, True, BM, BN)
             if QUERY_BIAS:  # the keys' share of u . k
                 dk += tl.sum(ds, 0)[:, None] * _query_bias(QB, h, offs_d, d)[None, :]
     out_mask = (offs_n[:, None] < Lk)
@@ -655,8 +665,8 @@ def attention_backward_q_kernel(
     _, _, first_v, last_v = _end_rows(shaw_k, ROW_OF, r_min, R, DV, ZERO_BEYOND, ROW_MAP)
     first_q, last_q = first_k, last_k
     seed, offset = seed_offset(RNG, DROPOUT)
-    for tile in range(tl.program_id(0), tl.cdiv(Lq, BM), tl.num_programs(0)):
-        m_start = tile * BM
+    for step in range(tl.program_id(0), tl.cdiv(Lq, BM), tl.num_programs(0)):
+        m_start = query_tile(step, tl.cdiv(Lq, BM), CAUSAL) * BM
         offs_m = m_start + tl.arange(0, BM)
         row = offs_m[:, None] < Lq
         q, qx = _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, stride_qh, stride_qm,
@@ -665,21 +675,22 @@ def attention_backward_q_kernel(
                                        BM)
         do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_v[None, :] * stride_od,
                      mask=row & (offs_v[None, :] < dv), other=0.0)
+        lse, dlt = _row_stats(LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)  # once per query tile, not per key tile
         dq = tl.zeros([BM, D], tl.float32)
         dqx = tl.zeros([BM, DX], tl.float32)
         dfar_hi = tl.zeros([BM], tl.float32)
         dfar_lo = tl.zeros([BM], tl.float32)
-        for n_start in range(0, _causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
+        for n_start in range(0, causal_key_end(m_start, Lk, delta, BM, CAUSAL), BN):
             offs_n = n_start + offs_n0
             kx_ptrs = KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd
             k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
             s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
-                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0,
-                                 shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG,
+                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF,
+                                 t0, shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG,
                                  grid_a, grid_b, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB,
                                  ZERO_BEYOND, ROW_MAP, X_CLAMP, QUERY_BIAS, GRID, HAS_SEG, BM, BN)
-            p, dlt = _probabilities(s, ok, LSE + bh * Lq, DLT + bh * Lq, offs_m, Lq)
+            p = _probabilities(s, ok, lse)
             v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                         mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)
             z = multipliers(seed, offset, bh, offs_m, n_start, query_pos, key_pos, keep_from, keep_scale, BM, BN,
@@ -696,8 +707,8 @@ def attention_backward_q_kernel(
                 grid_grads(ds, k, DG, PARTS + part * n_parts, bh, m_start, n_start, offs_m, offs_n, Lq, Lk, grid_a,
                            grid_b, PRECISION, GRID, GY, GX, BM, BN)
             if KEMB:  # dq gains dS's per-distance sums times the rows; the rows gain them times q
-                dq += _rows_weighted(ds, q, WK, h, t0, shaw_k, ROW_OF, r_min, R, stride_wkh, d, offs_d, D, PRECISION,
-                                     ZERO_BEYOND, ROW_MAP, False, BM, BN)
+                dq += _rows_weighted(ds, q, WK, h, t0, shaw_k, ROW_OF, r_min, R, stride_wkh, d, offs_d, D,
+                                     PRECISION, ZERO_BEYOND, ROW_MAP, False, BM, BN)
                 first_k, last_k = _rows_grad(dwk, first_row, last_row, first_k, last_k, ds, q, t0, shaw_k, ROW_OF,
                                              r_min, R, offs_d, D, PRECISION, ZERO_BEYOND, ROW_MAP, False, BM, BN)
             if QEMB:  # the p2c table's rows gain dS's per-distance sums by key times k
@@ -735,37 +746,3 @@ def attention_backward_q_kernel(
         tl.store(parts, tl.sum(g1, 0))
         if BIAS >= 3:
             tl.store(parts + 1, tl.sum(g2, 0))
-
-
-@triton.jit(do_not_specialize=["H", "L"])  # no recompile per head count or length
-def rotate_kernel(X, Y, ROT, PARTNER, stride_ib, stride_ih, stride_il, stride_id, stride_ob, stride_oh, stride_ol,
-                  stride_od, H, L, d, D: tl.constexpr, BR: tl.constexpr, TRANSPOSE: tl.constexpr):
-    """RoPE's rotation of a (B, H, L, d) tensor X into Y by row position, BR rows of one
-    (batch, head) per program: ``y = x * cos + x[:, partner] * sin`` from the (L, 2, D)
-    float32 table ROT (per row its cos, then its sin with the rotation's sign; 1 and 0 past
-    the rotated dimensions) and PARTNER (D,) int32 that terms.py makes; with TRANSPOSE the
-    rotation's transpose, ``y = x * cos + (x * sin)[:, partner]``, which takes a gradient
-    back through it (a column's partner's partner is the column itself). Computed in
-    float32 and rounded once to Y's dtype.
-
-    The attention kernels read q and k rotated by this kernel rather than rotating their
-    tiles: every key tile of the loop then loaded its partner columns and its tables too,
-    and on an H100 (bench/gpu.py) that ran RoPE at 18x plain attention's forward."""
-    bh = batch_head()
-    b, h = bh // H, bh % H
-    offs_r = tl.program_id(0) * BR + tl.arange(0, BR)
-    offs_d = tl.arange(0, D)
-    partner = tl.load(PARTNER + offs_d)
-    mask = (offs_r[:, None] < L) & (offs_d[None, :] < d)
-    rows = X + b * stride_ib + h * stride_ih + offs_r[:, None] * stride_il
-    x = tl.load(rows + offs_d[None, :] * stride_id, mask=mask, other=0.0).to(tl.float32)
-    x_partner = tl.load(rows + partner[None, :] * stride_id, mask=mask & (partner[None, :] < d), other=0.0)
-    table = ROT + offs_r.to(tl.int64)[:, None] * (2 * D)
-    cos = tl.load(table + offs_d[None, :], mask=mask, other=0.0)
-    if TRANSPOSE:
-        sin = tl.load(table + D + partner[None, :], mask=mask, other=0.0)
-    else:
-        sin = tl.load(table + D + offs_d[None, :], mask=mask, other=0.0)
-    y = x * cos + x_partner.to(tl.float32) * sin
-    tl.store(Y + b * stride_ob + h * stride_oh + offs_r[:, None] * stride_ol + offs_d[None, :] * stride_od,
-             y.to(Y.dtype.element_ty), mask=mask)

@@ -17,8 +17,8 @@ import triton
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import wrap_triton
 
-from . import dropout, kernels
-from .config import ROTATE, Launch, launch_for, padded, query_programs
+from . import dropout, kernels, row_kernels
+from .config import ROW_KERNELS, Launch, Launches, launch_for, padded, query_programs
 from .grid import GRID_AXES, GRID_TABLE, fold_widths
 from .terms import Terms
 
@@ -99,10 +99,14 @@ class Call:
         """The call's tables of rows per distance (Shaw's, DeBERTa's)."""
         return [x for x in (self.terms.wk, self.terms.wv, self.terms.wq) if x is not None]
 
-    def launch(self) -> Launch:
-        return launch_for(max(self.q.shape[3], self.v.shape[3]), self.q.device.type == "cuda",
+    def launch(self) -> Launches:
+        cfgs = launch_for(max(self.q.shape[3], self.v.shape[3]), self.q.device.type == "cuda",
                           self.q.element_size(), bool(self.tables()), features=self.terms.qx is not None,
                           split_float32=self.precisions()[0] == "tf32x3")
+        for cfg in (cfgs.forward, cfgs.backward_kv, cfgs.backward_q):
+            if self.tables() and cfg.block_m != cfg.block_n:  # a tile pair's BM + BN distances, a power of two
+                raise ValueError(f"relpos: tables per distance need square tiles, got {cfg.block_m} x {cfg.block_n}")
+        return cfgs
 
     def precisions(self) -> tuple[str, str]:
         return precisions(self.q.dtype, self.q.device.type)
@@ -187,6 +191,11 @@ class Call:
         return replace(self, terms=replace(t, q=q, k=k, rot_q=None, rot_k=None, partner=None))
 
 
+def _row_grid(B: int, H: int, L: int) -> tuple[int, int, int]:
+    """The launch grid of a row kernel (row_kernels.py) over L rows of B x H heads."""
+    return triton.cdiv(L, ROW_KERNELS.block_m), *batch_head_axes(B * H)
+
+
 def _rotate(x: torch.Tensor, table: torch.Tensor, partner: torch.Tensor, dtype: torch.dtype,
             transpose: bool = False) -> torch.Tensor:
     """x ``(B, H, L, d)`` rotated by RoPE's ``table`` (terms.Terms.rot_q / rot_k), or by its
@@ -195,9 +204,9 @@ def _rotate(x: torch.Tensor, table: torch.Tensor, partner: torch.Tensor, dtype: 
     y = torch.empty_like(x, dtype=dtype)
     if x.numel() and not (interpreting() and is_fake(x)):
         B, H, L, d = x.shape
-        wrap_triton(kernels.rotate_kernel)[(triton.cdiv(L, ROTATE.block_m), *batch_head_axes(B * H))](
-            x, y, table, partner, *x.stride(), *y.stride(), H, L, d, D=padded(d), BR=ROTATE.block_m,
-            TRANSPOSE=transpose, num_warps=ROTATE.num_warps, num_stages=ROTATE.num_stages)
+        wrap_triton(row_kernels.rotate_kernel)[_row_grid(B, H, L)](
+            x, y, table, partner, *x.stride(), *y.stride(), H, L, d, D=padded(d), BR=ROW_KERNELS.block_m,
+            TRANSPOSE=transpose, num_warps=ROW_KERNELS.num_warps, num_stages=ROW_KERNELS.num_stages)
     return y
 
 
@@ -205,7 +214,7 @@ def forward(call: Call) -> tuple[torch.Tensor, torch.Tensor]:
     """out ``(B, H, Lq, dv)`` and the rows' logsumexp ``(B, H, Lq)`` float32 (-inf where no key)."""
     call = call.rotated()
     B, H, Lq = call.q.shape[:3]
-    cfg = call.launch()
+    cfg = call.launch().forward
     out = call.q.new_empty(B, H, Lq, call.v.shape[3])
     lse = call.q.new_empty(B, H, Lq, dtype=torch.float32)
     if not call.k.shape[2]:
@@ -238,10 +247,10 @@ def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
     """backward's kernels on a call without a rotation left, dq and dk made in ``grad_dtype``."""
     q, k, v, t = call.q, call.k, call.v, call.terms
     (B, H, Lq, d), Lk = q.shape, k.shape[2]
-    cfg = call.launch()
-    switches = call.switches(cfg)
+    cfgs = call.launch()
+    kv, qs = call.switches(cfgs.backward_kv), call.switches(cfgs.backward_q)  # the two kernels' switches
     # programs that own several tiles where a table's partial sums would otherwise be one per tile
-    programs = query_programs(triton.cdiv(Lq, cfg.block_m), B * H, bool(call.tables()) or t.grid_kind == GRID_TABLE)
+    programs = query_programs(triton.cdiv(Lq, qs["BM"]), B * H, bool(call.tables()) or t.grid_kind == GRID_TABLE)
     n_parts, rows = call.bias_parts(), call.table_rows()
     # The kernels write every element of these (rows past Lq or Lk masked off); they are zeros
     # only where the kernels do not run (an empty call).
@@ -255,46 +264,41 @@ def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
         # adds to (zeros first) and per_head sums in a fixed order
         return q.new_zeros(B * H, programs, rows, width, dtype=torch.float32) if table is not None else None
 
-    parts = q.new_zeros(B * H, programs, n_parts, dtype=torch.float32)  # unwritten without a bias: kept zero
-    dwk, dwv, dwq = partials(t.wk, switches["D"]), partials(t.wv, switches["DV"]), partials(t.wq, switches["D"])
+    # the bias parameters' or Swin's table's partial sums; a call with neither passes a placeholder, never read
+    with_parts = bool(t.bias) or t.grid_kind == GRID_TABLE
+    parts = q.new_zeros(*((B * H, programs, n_parts) if with_parts else (1,)), dtype=torch.float32)
+    dwk, dwv, dwq = partials(t.wk, qs["D"]), partials(t.wv, qs["DV"]), partials(t.wq, qs["D"])
     dgrid = torch.zeros_like(t.grid) if t.grid_kind == GRID_AXES else None  # SAM's sums of dS by key grid row, column
-    gy, gx = fold_widths(t.grid_b, cfg.block_n) if t.grid_kind == GRID_AXES else (16, 0)
+    gy, gx = fold_widths(t.grid_b, qs["BN"]) if t.grid_kind == GRID_AXES else (16, 0)
     if runs:
         dout, lse = dout.to(q.dtype), lse.contiguous()  # the kernels read lse as (B, H, Lq) rows
         delta_rows = _row_dots(dout, out)
         pointers, strides = call.pointers(call.bias_rows()), call.strides(dout)
         sizes = call.sizes() + call.dropout_args()  # the kernels take dropout's after the sizes
-        wrap_triton(kernels.attention_backward_kv_kernel)[(triton.cdiv(Lk, cfg.block_n),
+        wrap_triton(kernels.attention_backward_kv_kernel)[(triton.cdiv(Lk, kv["BN"]),
                                                             *batch_head_axes(B * k.shape[1]))](
             q, k, v, dout, lse, delta_rows, dk, dvv, *pointers, *strides, *sizes,
-            call.scale * kernels.LOG2E, call.scale, **switches)
+            call.scale * kernels.LOG2E, call.scale, **kv)
         pad_p, rows_p, *rest = pointers  # the q kernel takes BUCKET after BIAS_ROWS, DWK, DWV, DWQ, DG after SEG
         wrap_triton(kernels.attention_backward_q_kernel)[(programs, *batch_head_axes(B * H))](
             q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
             t.bucket if t.bucket is not None else q, *rest,
             *(x if x is not None else parts for x in (dwk, dwv, dwq, dgrid)), *strides, *sizes,
             call.scale * kernels.LOG2E, call.scale, n_parts, rows, NB=max(n_parts, 16) if t.bias else 16, GY=gy, GX=gx,
-            **switches)
+            **qs)
 
     def per_head(x, scale=1.0):  # the kernel leaves the tables' dS-weighted sums unscaled
         return x.view(B, H, programs, *x.shape[2:]).sum(dim=(0, 2)) * scale if x is not None else None
 
-    return (dq, dk, dvv, dqx, per_head(parts), per_head(dwk, call.scale), per_head(dwv),
+    return (dq, dk, dvv, dqx, per_head(parts if with_parts else None), per_head(dwk, call.scale), per_head(dwv),
             per_head(dwq, call.scale), dgrid)
 
 
 def _row_dots(dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """D = rowsum(dout * out) in float32, ``(B, H, Lq)`` contiguous, computed a slice of rows at
-    a time: the float32 copies of dout and out and their product, made whole, were three
-    times out's size in float32 and the backward's peak memory (above SDPA's whole extra at
-    head 64). A slice holds at most _ROW_DOT_ELEMENTS elements."""
+    """D = rowsum(dout * out) in float32, ``(B, H, Lq)`` contiguous (row_kernels.row_dots_kernel)."""
     B, H, Lq, dv = out.shape
     rows = torch.empty(B, H, Lq, dtype=torch.float32, device=out.device)
-    step = max(1, _ROW_DOT_ELEMENTS // max(1, B * H * dv))
-    for i in range(0, Lq, step):
-        j = min(Lq, i + step)
-        rows[:, :, i:j] = (dout[:, :, i:j].float() * out[:, :, i:j].float()).sum(-1)
+    wrap_triton(row_kernels.row_dots_kernel)[_row_grid(B, H, Lq)](
+        dout, out, rows, *dout.stride(), *out.stride(), H, Lq, dv, DV=padded(dv), BR=ROW_KERNELS.block_m,
+        num_warps=ROW_KERNELS.num_warps, num_stages=ROW_KERNELS.num_stages)
     return rows
-
-
-_ROW_DOT_ELEMENTS = 1 << 22  # 16 MB per float32 temporary

@@ -146,7 +146,7 @@ def input_gradients(inputs, grads) -> list:
      dropout_rng, ints, scale, dropout_p) = inputs
     dq, dk, dv, dqx, bias_sums, wk_sums, wv_sums, wq_sums, grid_sums = grads
     bias, grid_kind = ints[0], ints[_OPTIONS.index("grid_kind")]
-    dgrid = {GRID_AXES: grid_sums, GRID_TABLE: bias_sums[:, : grid.shape[-1]] if grid is not None else None}
+    dgrid = {GRID_AXES: grid_sums, GRID_TABLE: bias_sums[:, : grid.shape[-1]] if grid_kind == GRID_TABLE else None}
     dtable = dp1 = dp2 = None
     if bias == kernels.BIAS_ROW:
         dtable = bias_sums[:, : table.shape[-1]].to(table.dtype)
