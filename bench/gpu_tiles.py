@@ -1,6 +1,6 @@
 """Launch configurations of relpos.gpu's kernels on one GPU, side by side: a scheme's attention
 (bfloat16, B=4, H=16, causal L=4096, d=64 and 128) timed forward and forward+backward with
-each (block_m, block_n, warps, stages) given to all three kernels, beside SDPA's flash kernel
+each (block_m, block_n, warps, stages) given to all three kernels, or one per kernel, beside SDPA's flash kernel
 in the same run. Plain attention's configurations are first checked against SDPA flash's
 output and gradients; a scheme's (--schemes shaw,deberta: Shaw's key and value tables at
 k = 16, DeBERTa-v3-base's c2p and p2c) against those of the configuration config.launch_for
@@ -44,11 +44,20 @@ import gpu as bench_gpu  # noqa: E402  (import_relpos, time_ms, free_memory, car
 import gpu_forms as forms  # noqa: E402
 from gpu_schemes import scheme_record, scheme_values  # noqa: E402
 
-# (block_m, block_n, warps, stages) per scheme kind (plain; tables per distance) and head size.
+# (block_m, block_n, warps, stages) per scheme kind (plain; tables per distance) and head size, for
+# all three kernels; or three of them, the forward's, the dk, dv kernel's and the dq kernel's (config.Launches):
+# the dk, dv kernel holds a key tile and walks query tiles, the forward and dq kernels the reverse, so the
+# backward's two want tiles long on opposite sides (Triton's fused-attention tutorial: 32 x 128 and 128 x 32).
+# The per-kernel rows are ones the compile check finds without spills on sm_90 in bfloat16 (the shipped
+# 64 x 64 in 4 warps spills 40 bytes per thread in the dk, dv kernel at head 64 and 524 at head 128;
+# 32 x 128 in 4 warps 336-380 at head 64, in 8 warps none).
 CANDIDATES = {
     64: [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 128, 4, 2),
-         (128, 128, 8, 2), (64, 32, 4, 3)],
-    128: [(64, 64, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 1)],
+         (128, 128, 8, 2), (64, 32, 4, 3),
+         ((128, 64, 8, 3), (32, 128, 8, 2), (128, 64, 8, 2)), ((64, 64, 4, 2), (32, 128, 8, 3), (128, 32, 4, 2)),
+         ((128, 64, 8, 3), (16, 128, 8, 2), (128, 32, 4, 2))],
+    128: [(64, 64, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3), (128, 64, 8, 1),
+          ((128, 64, 8, 2), (32, 64, 8, 2), (128, 32, 8, 2)), ((64, 64, 4, 2), (16, 128, 8, 2), (64, 32, 4, 2))],
 }
 # Tables per distance take square tiles: a tile pair's band of BM + BN distances is a tl.arange,
 # whose length must be a power of two.
@@ -66,7 +75,7 @@ FLOAT32_TABLE_CANDIDATES = {
     64: [(64, 64, 4, 1, "tf32x3"), (64, 64, 4, 2, "tf32x3"), (32, 32, 4, 1, "ieee")],
     128: [(32, 32, 4, 1, "tf32x3"), (16, 16, 4, 1, "tf32x3"), (32, 32, 8, 1, "ieee")],
 }
-SMOKE_CANDIDATES = {16: [(16, 16, 4, 1), (32, 16, 4, 1)]}
+SMOKE_CANDIDATES = {16: [(16, 16, 4, 1), (32, 16, 4, 1), ((32, 16, 4, 1), (16, 32, 4, 1), (32, 16, 4, 1))]}
 SMOKE_TABLE_CANDIDATES = {16: [(16, 16, 4, 1), (32, 32, 4, 1)]}
 SCHEMES = ("none", "shaw", "deberta")
 SHAW_K = 16
@@ -99,7 +108,7 @@ def sweep(args, device, written=lambda rows: None) -> list[dict]:
     S, gpu = bench_gpu.import_relpos()
     launch_module = sys.modules["relpos.gpu.launch"]
     shipped = launch_module.launch_for
-    from relpos.gpu.config import Launch
+    from relpos.gpu.config import Launch, Launches
 
     B, H, L = (1, 2, 32) if args.smoke else (4, 16, 4096)
     reps = 3 if args.smoke else 1
@@ -170,13 +179,13 @@ def sweep(args, device, written=lambda rows: None) -> list[dict]:
                 _timed_row(row, base, ours, grads(ours, inputs), device, reps)
             for config in configs:
                 precision = config[4] if len(config) > 4 else None
-                row = {"scheme": name, "d": d, "config": _label(Launch(*config[:4])) + (f" {precision}" if precision
-                                                                                          else "")}
+                launches = _launches(Launch, Launches, config)
+                row = {"scheme": name, "d": d, "config": _label(launches) + (f" {precision}" if precision else "")}
                 rows.append(row)
                 if time.perf_counter() - bench_gpu.T0 > args.budget_s:
                     row["note"] = "skipped: time budget"
                     continue
-                launch_module.launch_for = lambda *_, _c=Launch(*config[:4]), **__: _c
+                launch_module.launch_for = lambda *_, _c=launches, **__: _c
                 launch_module.precisions = (lambda *_, _p=precision: (_p, _p)) if precision else shipped_precisions
                 try:
                     got = [ours().detach(), *grads(ours, inputs)()]
@@ -196,8 +205,23 @@ def sweep(args, device, written=lambda rows: None) -> list[dict]:
     return rows
 
 
-def _label(cfg) -> str:
-    return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+def _launches(Launch, Launches, config):
+    """A candidate as config.Launches: one (block_m, block_n, warps, stages[, precision]) for all
+    three kernels, or three of them."""
+    if isinstance(config[0], tuple):
+        return Launches(*(Launch(*c) for c in config))
+    return Launches.every(Launch(*config[:4]))
+
+
+def _label(launches) -> str:
+    """``64x64 w4 s2``, or per kernel ``fwd 128x64 w4 s3, kv 32x128 w4 s3, q 128x32 w4 s3``."""
+    def one(cfg):
+        return f"{cfg.block_m}x{cfg.block_n} w{cfg.num_warps} s{cfg.num_stages}"
+
+    kernels = {"fwd": launches.forward, "kv": launches.backward_kv, "q": launches.backward_q}
+    if len(set(kernels.values())) == 1:
+        return one(launches.forward)
+    return ", ".join(f"{name} {one(cfg)}" for name, cfg in kernels.items())
 
 
 def report(rows: list[dict], device, dtype: str) -> str:
@@ -207,7 +231,8 @@ def report(rows: list[dict], device, dtype: str) -> str:
     lines = [f"# relpos.gpu launch configurations on {bench_gpu.card_name(device)}", "",
              *bench_gpu.environment(device, "bench/gpu_tiles.py"), "",
              f"{dtype}{precision}, causal, B=4, H=16, L=4096; (block_m x block_n, warps, stages) given to the "
-             "forward and both backward kernels; medians in ms (triton.testing.do_bench); bwd = fwd+bwd - fwd; "
+             "forward and both backward kernels (or per kernel: fwd, kv = dk and dv, q = dq); medians in ms "
+             "(triton.testing.do_bench); bwd = fwd+bwd - fwd; "
              f"x SDPA = {peer}'s time (no positions, same shape) / the row's; error = max relative error of the "
              f"output and gradients against {reference}the configuration launch_for ships (Shaw's tables, "
              f"k = {SHAW_K}; DeBERTa's, span 256), the tables' gradients included.",

@@ -99,11 +99,13 @@ def test_schemes_option_refuses_an_unknown_scheme(tmp_path):
 
 def test_tile_sweep_checks_each_configuration_against_sdpa(tmp_path):
     """bench/gpu_tiles.py --smoke: each launch configuration's output and gradients checked
-    against SDPA's before it is timed, and the table written."""
+    against SDPA's before it is timed, and the table written; one configuration for all three
+    kernels or one per kernel."""
     _, text = _smoke("gpu_tiles", tmp_path)
     rows = [line for line in text.splitlines() if line.startswith("| none | 16 |")]
     configs = [r for r in rows if "SDPA flash" not in r]
-    assert len(configs) == 2, rows
+    assert len(configs) == 3, rows
+    assert configs[-1].split("|")[3].strip() == "fwd 32x16 w4 s1, kv 16x32 w4 s1, q 32x16 w4 s1", rows
     errors = [float(r.strip("|").split("|")[-1]) for r in configs]
     assert all(0 < e < 2e-2 for e in errors), errors  # bfloat16 against bfloat16: close, never equal
     assert "fastest forward" in text
