@@ -19,7 +19,9 @@ ORDER = (
     "relpos.gpu.config",  # the GPU path: Triton kernels, needing relpos.schemes alone
     "relpos.gpu.dropout",
     "relpos.gpu.grid",  # positions on a grid and segments in the kernels
+    "relpos.gpu.tile_ranges",  # which tiles a program visits
     "relpos.gpu.kernels",
+    "relpos.gpu.row_kernels",  # RoPE's rotation, the backward's row dots
     "relpos.gpu.terms",
     "relpos.gpu.launch",
     "relpos.gpu.ops",
