@@ -80,11 +80,33 @@ def _dot(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS: tl.constexpr):
-    """The bias of head ``h`` at the distances ``rel`` (an int64 tile), in natural units."""
+def _one_bucket(bucket, t0, r_min, R, BM: tl.constexpr, BN: tl.constexpr):
+    """(whether every distance of the tile pair whose first distance is ``t0`` reads one bucket,
+    the first one's index in the call): T5's bucket is monotone in the distance on each side of
+    zero and the two sides share no bucket, so a tile whose first and last distances (inside the
+    call; the others are masked) share a bucket reads that bucket alone. Away from the diagonal,
+    past T5's max_distance, every tile does."""
+    at = tl.minimum(tl.maximum(t0 - r_min, 0), R - 1)
+    last = tl.minimum(tl.maximum(t0 + (BM + BN - 2) - r_min, 0), R - 1)
+    return tl.load(bucket + at) == tl.load(bucket + last), at
+
+
+@triton.jit
+def _bias(rel, h, bias_row, bucket, t0, r_min, R, p1, p2, BIAS: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+          ONE_BUCKET: tl.constexpr):
+    """The bias of head ``h`` at the distances ``rel`` (an int64 tile; ``t0`` its first), in
+    natural units. A bucketed row (BIAS 1) is a value gathered per pair, or with ONE_BUCKET one
+    value read once where the tile reads one bucket (_one_bucket)."""
     if BIAS == 1:
-        idx = tl.minimum(tl.maximum(rel - r_min, 0), R - 1)  # pairs outside the call are masked anyway
-        value = tl.load(bias_row + h * R + idx).to(tl.float32)
+        one = False
+        at = 0
+        if ONE_BUCKET:
+            one, at = _one_bucket(bucket, t0, r_min, R, BM, BN)
+        if one:
+            value = tl.zeros([BM, BN], tl.float32) + tl.load(bias_row + h * R + at).to(tl.float32)
+        else:
+            idx = tl.minimum(tl.maximum(rel - r_min, 0), R - 1)  # pairs outside the call are masked anyway
+            value = tl.load(bias_row + h * R + idx).to(tl.float32)
     else:
         a = tl.abs(rel).to(tl.float32)
         r1 = tl.load(p1 + h).to(tl.float32)
@@ -335,14 +357,15 @@ def _query_bias(qb, h, offs_d, d):
 
 @triton.jit
 def _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-            bias_row, p1, p2, pad, stride_pb, stride_pn, wk, wq, row_of, t0, shaw_k, stride_wkh, stride_wqh, far_hi,
-            far_lo, xl_clamp, qb, H, Lq, gt, seg, grid_a, grid_b, BIAS: tl.constexpr, HAS_X: tl.constexpr,
+            bias_row, bucket, p1, p2, pad, stride_pb, stride_pn, wk, wq, row_of, t0, shaw_k, stride_wkh, stride_wqh,
+            far_hi, far_lo, xl_clamp, qb, H, Lq, gt, seg, grid_a, grid_b, BIAS: tl.constexpr, HAS_X: tl.constexpr,
             CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, PRECISION: tl.constexpr, X_PRECISION: tl.constexpr,
             KEMB: tl.constexpr, QEMB: tl.constexpr, ZERO_BEYOND: tl.constexpr, ROW_MAP: tl.constexpr,
             X_CLAMP: tl.constexpr, QUERY_BIAS: tl.constexpr, GRID: tl.constexpr, HAS_SEG: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr = True):
+            BM: tl.constexpr, BN: tl.constexpr, MASKED: tl.constexpr = True, ONE_BUCKET: tl.constexpr = False):
     """(logits in base-2 units with masked pairs at -inf, visible pairs, distances) of one tile;
-    with MASKED False a tile whose every pair is visible (unmasked_key_end): no mask built.
+    with MASKED False a tile whose every pair is visible (unmasked_key_end): no mask built; with
+    ONE_BUCKET a T5 tile reading one bucket adds its value once (_bias).
     A key table read by the query (KEMB: Shaw's, DeBERTa's c2p): the query tile times the
     table rows of the tile's BM + BN - 1 distances (from ``t0``), each pair then reading its
     distance's column; a table read by the key (QEMB: DeBERTa's p2c) likewise from the key
@@ -367,7 +390,7 @@ def _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, 
                         ROW_MAP, True, BM, BN)
     s = s * qk_scale
     if BIAS != 0:
-        s += _bias(rel, h, bias_row, r_min, R, p1, p2, BIAS) * 1.4426950408889634
+        s += _bias(rel, h, bias_row, bucket, t0, r_min, R, p1, p2, BIAS, BM, BN, ONE_BUCKET) * 1.4426950408889634
     if GRID != 0:
         s += grid_bias(gt, b * H + h, h, offs_m, offs_n, Lq, Lk, grid_a, grid_b, GRID) * 1.4426950408889634
     if MASKED:
@@ -426,7 +449,7 @@ def _query_rows(Q, QX, b, h, offs_m, offs_d, offs_x, Lq, d, dx, stride_qb, strid
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_forward_kernel(
-        Q, K, V, O, LSE, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG, GT, SEG,
+        Q, K, V, O, LSE, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG, GT, SEG,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -472,9 +495,9 @@ def attention_forward_kernel(
             k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d)
             s, ok, rel = _logits(q, qx, k, KX + offs_n[:, None] * stride_kxn + offs_x[None, :] * stride_kxd,
                                  offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta, r_min, R, qk_scale,
-                                 BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0, shaw_k, stride_wkh,
-                                 stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG, grid_a, grid_b, BIAS,
-                                 HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP,
+                                 BIAS_ROWS, BUCKET, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF, t0, shaw_k,
+                                 stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG, grid_a, grid_b,
+                                 BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB, ZERO_BEYOND, ROW_MAP,
                                  X_CLAMP, QUERY_BIAS, GRID, HAS_SEG, BM, BN, masked == 1)
             new_max = tl.maximum(row_max, tl.max(s, 1))
             shift = tl.where(new_max == float("-inf"), 0.0, new_max)  # a row with nothing visible yet
@@ -514,7 +537,7 @@ def _probabilities(s, ok, lse):
 
 @triton.jit(do_not_specialize=_UNSPECIALISED)
 def attention_backward_kv_kernel(
-        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG, GT, SEG,
+        Q, K, V, DO, LSE, DLT, DK, DVV, PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG, GT, SEG,
         stride_qb, stride_qh, stride_qm, stride_qd,
         stride_kb, stride_kh, stride_kn, stride_kd,
         stride_vb, stride_vh, stride_vn, stride_vd,
@@ -562,11 +585,16 @@ def attention_backward_kv_kernel(
             far_hi, far_lo = _clamped_rows(QX, b, h, offs_m, Lq, dx, stride_xb, stride_xh, stride_xm, stride_xd,
                                            X_CLAMP, BM)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
+            # T5's one-bucket tiles read one value here only: in this kernel the compile check (sm_90,
+            # bfloat16, 64 x 64) counted fewer spills with it (head 64: 244 -> 0 bytes per thread, causal
+            # 376 -> 292; head 128: 668 -> 456, 816 -> 720); in the forward it cost spills at head 128
+            # (0 -> 336, causal 748), in the dq kernel at every causal shape (24 -> 476, 344 -> 1052).
             s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
-                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF,
-                                 t0, shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG,
-                                 grid_a, grid_b, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB,
-                                 ZERO_BEYOND, ROW_MAP, X_CLAMP, QUERY_BIAS, GRID, HAS_SEG, BM, BN)
+                                 r_min, R, qk_scale, BIAS_ROWS, BUCKET, P1, P2, PAD, stride_pb, stride_pn, WK, WQ,
+                                 ROW_OF, t0, shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT,
+                                 SEG, grid_a, grid_b, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB,
+                                 QEMB, ZERO_BEYOND, ROW_MAP, X_CLAMP, QUERY_BIAS, GRID, HAS_SEG, BM, BN,
+                                 ONE_BUCKET=True)
             lse, dlt = _row_stats(LSE + (b * H + h) * Lq, DLT + (b * H + h) * Lq, offs_m, Lq)
             p = _probabilities(s, ok, lse)
             do = tl.load(DO + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om
@@ -686,10 +714,10 @@ def attention_backward_q_kernel(
             k = _rows(k_base, offs_n, offs_d, stride_kn, stride_kd, Lk, d)
             t0 = delta.to(tl.int64) + n_start - m_start - (BM - 1)
             s, ok, rel = _logits(q, qx, k, kx_ptrs, offs_m, offs_n, offs_d, offs_x, b, h, Lk, d, dx, delta,
-                                 r_min, R, qk_scale, BIAS_ROWS, P1, P2, PAD, stride_pb, stride_pn, WK, WQ, ROW_OF,
-                                 t0, shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT, SEG,
-                                 grid_a, grid_b, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB, QEMB,
-                                 ZERO_BEYOND, ROW_MAP, X_CLAMP, QUERY_BIAS, GRID, HAS_SEG, BM, BN)
+                                 r_min, R, qk_scale, BIAS_ROWS, BUCKET, P1, P2, PAD, stride_pb, stride_pn, WK, WQ,
+                                 ROW_OF, t0, shaw_k, stride_wkh, stride_wqh, far_hi, far_lo, xl_clamp, QB, H, Lq, GT,
+                                 SEG, grid_a, grid_b, BIAS, HAS_X, CAUSAL, HAS_PAD, PRECISION, X_PRECISION, KEMB,
+                                 QEMB, ZERO_BEYOND, ROW_MAP, X_CLAMP, QUERY_BIAS, GRID, HAS_SEG, BM, BN)
             p = _probabilities(s, ok, lse)
             v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_v[None, :] * stride_vd,
                         mask=(offs_n[:, None] < Lk) & (offs_v[None, :] < dv), other=0.0)

@@ -103,20 +103,22 @@ class Call:
         cfgs = launch_for(max(self.q.shape[3], self.v.shape[3]), self.q.device.type == "cuda",
                           self.q.element_size(), bool(self.tables()), features=self.terms.qx is not None,
                           split_float32=self.precisions()[0] == "tf32x3")
-        for cfg in (cfgs.forward, cfgs.backward_kv, cfgs.backward_q):
-            if self.tables() and cfg.block_m != cfg.block_n:  # a tile pair's BM + BN distances, a power of two
-                raise ValueError(f"relpos: tables per distance need square tiles, got {cfg.block_m} x {cfg.block_n}")
+        if self.tables():  # a tile pair's BM + BN distances, a power of two
+            for cfg in (cfgs.forward, cfgs.backward_kv, cfgs.backward_q):
+                if cfg.block_m != cfg.block_n:
+                    raise ValueError(
+                        f"relpos: tables per distance need square tiles, got {cfg.block_m} x {cfg.block_n}")
         return cfgs
 
     def precisions(self) -> tuple[str, str]:
         return precisions(self.q.dtype, self.q.device.type)
 
     def pointers(self, bias_rows: Optional[torch.Tensor]) -> list[torch.Tensor]:
-        """PAD, BIAS_ROWS, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG, GT, SEG; q's where an input is
-        absent (never read)."""
+        """PAD, BIAS_ROWS, BUCKET, P1, P2, QX, KX, WK, WV, QB, WQ, ROW_OF, RNG, GT, SEG; q's where an
+        input is absent (never read)."""
         t = self.terms
         return [x if x is not None else self.q
-                for x in (self.pad, bias_rows, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv, t.qb, t.wq, t.row_of,
+                for x in (self.pad, bias_rows, t.bucket, t.p1, t.p2, t.qx, t.kx, t.wk, t.wv, t.qb, t.wq, t.row_of,
                           self.dropout_rng, t.grid, self.segments)]
 
     def strides(self, out_or_dout: torch.Tensor) -> list[int]:
@@ -279,10 +281,8 @@ def _backward_kernels(call: Call, out, lse, dout, grad_dtype: torch.dtype):
                                                             *batch_head_axes(B * k.shape[1]))](
             q, k, v, dout, lse, delta_rows, dk, dvv, *pointers, *strides, *sizes,
             call.scale * kernels.LOG2E, call.scale, **kv)
-        pad_p, rows_p, *rest = pointers  # the q kernel takes BUCKET after BIAS_ROWS, DWK, DWV, DWQ, DG after SEG
         wrap_triton(kernels.attention_backward_q_kernel)[(programs, *batch_head_axes(B * H))](
-            q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, pad_p, rows_p,
-            t.bucket if t.bucket is not None else q, *rest,
+            q, k, v, dout, lse, delta_rows, dq, dqx if dqx is not None else dq, parts, *pointers,
             *(x if x is not None else parts for x in (dwk, dwv, dwq, dgrid)), *strides, *sizes,
             call.scale * kernels.LOG2E, call.scale, n_parts, rows, NB=max(n_parts, 16) if t.bias else 16, GY=gy, GX=gx,
             **qs)
