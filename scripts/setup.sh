@@ -25,9 +25,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # torch first and pinned (CPU build): an unpinned torch pulls in CUDA packages.
 # transformers: the tests of relpos.torch.patch_hf_t5 run against it (tiny random models, no downloads).
+# pytest-xdist: the Python suites in one process per core (scripts/test.sh).
 # ml_dtypes: NumPy's bfloat16 dtype, for the tests of bfloat16 NumPy arrays.
 # triton: relpos.gpu's kernels; here they run in its interpreter and compile to GPU code without a GPU.
-REQS="torch==2.13.0 numpy pytest nanobind scikit-build-core cmake ninja transformers==5.23.0 ml_dtypes==0.6.0 triton==3.9.0"
+REQS="torch==2.13.0 numpy pytest pytest-xdist==3.8.0 nanobind scikit-build-core cmake ninja transformers==5.23.0 ml_dtypes==0.6.0 triton==3.9.0"
 stamp=.venv/.relpos-requirements
 if [ "$(cat "$stamp" 2>/dev/null)" != "$REQS" ]; then
   echo "setup: installing Python packages into .venv"

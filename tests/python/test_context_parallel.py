@@ -377,8 +377,9 @@ def test_torchrun_example_trains_with_the_losses_of_one_process(scheme, tmp_path
     example = Path(__file__).resolve().parents[2] / "examples" / "context_parallel.py"
     common = [str(example), "--scheme", scheme, "--steps", "3", "--length", "64", "--dtype", "float64"]
     torchrun = Path(sys.executable).with_name("torchrun")
-    subprocess.run([str(torchrun), "--nproc-per-node", "2", *common, "--json", str(tmp_path / "two.json")],
-                   check=True, capture_output=True, timeout=300)
+    # --standalone: a free port for the rendezvous, not 29500 (other test processes may run beside it)
+    subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", *common, "--json",
+                    str(tmp_path / "two.json")], check=True, capture_output=True, timeout=300)
     subprocess.run([sys.executable, *common, "--json", str(tmp_path / "one.json")], check=True,
                    capture_output=True, timeout=300)
     two, one = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("two", "one"))

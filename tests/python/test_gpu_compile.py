@@ -182,7 +182,8 @@ def test_cli_exits_nonzero_on_an_oversized_tile():
     done = _run(["-m", "relpos.gpu.compile_check", "--arch", "80", "--launch", "128,64,8,3", "--jobs", "1",
                  "--quiet", "--only", "kernel=forward", "--only", "dtype=float32", "--only", "bias=none",
                  "--only", "has_x=0", "--only", "causal=0", "--only", "has_pad=0", "--only", "head=128",
-                 "--only", "tables=none", "--only", "clamp=0"])
+                 "--only", "tables=none", "--only", "clamp=0", "--only", "rope=0", "--only", "dropout=none",
+                 "--only", "grid=none", "--only", "segments=0"])  # one specialisation: the oversized one
     assert done.returncode == 1, (done.stdout[-2000:], done.stderr[-2000:])
     assert "forward/float32/none/d128/128x64w8s3 sm_80: shared memory" in done.stderr
 
