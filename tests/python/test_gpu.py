@@ -287,16 +287,18 @@ ONE_BUCKET = [Case("t5_both_sides", "t5", Lq=70, Lk=90, q_offset=9,
 
 @pytest.mark.parametrize("case", ONE_BUCKET, ids=ids(ONE_BUCKET))
 def test_t5_tiles_of_one_bucket_read_it_once(case):
-    """T5 where most 16 x 16 tiles read one bucket (a small max_distance), whose value the dk, dv
+    """T5 where most of the interpreter's tiles read one bucket (a small max_distance), whose value the dk, dv
     kernel reads once per tile, while the tiles across a bucket edge or zero gather per pair:
     output and every gradient (the table's included) against the float64 oracle."""
+    from relpos.gpu.config import INTERPRETER
     from relpos.gpu.terms import t5_buckets
 
     o = case.opts
     q_pos, k_pos = case.q_offset + torch.arange(case.Lq), torch.arange(case.Lk)
     r = k_pos[None, :] - q_pos[:, None]
     buckets = t5_buckets(r, o.get("bidirectional", True), o["num_buckets"], o["max_distance"])
-    tiles = buckets.unfold(0, 16, 16).unfold(1, 16, 16).flatten(2)
+    bm, bn = INTERPRETER.block_m, INTERPRETER.block_n  # the tiles the interpreter's kernels take
+    tiles = buckets.unfold(0, bm, bm).unfold(1, bn, bn).flatten(2)
     one = (tiles.amin(-1) == tiles.amax(-1)).sum().item()
     assert 4 <= one < tiles.shape[0] * tiles.shape[1] - 4  # both kinds of tile, several of each
     pb = make_problem(case)
