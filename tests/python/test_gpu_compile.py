@@ -135,6 +135,11 @@ def test_default_set_compiles_and_fits(default_run):
     over = [f"{r['spec']} sm_{r['arch']}: {r['shared']} > {r['limit']} bytes" for r in results
             if r["shared"] > r["limit"]]
     assert not over, "shared memory over the card's limit per block:\n" + "\n".join(over)
+    unsafe = [f"{r['spec']} sm_{r['arch']}: {r['pipelined_sums']}" for r in results if r["pipelined_sums"]]
+    assert not unsafe, "loads of in-place sums pipelined:\n" + "\n".join(unsafe)
+    # the dq kernels that add to such sums are in the set (tables of rows per distance, grids), so the zero counts
+    assert any("backward_q/" in r["spec"] and "+deberta" in r["spec"] for r in results)
+    assert any("backward_q/" in r["spec"] and "+swin" in r["spec"] for r in results)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -149,6 +154,42 @@ def test_default_run_numbers_are_parsed(default_run):
         assert 0 < r["registers"] <= 255, r
         assert r["spill_stores"] >= 0 and r["spill_loads"] >= 0, r
         assert r["ptxas_log"] in ("triton", "rerun"), r
+        assert 0 <= r["pipelined_sums"] <= r["async_copies"], r
+    for arch in (80, 90):  # the pipeliner is on: the forward's tiles arrive by asynchronous copies
+        assert any(r["async_copies"] for r in compiled if r["arch"] == arch and r["spec"].startswith("forward/"))
+
+
+_PIPELINED = """
+import json
+from relpos.gpu import compile_check as cc, kernels, pipelined
+counts = {}
+for name, spec in (("forward", cc.Spec("forward", "bfloat16", 0, False, False, False, 64)),
+                   ("dq_shaw", cc.Spec("backward_q", "bfloat16", 0, False, True, False, 64, tables="shaw_kv"))):
+    ttgir = cc.compiled_kernel(spec, 90).asm["ttgir"]
+    counts[name] = dict(copies=len(pipelined.ASYNC_COPY.findall(ttgir)),
+                        in_rows=pipelined.copies_in(ttgir, [kernels._rows]),
+                        in_kernel=pipelined.copies_in(ttgir, [kernels.attention_forward_kernel]),
+                        in_sums=pipelined.copies_in(ttgir, pipelined.IN_PLACE_SUMS))
+print(json.dumps(counts))
+"""
+
+
+def test_pipelined_loads_are_found_by_their_source_lines():
+    """Every asynchronous copy of the forward (sm_90, bfloat16, d = 64) is located: its key tiles
+    in kernels._rows, a helper the kernel inlines (the sums' loads sit in inlined helpers too), its
+    value tiles in the kernel's own body; the dq kernel with Shaw's tables has none of its sums'
+    loads pipelined. check() names a specialisation that has."""
+    done = _run(["-c", _PIPELINED])
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    forward = counts["forward"]
+    assert forward["in_rows"] > 0 and forward["in_kernel"] > 0, forward
+    assert forward["in_rows"] + forward["in_kernel"] == forward["copies"], forward
+    assert forward["in_sums"] == 0 and counts["dq_shaw"]["in_sums"] == 0, counts
+    unsafe = cc.Result(spec="backward_q/x", arch=90, limit=cc.SHARED_LIMIT[90], async_copies=2, pipelined_sums=2)
+    with pytest.raises(cc.CompileCheckError, match=r"backward_q/x sm_90: 2 loads of the sums"):
+        cc.check([unsafe])
+    cc.check([cc.Result(spec="forward/x", arch=90, limit=cc.SHARED_LIMIT[90], async_copies=8)])
 
 
 _OVERSIZED = """

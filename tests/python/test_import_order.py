@@ -27,6 +27,7 @@ ORDER = (
     "relpos.gpu.ops",
     "relpos.gpu.attention",
     "relpos.gpu",
+    "relpos.gpu.pipelined",  # the compile check's reading of what Triton pipelined
     "relpos.gpu.compile_check",
     "relpos._calls",
     "relpos",  # the public API: forward, backward, the scheme records

@@ -9,7 +9,8 @@ config.launch_for) makes for sm_80 (A100) and sm_90 (H100/H200), reads the share
 memory of each (the compiled metadata's ``shared``, the number Triton compares
 with the device's limit at launch) and its registers and spills (the ptxas that
 Triton uses for that arch, run with ``-v`` on the kernel's PTX), and fails when a
-specialisation does not compile or does not fit.
+specialisation does not compile, does not fit, or has the loads of the sums it adds to in
+global memory pipelined (pipelined.py: counted from the TTGIR's asynchronous copies).
 
 The specialisations: kernel (forward, backward_kv, backward_q) x dtype (bfloat16,
 float16, float32) x bias kind (0..4) x HAS_X (with QUERY_BIAS: Transformer-XL has both) x
@@ -68,12 +69,12 @@ import warnings
 from dataclasses import asdict, dataclass
 from typing import Iterable, Optional, Sequence
 
-from . import dropout, kernels, row_kernels
+from . import dropout, kernels, pipelined, row_kernels
 from .config import ROW_KERNELS, Launch, launch_for, padded
 from .grid import GRID_AXES, GRID_NONE, GRID_TABLE, fold_widths
 
 __all__ = ["Spec", "Result", "CompileCheckError", "SHARED_LIMIT", "covering_specs", "full_specs", "pairwise",
-           "compile_spec", "run", "check", "table", "main"]
+           "compiled_kernel", "compile_spec", "run", "check", "table", "main"]
 
 # Shared memory one block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin): what
 # Triton compares metadata.shared with before a launch.
@@ -306,6 +307,8 @@ class Result:
     registers: int = 0
     spill_stores: int = 0
     spill_loads: int = 0
+    async_copies: int = 0  # loads Triton pipelined (asynchronous copies in the TTGIR)
+    pipelined_sums: int = 0  # of them, loads of sums a program adds to in global memory (pipelined.py): must be 0
     seconds: float = 0.0
     ptxas_log: str = ""  # "triton": Triton's own ptxas run; "rerun": run_ptxas on the PTX
     error: str = ""
@@ -475,6 +478,32 @@ def run_ptxas(ptx: str, arch: int, fp_fusion: bool = True) -> str:
     return done.stderr + done.stdout
 
 
+def compiled_kernel(spec: Spec, arch: int):
+    """Triton's compiled kernel of one specialisation for ``arch`` (80 or 90); its ``asm`` holds
+    the TTGIR, PTX and cubin, its ``metadata`` the shared memory."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = getattr(*_KERNEL_FN[spec.kernel])
+    if not isinstance(fn, triton.runtime.JITFunction):
+        raise RuntimeError("relpos.gpu.kernels was imported under TRITON_INTERPRET=1: its kernels are "
+                           "interpreter functions; run the check in a process without it")
+    constexpr_names = [p.name for p in fn.params if p.is_constexpr]
+    signature, ones, div16 = spec.arguments(fn.arg_names, constexpr_names)
+    constexprs = {**spec.constexprs(constexpr_names), **ones}
+    attrs = {}
+    if div16:
+        from triton.backends.nvidia.compiler import CUDABackend
+
+        attrs = {(fn.arg_names.index(n),): CUDABackend.parse_attr("D") for n in div16}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 3.9's notice about the FP-fusion default (the launcher's too)
+        return triton.compile(_ast_source(ASTSource, fn, signature, constexprs, attrs),
+                              target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=spec.cfg.num_warps, num_stages=spec.cfg.num_stages))
+
+
 def compile_spec(spec: Spec, arch: int) -> Result:
     """Compile one specialisation for ``arch`` (80 or 90) and measure it; compile errors are
     returned in ``Result.error`` (the caller reports them all together).
@@ -486,38 +515,21 @@ def compile_spec(spec: Spec, arch: int) -> Result:
     result = Result(spec=spec.name, arch=arch, limit=SHARED_LIMIT.get(arch, 0))
     start = time.perf_counter()
     try:
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-
-        fn = getattr(*_KERNEL_FN[spec.kernel])
-        if not isinstance(fn, triton.runtime.JITFunction):
-            raise RuntimeError("relpos.gpu.kernels was imported under TRITON_INTERPRET=1: its kernels are "
-                               "interpreter functions; run the check in a process without it")
-        constexpr_names = [p.name for p in fn.params if p.is_constexpr]
-        signature, ones, div16 = spec.arguments(fn.arg_names, constexpr_names)
-        constexprs = {**spec.constexprs(constexpr_names), **ones}
-        attrs = {}
-        if div16:
-            from triton.backends.nvidia.compiler import CUDABackend
-
-            attrs = {(fn.arg_names.index(n),): CUDABackend.parse_attr("D") for n in div16}
-        cfg = spec.cfg
         log = io.StringIO()
         old_dump = os.environ.get("TRITON_DUMP_PTXAS_LOG")
         os.environ["TRITON_DUMP_PTXAS_LOG"] = "1"  # Triton prints its own ptxas -v log (3.x)
         try:
-            with warnings.catch_warnings(), contextlib.redirect_stdout(log):
-                warnings.simplefilter("ignore")  # 3.9's notice about the FP-fusion default (the launcher's too)
-                compiled = triton.compile(_ast_source(ASTSource, fn, signature, constexprs, attrs),
-                                          target=GPUTarget("cuda", arch, 32),
-                                          options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+            with contextlib.redirect_stdout(log):
+                compiled = compiled_kernel(spec, arch)
         finally:
             if old_dump is None:
                 os.environ.pop("TRITON_DUMP_PTXAS_LOG", None)
             else:
                 os.environ["TRITON_DUMP_PTXAS_LOG"] = old_dump
         result.shared = int(compiled.metadata.shared)
+        ttgir = compiled.asm.get("ttgir", "")
+        result.async_copies = len(pipelined.ASYNC_COPY.findall(ttgir))
+        result.pipelined_sums = pipelined.copies_in(ttgir, pipelined.IN_PLACE_SUMS)
         try:
             usage, result.ptxas_log = parse_ptxas(log.getvalue()), "triton"
         except ValueError:  # a cache hit (no ptxas run) or a Triton without the log switch
@@ -579,8 +591,8 @@ def run(specs: Sequence[Spec], archs: Sequence[int] = (80, 90), jobs: int = 2,
 
 
 def check(results: Sequence[Result]) -> None:
-    """Raise CompileCheckError naming every specialisation that failed to compile or whose
-    shared memory exceeds its arch's limit."""
+    """Raise CompileCheckError naming every specialisation that failed to compile, whose
+    shared memory exceeds its arch's limit, or whose sums in global memory Triton pipelined."""
     bad = []
     for r in results:
         if r.error:
@@ -588,6 +600,9 @@ def check(results: Sequence[Result]) -> None:
         elif r.shared > r.limit:
             bad.append(f"{r.spec} sm_{r.arch}: shared memory {r.shared} bytes exceeds the "
                        f"{ARCH_NAMES.get(r.arch, r.arch)} limit of {r.limit} bytes")
+        elif r.pipelined_sums:
+            bad.append(f"{r.spec} sm_{r.arch}: {r.pipelined_sums} loads of the sums it adds to in global memory are "
+                       "pipelined (asynchronous copies issued ahead of the last tile's store; relpos.gpu.pipelined)")
     if bad:
         raise CompileCheckError(f"relpos.gpu compile check: {len(bad)} of {len(results)} failed:\n  "
                                 + "\n  ".join(bad))
@@ -595,16 +610,17 @@ def check(results: Sequence[Result]) -> None:
 
 def table(results: Sequence[Result]) -> str:
     """A Markdown table of the results, then a summary line per arch."""
-    lines = ["| specialisation | arch | shared B | % of limit | registers | spill st/ld B | compile s |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| specialisation | arch | shared B | % of limit | registers | spill st/ld B | async copies | compile s |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if r.error:
-            lines.append(f"| {r.spec} | sm_{r.arch} | FAILED: {r.error.splitlines()[0][:80]} | | | | "
+            lines.append(f"| {r.spec} | sm_{r.arch} | FAILED: {r.error.splitlines()[0][:80]} | | | | | "
                          f"{r.seconds:.1f} |")
             continue
         flag = "" if r.shared <= r.limit else " **over**"
+        sums = f" ({r.pipelined_sums} of sums: **unsafe**)" if r.pipelined_sums else ""
         lines.append(f"| {r.spec} | sm_{r.arch} | {r.shared}{flag} | {100 * r.shared / r.limit:.0f} | "
-                     f"{r.registers} | {r.spill_stores}/{r.spill_loads} | {r.seconds:.1f} |")
+                     f"{r.registers} | {r.spill_stores}/{r.spill_loads} | {r.async_copies}{sums} | {r.seconds:.1f} |")
     lines.append("")
     lines.extend(summary(results))
     return "\n".join(lines)
