@@ -144,47 +144,78 @@ void expect_plan_is_what_fused_allocates(Spec s) {
   EXPECT_GE(most.backward_bytes(), plan.backward_bytes()) << label;
 }
 
-TEST(ScratchMemory, FusedAllocatesItsPlan) {
-  struct Kind {
-    const char* name;
-    Scheme scheme;
-    ShawTables tables;
-  } kinds[] = {{"none", Scheme::none, ShawTables::k_and_v},     {"t5", Scheme::t5, ShawTables::k_and_v},
-               {"alibi", Scheme::alibi, ShawTables::k_and_v},   {"shaw_kv", Scheme::shaw, ShawTables::k_and_v},
-               {"shaw_k", Scheme::shaw, ShawTables::k_only},    {"xl", Scheme::xl, ShawTables::k_and_v},
-               {"rope", Scheme::rope, ShawTables::k_and_v},     {"deberta", Scheme::deberta, ShawTables::k_and_v}};
-  const std::pair<int64_t, int64_t> lengths[] = {{100, 100}, {300, 300}, {300, 700}, {1, 700}};
-  for (const Kind& kind : kinds)
-    for (MaskKind mask : {MaskKind::none, MaskKind::causal, MaskKind::padding})
-      for (const auto& [lq, lk] : lengths)
-        for (int threads : {1, 2}) {
-          Spec s;
-          s.scheme = kind.scheme, s.shaw_tables = kind.tables, s.mask = mask;
-          s.B = 1, s.H = 2, s.Lq = lq, s.Lk = lk, s.d = s.dv = 64, s.num_threads = threads;
-          s.q_offset = lk - lq;  // queries end-aligned with the keys, as a causal decode step is
-          s.shaw_k = 16, s.xl_pos_dim = 64, s.t5_num_buckets = 32, s.t5_max_distance = 128;
-          s.deberta_position_buckets = 64, s.deberta_max_relative_positions = 256;
-          s.label = std::string(kind.name) + " mask " + std::to_string(int(mask)) + " Lq=" + std::to_string(lq) +
-                    " Lk=" + std::to_string(lk) + " threads=" + std::to_string(threads);
-          expect_plan_is_what_fused_allocates<float>(s);
-          expect_plan_is_what_fused_allocates<double>(s);
-          expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
-          expect_plan_is_what_fused_allocates<relpos::float16>(s);
-        }
-  // Causal tiles too wide for the staircase (dv past simd::kStaircaseMaxSize)
-  // beside a key band that still takes it (d within it).
-  for (const Kind& kind : kinds) {
+// One scheme's case per instance (the schemes' cases are the test's bulk: sharded runs share them out).
+struct PlanKind {
+  const char* name;
+  Scheme scheme;
+  ShawTables tables;
+};
+
+class FusedAllocatesItsPlan : public ::testing::TestWithParam<PlanKind> {
+ protected:
+  // The kind's scheme with its parameters, one batch entry of two heads of 64.
+  Spec spec(MaskKind mask, int64_t lq, int64_t lk, int threads) const {
     Spec s;
-    s.scheme = kind.scheme, s.shaw_tables = kind.tables, s.mask = MaskKind::causal;
-    s.B = 1, s.H = 2, s.Lq = s.Lk = 300, s.d = 64, s.dv = 160, s.num_threads = 1;
+    s.scheme = GetParam().scheme, s.shaw_tables = GetParam().tables, s.mask = mask;
+    s.B = 1, s.H = 2, s.Lq = lq, s.Lk = lk, s.d = s.dv = 64, s.num_threads = threads;
+    s.q_offset = lk - lq;  // queries end-aligned with the keys, as a causal decode step is
     s.shaw_k = 16, s.xl_pos_dim = 64, s.t5_num_buckets = 32, s.t5_max_distance = 128;
     s.deberta_position_buckets = 64, s.deberta_max_relative_positions = 256;
-    s.label = std::string(kind.name) + " causal d=64 dv=160";
-    expect_plan_is_what_fused_allocates<float>(s);
-    expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
+    s.label = std::string(GetParam().name) + " mask " + std::to_string(int(mask)) + " Lq=" + std::to_string(lq) +
+              " Lk=" + std::to_string(lk) + " threads=" + std::to_string(threads);
+    return s;
   }
-  // Positions on a grid: SAM's tables (queries and pooled keys), Swin's bias; with and without
-  // their gradients wanted; one and two threads.
+};
+
+TEST_P(FusedAllocatesItsPlan, EveryMaskShapeAndStorage) {
+  const std::pair<int64_t, int64_t> lengths[] = {{100, 100}, {300, 300}, {300, 700}, {1, 700}};
+  for (MaskKind mask : {MaskKind::none, MaskKind::causal, MaskKind::padding})
+    for (const auto& [lq, lk] : lengths)
+      for (int threads : {1, 2}) {
+        const Spec s = spec(mask, lq, lk, threads);
+        expect_plan_is_what_fused_allocates<float>(s);
+        expect_plan_is_what_fused_allocates<double>(s);
+        expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
+        expect_plan_is_what_fused_allocates<relpos::float16>(s);
+      }
+}
+
+// Causal tiles too wide for the staircase (dv past simd::kStaircaseMaxSize) beside a key band that
+// still takes it (d within it).
+TEST_P(FusedAllocatesItsPlan, ValuesTooWideForTheStaircase) {
+  Spec s = spec(MaskKind::causal, 300, 300, 1);
+  s.dv = 160;
+  s.label += " d=64 dv=160";
+  expect_plan_is_what_fused_allocates<float>(s);
+  expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
+}
+
+// Dropout's multipliers: a tile row's in the forward, a tile's z and P z in the backward.
+TEST_P(FusedAllocatesItsPlan, WithDropout) {
+  for (MaskKind mask : {MaskKind::none, MaskKind::causal})
+    for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{300, 300}, {1, 700}})
+      for (int threads : {1, 2}) {
+        const Spec s = with_dropout(spec(mask, lq, lk, threads));
+        expect_plan_is_what_fused_allocates<float>(s);
+        expect_plan_is_what_fused_allocates<double>(s);
+        expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
+      }
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryScheme, FusedAllocatesItsPlan,
+                         ::testing::Values(PlanKind{"none", Scheme::none, ShawTables::k_and_v},
+                                           PlanKind{"t5", Scheme::t5, ShawTables::k_and_v},
+                                           PlanKind{"alibi", Scheme::alibi, ShawTables::k_and_v},
+                                           PlanKind{"shaw_kv", Scheme::shaw, ShawTables::k_and_v},
+                                           PlanKind{"shaw_k", Scheme::shaw, ShawTables::k_only},
+                                           PlanKind{"xl", Scheme::xl, ShawTables::k_and_v},
+                                           PlanKind{"rope", Scheme::rope, ShawTables::k_and_v},
+                                           PlanKind{"deberta", Scheme::deberta, ShawTables::k_and_v}),
+                         [](const ::testing::TestParamInfo<PlanKind>& info) { return std::string(info.param.name); });
+
+// Positions on a grid: SAM's tables (queries and pooled keys), Swin's bias; with and without
+// their gradients wanted; one and two threads.
+TEST(ScratchMemory, FusedAllocatesItsPlanOnGrids) {
   for (const Spec& grid : grid_cases())
     for (int threads : {1, 2}) {
       Spec s = grid;
@@ -196,23 +227,6 @@ TEST(ScratchMemory, FusedAllocatesItsPlan) {
       expect_plan_is_what_fused_allocates<double>(s);
       expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
     }
-  // Dropout's multipliers: a tile row's in the forward, a tile's z and P z in the backward.
-  for (const Kind& kind : kinds)
-    for (MaskKind mask : {MaskKind::none, MaskKind::causal})
-      for (const auto& [lq, lk] : {std::pair<int64_t, int64_t>{300, 300}, {1, 700}})
-        for (int threads : {1, 2}) {
-          Spec s;
-          s.scheme = kind.scheme, s.shaw_tables = kind.tables, s.mask = mask;
-          s.B = 1, s.H = 2, s.Lq = lq, s.Lk = lk, s.d = s.dv = 64, s.num_threads = threads, s.q_offset = lk - lq;
-          s.shaw_k = 16, s.xl_pos_dim = 64, s.t5_num_buckets = 32, s.t5_max_distance = 128;
-          s.deberta_position_buckets = 64, s.deberta_max_relative_positions = 256;
-          s.label = std::string(kind.name) + " mask " + std::to_string(int(mask)) + " Lq=" + std::to_string(lq) +
-                    " threads=" + std::to_string(threads);
-          s = with_dropout(s);
-          expect_plan_is_what_fused_allocates<float>(s);
-          expect_plan_is_what_fused_allocates<double>(s);
-          expect_plan_is_what_fused_allocates<relpos::bfloat16>(s);
-        }
 }
 
 }  // namespace
