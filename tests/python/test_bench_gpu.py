@@ -4,7 +4,8 @@ the timing rows of SDPA, relpos.gpu and the PyTorch forms with and without dropo
 targets, the markdown) at tiny sizes on CPU tensors, so that the one run
 on a lent GPU does not fail on a mistake a CPU could have caught. It runs in a subprocess:
 the script sets TRITON_INTERPRET itself and imports the repository's python/relpos by its
-own path, whatever relpos this process imports."""
+own path, whatever relpos this process imports. Beside it, the FlexAttention forms the GPU run
+times (CUDA-only in the smoke run) computed forward on CPU tensors against the oracle."""
 from __future__ import annotations
 
 import os
@@ -130,3 +131,40 @@ def test_host_time_bench_refuses_without_a_gpu(tmp_path):
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "no CUDA device" in run.stderr, run.stderr
     assert not (tmp_path / "h.txt").exists()
+
+
+def test_flex_forms_compute_what_relpos_computes():
+    """bench/gpu.py's FlexAttention rows read their positions through score_mods of their own (ALiBi's
+    fixed slopes, T5's table through a row of buckets per distance, Shaw's key term through a per-query
+    table of clipped distances): each form's forward against the float64 oracle, causal (T5 also
+    bidirectional), on CPU tensors, where FlexAttention compiles its forward (its backward is CUDA-only),
+    so that a GPU run's flex ratios compare the same function and its rows do not fail there first."""
+    from torch_oracle import attention as oracle
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_forms as forms
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    torch.manual_seed(0)
+    H, L, d, shaw_k, cpu = 2, 80, 16, 16, torch.device("cpu")  # 80 keys: Shaw's clip and T5's log buckets reached
+    f32 = dict(dtype=torch.float32)  # FlexAttention on CPUs takes no float64 (the suite's default)
+    q, k, v = (torch.randn(1, H, L, d, **f32) for _ in range(3))
+    slopes, table = torch.rand(H, **f32), torch.randn(H, forms.T5_BUCKETS, **f32)
+    wk = torch.randn(2 * shaw_k + 1, d, **f32)
+    scale = d ** -0.5
+    for causal in (True, False):
+        mask = forms.causal_block_mask(L, cpu) if causal else None
+        cases = {"t5": (lambda: forms.flex_t5(q, k, v, table, forms.t5_bucket_row(L, L, not causal, cpu), mask,
+                                              scale=scale),
+                        dict(opts=dict(bidirectional=not causal, max_distance=forms.T5_MAX_DISTANCE),
+                             params=dict(t5_table=table.double())))}
+        if causal:
+            cases.update(none=(lambda: forms.flex_plain(q, k, v, mask, scale=scale), {}),
+                         alibi=(lambda: forms.flex_alibi(q, k, v, slopes, mask, scale=scale),
+                                dict(params=dict(alibi_slopes=slopes.double()))),
+                         shaw=(lambda: forms.flex_shaw_keys(q, k, v, wk, shaw_k, mask, scale=scale),
+                               dict(opts=dict(k=shaw_k), params=dict(shaw_wk=wk.double()))))
+        for scheme, (form, kwargs) in cases.items():
+            want, _ = oracle(q.double(), k.double(), v.double(), scheme, causal=causal, scale=scale, **kwargs)
+            torch.testing.assert_close(form().double(), want, rtol=0, atol=2e-5, msg=f"{scheme} causal={causal}")
