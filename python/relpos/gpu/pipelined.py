@@ -28,7 +28,8 @@ from . import grid, kernels
 
 __all__ = ["ASYNC_COPY", "IN_PLACE_SUMS", "own_lines", "copies_in"]
 
-# the functions that load, add to and store back a program's own sums in global memory
+# the functions that load, add to and store back a program's own sums in global memory (a load counts where
+# its code is written: a new function that adds in place belongs here)
 IN_PLACE_SUMS = (kernels._rows_grad, kernels._add_end_rows, grid._add)
 
 # an asynchronous global-to-shared copy (cp.async, or a TMA copy on sm_90) and its location
