@@ -275,3 +275,21 @@ def test_ops_are_triton_ops_whose_kernels_trace_without_a_gpu():
     assert out == dict(interpreting=False, triton_ops=["relpos::gpu_attention_backward",
                                                        "relpos::gpu_attention_forward"], forward=1, backward=3,
                    forward_dropout=1, backward_dropout=3)
+
+
+def test_copies_are_placed_by_the_module_whatever_copy_of_it_compiled():
+    """Triton's cache keys a compile by its source, not its path, so a cached TTGIR may name another
+    checkout's kernels.py (a CI clone reusing a cache filled elsewhere found no copy at all before):
+    a copy is placed by the file's last three path parts and its own line, through its call site."""
+    import inspect
+
+    from relpos.gpu import kernels, pipelined
+
+    line = inspect.getsourcelines(getattr(kernels._rows, "fn", kernels._rows))[1] + 2  # in _rows's body
+    ttgir = ("    %0 = ttg.async_copy_global_to_local %a, %b : tensor<64x64x!tt.ptr<bf16>> loc(#loc3)\n"
+             f'#loc1 = loc("/elsewhere/site-packages/relpos/gpu/kernels.py":{line}:9)\n'
+             '#loc2 = loc("/elsewhere/site-packages/relpos/gpu/kernels.py":9999:3)\n'
+             '#loc3 = loc(callsite(#loc1 at #loc2))\n')
+    assert pipelined.copies_in(ttgir, [kernels._rows]) == 1
+    assert pipelined.copies_in(ttgir, pipelined.IN_PLACE_SUMS) == 0
+    assert pipelined.copies_in(ttgir.replace("relpos/gpu/kernels.py", "relpos/gpu/grid.py"), [kernels._rows]) == 0

@@ -20,8 +20,8 @@ kernel inlined it, and a load in a helper _rows_grad calls is located in that he
 from __future__ import annotations
 
 import inspect
-import os
 import re
+from pathlib import Path
 from typing import Iterable, Optional
 
 from . import grid, kernels
@@ -51,7 +51,7 @@ def own_lines(ttgir: str) -> dict[str, Optional[tuple[str, int]]]:
             return resolved[alias]
         body, place = bodies.get(alias, ""), None
         if (m := _FILE_LINE.match(body)):
-            place = (os.path.realpath(m.group(1)), int(m.group(2)))
+            place = (_module_file(m.group(1)), int(m.group(2)))
         elif depth < 64 and (m := _CALLSITE.match(body) or _NAMED.match(body)):
             place = resolve(m.group(1), depth + 1)
         resolved[alias] = place
@@ -62,11 +62,18 @@ def own_lines(ttgir: str) -> dict[str, Optional[tuple[str, int]]]:
     return resolved
 
 
+def _module_file(path: str) -> str:
+    """A source file by its last three path parts (relpos/gpu/kernels.py): Triton's cache keys a
+    compile by the source, not its path, so a cached TTGIR may name the copy of the same file
+    that first compiled it (another checkout, another virtual environment)."""
+    return "/".join(Path(path).parts[-3:])
+
+
 def _span(fn) -> tuple[str, range]:
     """The file and lines of a Triton JIT function's source."""
     py = getattr(fn, "fn", fn)
     lines, first = inspect.getsourcelines(py)
-    return os.path.realpath(inspect.getsourcefile(py)), range(first, first + len(lines))
+    return _module_file(inspect.getsourcefile(py)), range(first, first + len(lines))
 
 
 def copies_in(ttgir: str, functions: Iterable) -> int:
