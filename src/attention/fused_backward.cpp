@@ -19,17 +19,24 @@ namespace relpos::fused {
 // tiles are split into contiguous groups that run as separate work items,
 // each with its own query-side gradients (dq and the positional sums), added
 // in group order. Two items per thread let the head-tail order balance a
-// causal mask. Groups cost copies and sums (one head at L = 8192 on one
-// thread in 8 groups: 8-20% slower), so one thread, or at least two heads per
-// thread, keeps one group per head. The grouping depends on the thread count,
-// so dq's rounding does too; the same thread count gives the same bits.
+// causal mask. Without one (and without padding or segments, which can leave
+// a group of keys with little to do), every key costs its head the same, so where
+// the heads divide the threads one item per thread is balanced already, and each
+// group fewer is a query-length gradient fewer to hold and add (one head at
+// L = 16384, d = 64: 4 MB). Groups cost copies and sums (one head at L = 8192
+// on one thread in 8 groups: 8-20% slower), so one thread, or at least two
+// heads per thread, keeps one group per head. The grouping depends on the
+// thread count, so dq's rounding does too; the same thread count gives the
+// same bits.
 
 template <class T>
 int64_t backward_key_groups(const AttentionForward<T>& p) {
   const int64_t heads = p.q.shape[0] * p.q.shape[1], tiles = (p.k.shape[2] + kBackwardKeys - 1) / kBackwardKeys;
   const int64_t threads = thread_count(p.num_threads, heads * tiles);
   if (threads == 1) return 1;
-  return std::clamp<int64_t>((2 * threads + heads - 1) / heads, 1, std::max<int64_t>(tiles, 1));
+  const bool even_keys = !p.causal && p.key_padding.empty() && p.k_segments.empty();
+  const int64_t items_per_thread = even_keys && threads % heads == 0 ? 1 : 2;
+  return std::clamp<int64_t>((items_per_thread * threads + heads - 1) / heads, 1, std::max<int64_t>(tiles, 1));
 }
 
 namespace {
